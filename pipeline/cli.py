@@ -1,0 +1,124 @@
+"""Command line: `python -m pipeline run|status|validate CONFIG [key=value ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .errors import PipelineError
+
+log = logging.getLogger("pipeline")
+
+EPILOG = """\
+examples:
+  python -m pipeline run bert_small                       # all stages, skipping what is done
+  python -m pipeline run bert_small distill.epochs=1 seed=3   # overrides (reruns what they touch)
+  python -m pipeline run tiny --from distill              # rerun distill and everything after
+  python -m pipeline run tiny --only evaluate --force     # one stage
+  python -m pipeline status bert_small                    # done / stale / pending per stage
+  python -m pipeline validate bert_small                  # check the config, run nothing
+
+Stages: prepare -> teacher -> capture -> distill -> evaluate -> export.
+Outputs go to RUNS_DIR/<config>/<stage>/ (default runs/); MLflow data to
+$MLFLOW_TRACKING_URI or sqlite RUNS_DIR/mlflow.db. Configs live in configs/<name>.yaml.
+Exit codes: 0 ok, 1 run error, 2 config error, 130 interrupted (rerun to resume).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .runner import STAGES
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline", description="Attention distillation pipeline for BERT-style classifiers.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("config", help="config name in configs/ (e.g. bert_small, tiny) or a path to a .yaml file")
+    common.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. distill.epochs=1 seed=3")
+    common.add_argument("--runs-dir", default=os.environ.get("RUNS_DIR", "runs"), help="root of run folders (default: runs, or $RUNS_DIR)")
+    common.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
+    run = sub.add_parser("run", parents=[common], help="run the pipeline (skips stages that are complete and current)",
+                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--from", dest="from_stage", choices=STAGES, help="rerun this stage and all later ones")
+    run.add_argument("--only", choices=STAGES, help="run only this stage (its inputs must be complete)")
+    run.add_argument("--force", action="store_true", help="rerun stages even when their outputs are current")
+    sub.add_parser("status", parents=[common], help="show done / stale / pending for each stage")
+    sub.add_parser("validate", parents=[common], help="validate the config (and the model shapes) and print it")
+    return parser
+
+
+def setup_logging(debug: bool, rank: int = 0) -> None:
+    from .tracking import RedactingFilter
+
+    handler = logging.StreamHandler(sys.stderr)
+    prefix = f"[rank {rank}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(message)s", "%H:%M:%S"))
+    handler.addFilter(RedactingFilter())
+    root = logging.getLogger("pipeline")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    root.propagate = False
+    # Third-party chatter (one line per model load) is noise for users.
+    for noisy in ("transformers", "datasets", "accelerate", "mlflow", "alembic", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    logging.getLogger("root").setLevel(logging.ERROR)  # onnxruntime.quantization logs via the root logger
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # per-file "Loading weights" bars
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(args.debug, rank)
+    try:
+        return _dispatch(args)
+    except PipelineError as exc:
+        if args.debug:
+            log.exception("error")
+        print(f"\nerror: {exc}\n", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("\nInterrupted. Completed stages are kept; rerun the same command to resume.", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args) -> int:
+    from .config import load_config, to_yaml
+    from .models import check_against_models
+
+    config = load_config(args.config, args.overrides)
+    check_against_models(config)
+    if args.command == "validate":
+        print(to_yaml(config), end="")
+        return 0
+    if args.command == "status":
+        print_status(config, Path(args.runs_dir))
+        return 0
+    from .runner import run_pipeline
+
+    result = run_pipeline(config, Path(args.runs_dir), force=args.force, from_stage=args.from_stage, only=args.only)
+    if int(os.environ.get("RANK", "0")) == 0:
+        from .summary import print_summary
+
+        print_summary(Path(args.runs_dir) / config.name, result["ran"])
+    return 0
+
+
+def print_status(config, runs_dir: Path) -> None:
+    from .runner import stage_status
+
+    rows = stage_status(config, runs_dir)
+    print(f"config {config.name}: run folder {runs_dir / config.name}")
+    print(f"{'stage':<10} {'state':<20} {'completed':<20} {'seconds':>8}  key figure")
+    for row in rows:
+        m = row["manifest"] or {}
+        figure = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in list((m.get("summary") or {}).items())[:2] if not isinstance(v, (dict, list)))
+        print(f"{row['stage']:<10} {row['state']:<20} {m.get('completed_at', '-'):<20} {m.get('duration_s', '-'):>8}  {figure}")

@@ -1,0 +1,287 @@
+"""The runner: stages in order, fingerprints, skip/rerun, atomic outputs, a lock.
+
+A stage module in ``stages/`` declares:
+
+    READS = ["data", "seed", ...]   # dotted config keys it depends on
+    AFTER = ["prepare", ...]        # stages whose outputs it reads
+    VERSION = 1                     # bump when the stage's code changes its output
+    def run(ctx: StageContext) -> dict   # the stage's summary figures
+
+Its fingerprint hashes its version, the values of READS and the fingerprints
+of AFTER; a stage whose completed output carries the same fingerprint is
+skipped. A stage writes into ``runs/<config>/<stage>.partial/`` (which also
+holds its resumable checkpoints) and the folder is renamed to
+``runs/<config>/<stage>/`` only when the stage has finished, so an interrupted
+stage never looks done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import PipelineConfig, to_yaml
+from .errors import LockedError, PipelineError
+from .tracking import Tracker, config_hash
+
+log = logging.getLogger("pipeline")
+
+STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
+
+
+def stage_module(name: str):
+    return importlib.import_module(f"stages.{name}")
+
+
+def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str]) -> str:
+    module = stage_module(name)
+    payload = {
+        "stage": name,
+        "version": module.VERSION,
+        "reads": module.inputs(config) if hasattr(module, "inputs") else {key: config.section(key) for key in module.READS},
+        "after": {dep: upstream[dep] for dep in module.AFTER},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def fingerprints(config: PipelineConfig) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for name in STAGES:
+        result[name] = fingerprint(config, name, result)
+    return result
+
+
+def read_manifest(folder: Path) -> dict | None:
+    path = folder / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def write_json(path: Path, data) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+@dataclass
+class StageContext:
+    """What a stage gets: its config, where to write, where its inputs are."""
+
+    config: PipelineConfig
+    name: str
+    run_dir: Path
+    out: Path  # the stage's partial folder; renamed into place when run() returns
+    tracker: Tracker
+    dist: "Distributed"
+    figures: dict = field(default_factory=dict)
+
+    def input(self, stage: str) -> Path:
+        folder = self.run_dir / stage
+        if read_manifest(folder) is None:
+            raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is not complete. Run without --only first.")
+        return folder
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+
+class Distributed:
+    """Process-group facts and the Accelerator, created once per process."""
+
+    def __init__(self, config: PipelineConfig):
+        from accelerate import Accelerator, DistributedDataParallelKwargs
+
+        if config.precision == "fp16":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise PipelineError(
+                    "precision: fp16 needs a CUDA GPU; on this machine Accelerate would silently train in fp32. "
+                    "Use precision: bf16 (runs on CPU) or fp32."
+                )
+        # Attention-only losses leave the pooler/classifier without gradients in
+        # some steps, so DDP must tolerate unused parameters.
+        kwargs = [DistributedDataParallelKwargs(find_unused_parameters=True)]
+        mp = "no" if config.precision == "fp32" else config.precision
+        self.accelerator = Accelerator(mixed_precision=mp, kwargs_handlers=kwargs)
+        self.rank = self.accelerator.process_index
+        self.world = self.accelerator.num_processes
+        self.is_main = self.accelerator.is_main_process
+        self.device = self.accelerator.device
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.accelerator.wait_for_everyone()
+
+    def broadcast_object(self, obj):
+        if self.world == 1:
+            return obj
+        from accelerate.utils import broadcast_object_list
+
+        box = [obj]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """An exclusive lock on the run folder; the error names the holder."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / ".lock"
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown process"
+        handle.close()
+        raise LockedError(
+            f"Run folder {run_dir} is in use by another pipeline ({holder}). Wait for it to finish, "
+            "or stop that process; two pipelines must never write the same run folder."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {dt.datetime.now().isoformat(timespec='seconds')}")
+    handle.flush()
+    try:
+        yield
+    finally:
+        handle.seek(0)
+        handle.truncate()
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def stage_status(config: PipelineConfig, runs_dir: Path) -> list[dict]:
+    """done / stale / pending for every stage (used by `make status`)."""
+    run_dir = Path(runs_dir) / config.name
+    current = fingerprints(config)
+    rows = []
+    for name in STAGES:
+        manifest = read_manifest(run_dir / name)
+        if manifest is None:
+            state = "running/interrupted" if (run_dir / f"{name}.partial").exists() else "pending"
+        else:
+            state = "done" if manifest["fingerprint"] == current[name] else "stale"
+        rows.append({"stage": name, "state": state, "manifest": manifest})
+    return rows
+
+
+def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | None, only: str | None) -> dict[str, bool]:
+    """Which stages must run (True) and which are complete and current (False)."""
+    current = fingerprints(config)
+    to_run = {}
+    for name in STAGES:
+        manifest = read_manifest(run_dir / name)
+        up_to_date = manifest is not None and manifest["fingerprint"] == current[name]
+        forced = force or (from_stage is not None and STAGES.index(name) >= STAGES.index(from_stage))
+        to_run[name] = forced or not up_to_date
+    if only:
+        to_run = {name: name == only for name in STAGES}  # --only always runs that one stage
+    return to_run
+
+
+def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, from_stage: str | None = None,
+                 only: str | None = None) -> dict:
+    runs_dir = Path(runs_dir)
+    run_dir = runs_dir / config.name
+    dist = Distributed(config)
+    lock = run_lock(run_dir) if dist.is_main else contextlib.nullcontext()
+    with lock:
+        dist.barrier()
+        config_yaml = to_yaml(config)
+        tracker = Tracker(runs_dir, run_dir, config.tracking.experiment or config.name, enabled=dist.is_main)
+        tracker.check_reachable()
+        if dist.is_main:
+            (run_dir / "config.yaml").write_text(config_yaml)
+        current = fingerprints(config)
+        to_run = plan(config, run_dir, force, from_stage, only)
+        if not any(to_run.values()):
+            if dist.is_main:
+                log.info("All stages are complete and current; nothing to do (use --force to rerun).")
+            return {"ran": [], "fingerprints": current}
+        tracker.start_pipeline(config_yaml, config.flat(), config_hash(config_yaml))
+        ran, status = [], "FAILED"
+        try:
+            for name in STAGES:
+                if not to_run[name]:
+                    if dist.is_main:
+                        log.info("[%s] up to date (fingerprint %s), skipped", name, current[name])
+                    continue
+                _run_stage(config, name, run_dir, current[name], tracker, dist)
+                ran.append(name)
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            tracker.end_pipeline(status)
+        return {"ran": ran, "fingerprints": current}
+
+
+def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracker: Tracker, dist: Distributed) -> None:
+    module = stage_module(name)
+    final = run_dir / name
+    partial = run_dir / f"{name}.partial"
+    if dist.is_main:
+        marker = partial / ".fingerprint"
+        # A partial folder from an interrupted run of the SAME inputs is kept: it
+        # holds the checkpoints to resume from. Anything else starts clean.
+        if partial.exists() and (not marker.is_file() or marker.read_text() != fp):
+            shutil.rmtree(partial)
+        partial.mkdir(parents=True, exist_ok=True)
+        marker.write_text(fp)
+    dist.barrier()
+    log.info("[%s] running (fingerprint %s)", name, fp) if dist.is_main else None
+    params = {k: config.section(k) for k in module.READS if not isinstance(config.section(k), dict)}
+    started = time.time()
+    with tracker.stage(name, fp, params) as stage_run_id:
+        ctx = StageContext(config=config, name=name, run_dir=run_dir, out=partial, tracker=tracker, dist=dist)
+        summary = module.run(ctx) or {}
+        dist.barrier()
+        duration = time.time() - started
+        if dist.is_main:
+            tracker.log_metrics({"stage_seconds": duration})
+            manifest = {
+                "stage": name, "fingerprint": fp, "version": module.VERSION,
+                "completed_at": dt.datetime.now().isoformat(timespec="seconds"),
+                "duration_s": round(duration, 2), "summary": summary, "mlflow_run_id": stage_run_id,
+            }
+            write_json(partial / "manifest.json", manifest)
+            (partial / ".fingerprint").unlink(missing_ok=True)
+            # Swap the finished folder into place: old output out of the way
+            # first, then one rename; a crash in between leaves no "done" stage
+            # with stale content (the manifest check fails and the stage reruns).
+            if final.exists():
+                trash = run_dir / f".{name}.old"
+                shutil.rmtree(trash, ignore_errors=True)
+                os.replace(final, trash)
+                os.replace(partial, final)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.replace(partial, final)
+            log.info("[%s] done in %.1f s %s", name, duration, _short(summary))
+    dist.barrier()
+
+
+def _short(summary: dict) -> str:
+    items = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items() if not isinstance(v, (dict, list))]
+    return "(" + ", ".join(items[:4]) + ")" if items else ""

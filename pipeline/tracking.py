@@ -1,0 +1,201 @@
+"""MLflow tracking: one parent run per pipeline run, one nested run per stage.
+
+Only the main process talks to MLflow; other ranks get a tracker whose calls do
+nothing. The store is ``MLFLOW_TRACKING_URI`` when set, else a sqlite file at
+``<runs>/mlflow.db`` with artifacts under ``<runs>/mlartifacts``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import PipelineError
+
+log = logging.getLogger("pipeline")
+
+SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.I)
+
+
+def redact_uri(uri: str) -> str:
+    """A URI with any user:password@ part replaced, safe for logs."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+    return uri
+
+
+def secret_values() -> list[str]:
+    """Values of environment variables that look like credentials (never logged)."""
+    values = [v for k, v in os.environ.items() if SECRET_ENV.search(k) and len(v) >= 6]
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    parts = urlsplit(uri) if uri else None
+    if parts and parts.password:
+        values.append(parts.password)
+    return values
+
+
+class RedactingFilter(logging.Filter):
+    """Masks credential values in every log record of the pipeline."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = message
+        for secret in secret_values():
+            clean = clean.replace(secret, "***")
+        if clean != message:
+            record.msg, record.args = clean, ()
+        return True
+
+
+def tracking_uri(runs_dir: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(runs_dir).resolve() / 'mlflow.db'}"
+
+
+class Tracker:
+    """Thin wrapper over the mlflow client API; disabled on non-main ranks."""
+
+    def __init__(self, runs_dir: Path, run_dir: Path, experiment: str, enabled: bool = True):
+        self.enabled = enabled
+        self.runs_dir = Path(runs_dir)
+        self.run_dir = Path(run_dir)
+        self.experiment = experiment
+        self.parent_id: str | None = None
+        self.stage_id: str | None = None
+        if not enabled:
+            return
+        import mlflow
+
+        self.mlflow = mlflow
+        self.uri = tracking_uri(self.runs_dir)
+        # Fail fast on an unreachable server instead of retrying for minutes.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        mlflow.set_tracking_uri(self.uri)
+        self.client = mlflow.MlflowClient(self.uri)
+
+    # ------------------------------------------------------------------ setup
+    def check_reachable(self) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.client.search_experiments(max_results=1)
+        except Exception as exc:  # connection errors come wrapped in several types
+            raise PipelineError(
+                f"MLflow tracking store {redact_uri(self.uri)} is unreachable ({type(exc).__name__}). "
+                "Start the server (make server) or unset MLFLOW_TRACKING_URI to use the local sqlite store "
+                "under runs/. Nothing was run."
+            ) from None
+
+    def start_pipeline(self, config_yaml: str, flat_params: dict, config_hash: str) -> None:
+        """Create or re-attach the parent run (same resolved config -> same parent)."""
+        if not self.enabled:
+            return
+        mlflow = self.mlflow
+        experiment = self.client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            location = None
+            if "MLFLOW_TRACKING_URI" not in os.environ:
+                location = (self.runs_dir.resolve() / "mlartifacts").as_uri()
+            experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
+        else:
+            experiment_id = experiment.experiment_id
+        record = self.run_dir / "mlflow_run.json"
+        previous = json.loads(record.read_text()) if record.is_file() else {}
+        parent_id = None
+        if previous.get("config_hash") == config_hash and previous.get("tracking_uri") == redact_uri(self.uri):
+            with contextlib.suppress(Exception):
+                run = self.client.get_run(previous["parent_run_id"])
+                if run.info.lifecycle_stage == "active":
+                    parent_id = run.info.run_id
+        if parent_id is None:
+            run = self.client.create_run(
+                experiment_id, run_name=f"{self.experiment}-pipeline",
+                tags={"attention_distill.role": "pipeline", "attention_distill.config": self.experiment},
+            )
+            parent_id = run.info.run_id
+            params = {k: ("" if v is None else str(v))[:6000] for k, v in flat_params.items()}
+            items = list(params.items())
+            for i in range(0, len(items), 100):
+                self.client.log_batch(parent_id, params=[mlflow.entities.Param(k, v) for k, v in items[i:i + 100]])
+            self.client.log_text(parent_id, config_yaml, "config/resolved.yaml")
+            log.info("MLflow: new parent run %s in experiment '%s' (%s)", parent_id, self.experiment, redact_uri(self.uri))
+        else:
+            self.client.update_run(parent_id, status="RUNNING")
+            log.info("MLflow: re-attached to parent run %s", parent_id)
+        self.parent_id = parent_id
+        self.experiment_id = experiment_id
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"parent_run_id": parent_id, "config_hash": config_hash,
+                                   "tracking_uri": redact_uri(self.uri), "experiment_id": experiment_id}))
+        tmp.replace(record)
+
+    def end_pipeline(self, status: str = "FINISHED") -> None:
+        if self.enabled and self.parent_id:
+            self.client.set_terminated(self.parent_id, status=status)
+
+    # ------------------------------------------------------------------ stages
+    @contextlib.contextmanager
+    def stage(self, name: str, fingerprint: str, params: dict):
+        if not self.enabled:
+            yield None
+            return
+        run = self.client.create_run(
+            self.experiment_id, run_name=name,
+            tags={"mlflow.parentRunId": self.parent_id, "attention_distill.role": "stage",
+                  "attention_distill.stage": name, "attention_distill.fingerprint": fingerprint},
+        )
+        self.stage_id = run.info.run_id
+        flat = {k: ("" if v is None else str(v))[:6000] for k, v in params.items()}
+        if flat:
+            self.client.log_batch(self.stage_id, params=[self.mlflow.entities.Param(k, v) for k, v in flat.items()])
+        status = "FAILED"
+        try:
+            yield self.stage_id
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            self.client.set_terminated(self.stage_id, status=status)
+            self.stage_id = None
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if not self.enabled or not self.stage_id:
+            return
+        import time
+
+        now = int(time.time() * 1000)
+        entries = [self.mlflow.entities.Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and v == v]
+        if entries:
+            self.client.log_batch(self.stage_id, metrics=entries)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if self.enabled and self.stage_id:
+            self.client.log_artifact(self.stage_id, str(path), artifact_path)
+
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
+        if self.enabled and self.stage_id:
+            self.client.log_artifacts(self.stage_id, str(folder), artifact_path)
+
+    def set_tags(self, tags: dict) -> None:
+        if self.enabled and self.stage_id:
+            for k, v in tags.items():
+                self.client.set_tag(self.stage_id, k, str(v))
+
+
+def config_hash(config_yaml: str) -> str:
+    return hashlib.sha256(config_yaml.encode()).hexdigest()[:16]

@@ -1,0 +1,113 @@
+"""Stage 3, capture: run the teacher once over the training data and store its targets.
+
+Only what the configured losses need is stored (logits; per mapped teacher
+layer the attention / value relations as probabilities or as raw vectors,
+whichever is smaller; hidden states if distilled), unpadded, fp16 by default,
+in checksummed shards. The size is estimated before anything is written; above
+capture.max_cache_gb the stage stops and points to capture.mode: online.
+Completed shards survive an interruption and are verified, not recomputed.
+With several processes, shards are divided between ranks.
+
+Outputs: cache/shard-*.bin + shard-*.json, cache/index.json, capture.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from pipeline.data import pad_batch
+from pipeline.cache import CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_complete, shard_ranges, write_shard
+from pipeline.errors import CacheError
+from pipeline.inference import TokenizedSplit, pad_id
+from pipeline.models import load_classifier
+from pipeline.objective import teacher_targets, target_plan
+from pipeline.runner import write_json
+from pipeline.training import SHOW_BARS
+
+log = logging.getLogger("pipeline")
+
+READS = ["precision", "capture", "distill.layer_map", "distill.relation_heads", "distill.loss", "student", "data.unlabeled_text"]
+AFTER = ["prepare", "teacher"]
+VERSION = 1
+
+
+def inputs(config) -> dict:
+    """Fingerprint inputs: which targets are needed, not the loss weights' values."""
+    plan = target_plan(config)
+    capture = config.capture.model_dump()
+    return {"plan": plan.__dict__, "capture": capture, "precision": config.precision, "unlabeled": config.data.unlabeled_text}
+
+
+def run(ctx) -> dict:
+    config, dist = ctx.config, ctx.dist
+    prepare, teacher_dir = ctx.input("prepare"), ctx.input("teacher")
+    if config.capture.mode == "online":
+        if ctx.is_main:
+            write_json(ctx.out / "capture.json", {"mode": "online", "cache_bytes": 0})
+            log.info("[capture] capture.mode is online: the teacher runs inside each distillation step; nothing stored")
+        return {"mode": "online", "cache_bytes": 0}
+
+    teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
+    plan = target_plan(config, teacher.config)
+    splits = [TokenizedSplit(prepare, "train")]
+    if (prepare / "tokenized" / "unlabeled").exists():
+        splits.append(TokenizedSplit(prepare, "unlabeled"))
+    lengths = np.concatenate([s.lengths for s in splits])
+    layout = CacheLayout(plan, teacher.config.num_labels, teacher.config.hidden_size,
+                         choose_stores(plan, lengths, teacher.config.hidden_size, config.capture.store), config.capture.dtype)
+    estimate = estimate_bytes(layout, lengths)
+    per_example = estimate / len(lengths)
+    if ctx.is_main:
+        log.info("[capture] estimated cache size %.1f MB (%.0f bytes per example, stores %s, %s)",
+                 estimate / 1e6, per_example, layout.stores, layout.dtype)
+    if estimate > config.capture.max_cache_gb * 1e9:
+        raise CacheError(
+            f"The teacher cache would take an estimated {estimate / 1e9:.2f} GB ({per_example:.0f} bytes per example), "
+            f"above capture.max_cache_gb={config.capture.max_cache_gb}. Set capture.mode=online (the teacher runs inside "
+            "each training step, nothing stored), map fewer layers, shorten data.max_length, or raise capture.max_cache_gb."
+        )
+    folder = ctx.out / "cache"
+    folder.mkdir(exist_ok=True)
+    pad = pad_id(prepare)
+    ranges = shard_ranges(len(lengths), config.capture.shard_size)
+    offsets = np.cumsum([0] + [len(s) for s in splits])
+    mine = [i for i in range(len(ranges)) if i % dist.world == dist.rank]
+    todo = [i for i in mine if not shard_complete(folder, i)]
+    if len(todo) < len(mine):
+        log.info("[capture] %d shard(s) already complete and verified, %d to compute", len(mine) - len(todo), len(todo))
+    bar = tqdm(total=sum(ranges[i][1] - ranges[i][0] for i in todo), desc="capture", disable=not ctx.is_main or not SHOW_BARS, leave=False)
+    for shard in todo:
+        first, last = ranges[shard]
+        records, logits, shard_lengths = [], [], []
+        for start in range(first, last, config.capture.batch_size):
+            global_ids = np.arange(start, min(start + config.capture.batch_size, last))
+            # Map global example ids to (split, local index): train first, then unlabeled text.
+            which = np.searchsorted(offsets, global_ids, side="right") - 1
+            batch_ids = [splits[w].input_ids[i - offsets[w]] for w, i in zip(which, global_ids)]
+            ids, mask = pad_batch(batch_ids, pad)
+            batch = {"input_ids": ids.to(dist.device), "attention_mask": mask.to(dist.device)}
+            with dist.accelerator.autocast():
+                targets = teacher_targets(teacher, batch, plan)
+            n = [len(x) for x in batch_ids]
+            records += flatten_targets(targets, layout, n, batch["attention_mask"])
+            logits.append(targets["logits"].float().cpu().numpy())
+            shard_lengths += n
+            bar.update(len(global_ids))
+        write_shard(folder, shard, records, np.concatenate(logits), shard_lengths, first)
+    bar.close()
+    dist.barrier()
+    total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
+    summary = {"mode": "cached", "examples": int(len(lengths)), "cache_bytes": int(total),
+               "bytes_per_example": total / len(lengths), "estimated_bytes": estimate, "shards": len(ranges),
+               "stores": layout.stores, "dtype": layout.dtype}
+    if ctx.is_main:
+        write_json(folder / "index.json", {"num_shards": len(ranges), "num_examples": int(len(lengths)),
+                                           "layout": layout.to_json()})
+        write_json(ctx.out / "capture.json", summary)
+        ctx.tracker.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths)})
+        log.info("[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths))
+    return {k: v for k, v in summary.items() if not isinstance(v, dict)}

@@ -1,0 +1,112 @@
+"""Stage 4, distill: train the student against the teacher.
+
+The student is built as configured (teacher layers, a pretrained encoder, or
+random) and trained with the objective declared in distill.loss (CE, logit KD,
+attention KL, value-relation KL, hidden-state MSE; see pipeline/objective.py)
+under Accelerate: mixed precision, data parallel over processes, gradient
+clipping and accumulation, warmup + schedule, validation each epoch with the
+best epoch kept, resumable checkpoints. Teacher targets come from the capture
+cache, or from the teacher run inside the step when capture.mode is online.
+
+Outputs: student/ (save_pretrained folder), history.json, curves.png.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from transformers import set_seed
+
+from pipeline.cache import TeacherCache
+from pipeline.inference import TokenizedSplit, accuracy, pad_id, predict_logits
+from pipeline.models import build_student, count_parameters, load_classifier, load_tokenizer, save_model
+from pipeline.objective import DistillObjective, target_plan, teacher_targets
+from pipeline.plots import plot_history
+from pipeline.runner import write_json
+from pipeline.training import fit
+
+log = logging.getLogger("pipeline")
+
+READS = ["seed", "precision", "student", "distill", "capture.mode"]
+AFTER = ["prepare", "teacher", "capture"]
+VERSION = 1
+
+
+class TrainingData:
+    """Train split plus optional unlabeled text (label -1: KD targets only), one index space."""
+
+    def __init__(self, prepare):
+        self.parts = [TokenizedSplit(prepare, "train")]
+        if (prepare / "tokenized" / "unlabeled").exists():
+            self.parts.append(TokenizedSplit(prepare, "unlabeled"))
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self):
+        return int(self.offsets[-1])
+
+    def batch(self, indices, pad, device):
+        from pipeline.data import pad_batch
+
+        which = np.searchsorted(self.offsets, indices, side="right") - 1
+        ids = [self.parts[w].input_ids[i - self.offsets[w]] for w, i in zip(which, indices)]
+        labels = [int(self.parts[w].labels[i - self.offsets[w]]) for w, i in zip(which, indices)]
+        input_ids, mask = pad_batch(ids, pad)
+        return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
+                "labels": torch.tensor(labels, device=device), "indices": np.asarray(indices)}
+
+
+def run(ctx) -> dict:
+    config, dist = ctx.config, ctx.dist
+    set_seed(config.seed)
+    prepare, teacher_dir, capture_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("capture")
+    pad = pad_id(prepare)
+    tokenizer = load_tokenizer(str(teacher_dir / "model"))
+    teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    student = build_student(config, teacher).to(dist.device)
+    if config.student.dropout is not None:
+        for module in student.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = config.student.dropout
+    plan = target_plan(config, teacher.config)
+    objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
+    online = config.capture.mode == "online"
+    cache = None if online else TeacherCache(capture_dir / "cache")
+    train = TrainingData(prepare)
+    validation = TokenizedSplit(prepare, "validation")
+    if ctx.is_main:
+        log.info("[distill] student: %d layers, %.1fM parameters (teacher %.1fM); layer map (student, teacher) %s; "
+                 "relation heads %d; targets %s", student.config.num_hidden_layers, count_parameters(student) / 1e6,
+                 count_parameters(teacher) / 1e6, plan.pairs, plan.relation_heads, "online" if online else "cached")
+
+    modules = {"model": student}
+    if len(objective.projections):
+        modules["projections"] = objective.projections
+
+    def loss_fn(batch, prepared):
+        if online:
+            targets = teacher_targets(teacher, batch, plan)
+        else:
+            targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], dist.device)
+        return objective(prepared["model"], batch, targets)
+
+    def validate(prepared):
+        logits = predict_logits(prepared["model"], validation, config.evaluate.batch_size, dist, pad)
+        return {"accuracy": accuracy(logits, validation.labels)}
+
+    progress = fit(ctx, modules=modules, num_examples=len(train), make_batch=lambda idx: train.batch(idx, pad, dist.device),
+                   loss_fn=loss_fn, validate=validate, settings=config.distill, seed=config.seed, tag="distill")
+    student = dist.accelerator.unwrap_model(student).eval()
+    summary = {"best_epoch": progress.best_epoch, "validation_accuracy": progress.best_metric,
+               "parameters": count_parameters(student), "layers": student.config.num_hidden_layers}
+    if ctx.is_main:
+        save_model(student, tokenizer, ctx.out / "student")
+        write_json(ctx.out / "history.json", progress.history)
+        if progress.history:
+            plot_history(progress.history, ctx.out / "curves.png", title=f"{config.name}: distillation")
+            ctx.tracker.log_artifact(ctx.out / "curves.png")
+        ctx.tracker.log_metrics(summary)
+    return summary

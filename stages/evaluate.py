@@ -1,0 +1,114 @@
+"""Stage 5, evaluate: teacher and student on the held-out test split.
+
+accuracy, macro-F1, per-class precision/recall/F1, confusion matrices (PNG),
+teacher-student agreement, retention (student accuracy / teacher accuracy),
+parameter counts; attention health of the mapped layers (per-head entropy,
+near-one-hot heads, output-norm imbalance, NaN/inf counts) and teacher vs
+student attention heatmaps for a few validation sentences.
+
+Outputs: metrics.json, predictions.jsonl, confusion_teacher.png,
+confusion_student.png, attention_*.png.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import torch
+
+from pipeline.attention import attention_probs, capture_projections, split_heads
+from pipeline.inference import TokenizedSplit, label_names, pad_id, predict_logits
+from pipeline.metrics import attention_health, classification_report
+from pipeline.models import count_parameters, load_classifier, load_tokenizer
+from pipeline.objective import target_plan
+from pipeline.plots import plot_attention_pair, plot_confusion
+from pipeline.runner import write_json
+
+log = logging.getLogger("pipeline")
+
+READS = ["evaluate", "precision"]
+AFTER = ["prepare", "teacher", "distill"]
+VERSION = 1
+
+
+def run(ctx) -> dict:
+    config, dist = ctx.config, ctx.dist
+    prepare, teacher_dir, distill_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("distill")
+    names, pad = label_names(prepare), pad_id(prepare)
+    test = TokenizedSplit(prepare, "test")
+    teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
+    student = load_classifier(str(distill_dir / "student")).to(dist.device).eval()
+    t_logits = predict_logits(teacher, test, config.evaluate.batch_size, dist, pad)
+    s_logits = predict_logits(student, test, config.evaluate.batch_size, dist, pad)
+    if not ctx.is_main:
+        return {}
+    t_pred, s_pred = t_logits.argmax(-1), s_logits.argmax(-1)
+    metrics = {
+        "split": "test", "examples": len(test),
+        "teacher": {**classification_report(test.labels, t_pred, names), "parameters": count_parameters(teacher),
+                    "layers": teacher.config.num_hidden_layers},
+        "student": {**classification_report(test.labels, s_pred, names), "parameters": count_parameters(student),
+                    "layers": student.config.num_hidden_layers},
+        "agreement": float((t_pred == s_pred).mean()),
+        "majority_class_accuracy": float(np.bincount(test.labels).max() / len(test)),
+    }
+    metrics["retention"] = metrics["student"]["accuracy"] / max(metrics["teacher"]["accuracy"], 1e-12)
+    metrics["compression"] = metrics["teacher"]["parameters"] / metrics["student"]["parameters"]
+    for who in ("teacher", "student"):
+        plot_confusion(np.array(metrics[who]["confusion_matrix"]), names, ctx.out / f"confusion_{who}.png", f"{who} (test)")
+    metrics["attention_health"] = attention_report(ctx, teacher, student, prepare, pad)
+    with open(ctx.out / "predictions.jsonl", "w") as fh:
+        for i in range(len(test)):
+            fh.write(json.dumps({"label": names[test.labels[i]], "teacher": names[t_pred[i]], "student": names[s_pred[i]]}) + "\n")
+    write_json(ctx.out / "metrics.json", metrics)
+    flat = {f"{who}/{k}": metrics[who][k] for who in ("teacher", "student") for k in ("accuracy", "macro_f1")}
+    flat.update({"retention": metrics["retention"], "agreement": metrics["agreement"]})
+    ctx.tracker.log_metrics(flat)
+    ctx.tracker.log_artifacts(ctx.out)
+    log.info("[evaluate] teacher acc %.4f, student acc %.4f, retention %.4f, agreement %.4f",
+             metrics["teacher"]["accuracy"], metrics["student"]["accuracy"], metrics["retention"], metrics["agreement"])
+    return {"teacher_accuracy": metrics["teacher"]["accuracy"], "student_accuracy": metrics["student"]["accuracy"],
+            "retention": metrics["retention"]}
+
+
+@torch.no_grad()
+def attention_report(ctx, teacher, student, prepare, pad) -> dict:
+    """Health of the mapped layers on validation sentences, plus heatmaps of a few."""
+    config, dist = ctx.config, ctx.dist
+    plan = target_plan(config, teacher.config)
+    validation = TokenizedSplit(prepare, "validation")
+    indices = np.arange(min(64, len(validation)))
+    batch = validation.batch(indices, pad, dist.device)
+    tokenizer = load_tokenizer(str(ctx.input("teacher") / "model"))
+    report = {}
+    for who, model, layers in (("teacher", teacher, plan.teacher_layers), ("student", student, plan.student_layers)):
+        with capture_projections(model, layers, ("query", "key", "value")) as captured:
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        heads = model.config.num_attention_heads
+        report[who] = {}
+        for layer in layers:
+            probs = attention_probs(captured[layer]["query"], captured[layer]["key"], batch["attention_mask"], heads)
+            outputs = probs @ split_heads(captured[layer]["value"].float(), heads)
+            health = attention_health(probs, batch["attention_mask"], outputs)
+            report[who][f"layer_{layer}"] = health
+            ctx.tracker.log_metrics({f"attention/{who}_layer{layer}_min_entropy": min(health["entropy_per_head"]),
+                                     f"attention/{who}_layer{layer}_norm_imbalance": health["output_norm_imbalance"],
+                                     f"attention/{who}_layer{layer}_nonfinite": health["nonfinite"]})
+            if health["low_entropy_heads"]:
+                log.info("[evaluate] %s layer %d: near-one-hot heads %s", who, layer, health["low_entropy_heads"])
+            captured[layer]["probs"] = probs
+        if who == "teacher":
+            teacher_probs = {layer: captured[layer]["probs"] for layer in layers}
+        else:
+            student_probs = {layer: captured[layer]["probs"] for layer in layers}
+    for example in range(min(config.evaluate.heatmap_examples, len(indices))):
+        n = int(batch["attention_mask"][example].sum())
+        tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][example, :n].tolist())
+        for s, t in plan.pairs:
+            plot_attention_pair(teacher_probs[t][example, :, :n, :n].mean(0).cpu().numpy(),
+                                student_probs[s][example, :, :n, :n].mean(0).cpu().numpy(), tokens,
+                                ctx.out / f"attention_ex{example}_s{s}_t{t}.png",
+                                f"validation example {example}: teacher layer {t} vs student layer {s} (head mean)")
+    return report

@@ -1,0 +1,75 @@
+"""Stage 1, prepare: load the dataset, split it deterministically, tokenize once.
+
+Outputs (runs/<config>/prepare/):
+  train.jsonl, validation.jsonl, test.jsonl  plain records {"text", "label"} (+ "text_pair")
+  unlabeled.jsonl                            in-domain text without labels (if data.unlabeled_text)
+  tokenized/<split>/                         token ids (unpadded) + label ids, Arrow
+  labels.json                                {"0": "<name>", ...}
+  stats.json                                 sizes, class balance, truncation count, tokenizer facts
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import datasets
+
+from pipeline.data import SPLITS, load_frame, split_frame, tokenize_split
+from pipeline.models import load_tokenizer, tokenizer_reference
+from pipeline.runner import write_json
+
+log = logging.getLogger("pipeline")
+
+READS = ["seed", "data", "teacher.model", "teacher.tokenizer", "teacher.trust_remote_code"]
+AFTER: list[str] = []
+VERSION = 1
+
+
+def run(ctx) -> dict:
+    if not ctx.is_main:  # cheap, single-process work; other ranks wait at the barrier
+        return {}
+    cfg = ctx.config.data
+    frame, unlabeled = load_frame(cfg)
+    splits = split_frame(frame, cfg, ctx.config.seed)
+    label_names = sorted(splits["train"]["label"].unique())
+    label_ids = {name: i for i, name in enumerate(label_names)}
+    tokenizer = load_tokenizer(tokenizer_reference(ctx.config), ctx.config.teacher.trust_remote_code)
+
+    stats = {"label_names": label_names, "pad_token_id": tokenizer.pad_token_id, "max_length": cfg.max_length,
+             "source": cfg.source, "splits": {}}
+    total_truncated = 0
+    for split in SPLITS:
+        part = splits[split]
+        records = part[["text", "label"] + (["text_pair"] if "text_pair" in part else [])].to_dict("records")
+        with open(ctx.out / f"{split}.jsonl", "w", encoding="utf-8") as fh:
+            for record in records:
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        pairs = part["text_pair"].astype(str).tolist() if "text_pair" in part else None
+        ids, truncated = tokenize_split(tokenizer, part["text"].tolist(), pairs, cfg.max_length)
+        total_truncated += truncated
+        labels = [label_ids[name] for name in part["label"]]
+        datasets.Dataset.from_dict({"input_ids": ids, "label": labels}).save_to_disk(str(ctx.out / "tokenized" / split))
+        lengths = [len(x) for x in ids]
+        stats["splits"][split] = {
+            "examples": len(part), "truncated": truncated,
+            "groups": int(part["group"].nunique()) if "group" in part else None,
+            "class_counts": {name: int((part["label"] == name).sum()) for name in label_names},
+            "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
+        }
+    if unlabeled is not None and len(unlabeled):
+        ids, _ = tokenize_split(tokenizer, unlabeled["text"].tolist(), None, cfg.max_length)
+        datasets.Dataset.from_dict({"input_ids": ids, "label": [-1] * len(ids)}).save_to_disk(str(ctx.out / "tokenized" / "unlabeled"))
+        unlabeled.to_json(ctx.out / "unlabeled.jsonl", orient="records", lines=True, force_ascii=False)
+        stats["splits"]["unlabeled"] = {"examples": len(ids)}
+    if total_truncated:
+        log.info("[prepare] %d texts were longer than data.max_length=%d tokens and were truncated", total_truncated, cfg.max_length)
+    write_json(ctx.out / "labels.json", {str(i): name for i, name in enumerate(label_names)})
+    write_json(ctx.out / "stats.json", stats)
+    ctx.tracker.log_artifact(ctx.out / "stats.json")
+    summary = {f"{s}_examples": stats["splits"][s]["examples"] for s in SPLITS}
+    summary["truncated"] = total_truncated
+    ctx.tracker.log_metrics({k: v for k, v in summary.items()})
+    for split in SPLITS:
+        log.info("[prepare] %s: %d examples, classes %s", split, stats["splits"][split]["examples"], stats["splits"][split]["class_counts"])
+    return summary

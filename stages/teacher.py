@@ -1,0 +1,67 @@
+"""Stage 2, teacher: obtain the task teacher.
+
+Either an already fine-tuned classifier (teacher.finetune: false; its label
+count must match the data) or a pretrained encoder fine-tuned here on the train
+split with cross-entropy, keeping the epoch with the best validation accuracy.
+
+Outputs: model/ (save_pretrained folder: config, safetensors, tokenizer),
+metrics.json (validation and test accuracy).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from transformers import set_seed
+
+from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits
+from pipeline.models import build_teacher_for_finetune, load_tokenizer, save_model, tokenizer_reference
+from pipeline.runner import write_json
+from pipeline.training import fit
+
+log = logging.getLogger("pipeline")
+
+READS = ["seed", "precision", "teacher"]
+AFTER = ["prepare"]
+VERSION = 1
+
+
+def run(ctx) -> dict:
+    config, dist = ctx.config, ctx.dist
+    set_seed(config.seed)
+    prepare = ctx.input("prepare")
+    labels, pad = label_names(prepare), pad_id(prepare)
+    tokenizer = load_tokenizer(tokenizer_reference(config), config.teacher.trust_remote_code)
+    train, validation, test = (TokenizedSplit(prepare, s) for s in ("train", "validation", "test"))
+    model = build_teacher_for_finetune(config, labels, len(tokenizer)).to(dist.device)
+
+    def validate(prepared=None) -> dict:
+        logits = predict_logits((prepared or {}).get("model", model), validation, config.evaluate.batch_size, dist, pad)
+        return {"accuracy": accuracy(logits, validation.labels)}
+
+    if config.teacher.finetune and config.teacher.epochs > 0:
+        def loss_fn(batch, prepared):
+            logits = prepared["model"](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss = F.cross_entropy(logits.float(), batch["labels"])
+            return loss, {"ce": loss.detach()}
+
+        progress = fit(ctx, modules={"model": model}, num_examples=len(train),
+                       make_batch=lambda idx: train.batch(idx, pad, dist.device), loss_fn=loss_fn,
+                       validate=validate, settings=config.teacher, seed=config.seed, tag="teacher")
+        model = dist.accelerator.unwrap_model(model)
+        best_epoch = progress.best_epoch
+    else:
+        best_epoch = 0
+    model.eval()
+    val_acc = validate()["accuracy"]
+    test_acc = accuracy(predict_logits(model, test, config.evaluate.batch_size, dist, pad), test.labels)
+    metrics = {"validation_accuracy": val_acc, "test_accuracy": test_acc, "best_epoch": best_epoch,
+               "parameters": sum(p.numel() for p in model.parameters())}
+    if ctx.is_main:
+        save_model(model, tokenizer, ctx.out / "model")
+        write_json(ctx.out / "metrics.json", metrics)
+        ctx.tracker.log_metrics(metrics)
+        log.info("[teacher] validation accuracy %.4f, test accuracy %.4f", val_acc, test_acc)
+    return metrics
