@@ -1,0 +1,100 @@
+"""Config loading and validation: every error class, reported at once, exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import apply_overrides, load_config, parse_override
+from pipeline.errors import ConfigError
+from pipeline.models import check_against_models
+from tests.conftest import run_cli
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_configs_validate():
+    for name in ("bert_small", "tiny"):
+        config = load_config(name)
+        check_against_models(config)
+        assert config.name == name
+    hub = load_config("sst2_bert_base")  # hub config: schema-valid even offline
+    assert hub.data.source == "hub" and hub.student.teacher_layers == [0, 3, 7, 11]
+
+
+def test_extends_merges_and_overrides_apply():
+    config = load_config("tiny", ["distill.epochs=7", "seed=3", "distill.loss.kd=0.5"])
+    assert config.distill.epochs == 7 and config.seed == 3 and config.distill.loss.kd == 0.5
+    assert config.distill.temperature == 2.0  # inherited from bert_small
+    assert config.teacher.model == "random"  # overridden by tiny
+
+
+def test_all_problems_reported_at_once_with_suggestion(tmp_path):
+    write(tmp_path, "bad", "distill:\n  epoch: 3\n  lr: fast\nseed: [1]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config("bad", configs_dir=tmp_path)
+    message = str(err.value)
+    assert "distill.epoch: unknown key" in message and "did you mean 'distill.epochs'" in message
+    assert "distill.lr" in message and "seed" in message
+    assert "3 problem(s)" in message
+
+
+def test_out_of_range_and_impossible_values():
+    with pytest.raises(ConfigError, match="distill.temperature"):
+        load_config("tiny", ["distill.temperature=0"])
+    with pytest.raises(ConfigError, match="not divisible by num_heads"):
+        load_config("tiny", ["teacher.random.num_heads=5"])
+
+
+def test_model_shape_checks_are_reported_together():
+    config = load_config("bert_small", ["student.teacher_layers=[0,9]", "data.max_length=1024", "distill.layer_map=[[0,6]]"])
+    with pytest.raises(ConfigError) as err:
+        check_against_models(config)
+    message = str(err.value)
+    assert "layer(s) [9] do not exist" in message
+    assert "teacher layer 6 does not exist" in message
+    assert "above the teacher's 512 position embeddings" in message
+
+
+def test_extends_missing_and_cycle(tmp_path):
+    write(tmp_path, "child", "extends: nowhere\n")
+    with pytest.raises(ConfigError, match="'nowhere'.*not found"):
+        load_config("child", configs_dir=tmp_path)
+    write(tmp_path, "a", "extends: b\n")
+    write(tmp_path, "b", "extends: a\n")
+    with pytest.raises(ConfigError, match="cycle: a -> b -> a"):
+        load_config("a", configs_dir=tmp_path)
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    write(tmp_path, "broken", "seed: 1\ndistill:\n  epochs: [1, 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config("broken", configs_dir=tmp_path)
+    assert "broken.yaml, line" in str(err.value)
+
+
+@pytest.mark.parametrize("item", ["distill.epochs", "=3", "distill..epochs=1"])
+def test_bad_override_syntax(item):
+    with pytest.raises(ConfigError, match="Override"):
+        parse_override(item)
+
+
+def test_override_values_are_typed():
+    raw = apply_overrides({}, ["a.b=3", "c=[0, 5]", "d=null", "e=true"])
+    assert raw == {"a": {"b": 3}, "c": [0, 5], "d": None, "e": True}
+
+
+def test_cli_exit_code_2_without_traceback():
+    result = run_cli("validate", "tiny", "distill.epohcs=1")
+    assert result.returncode == 2
+    assert "did you mean 'distill.epochs'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_validate_prints_resolved_config():
+    result = run_cli("validate", "tiny", "seed=5")
+    assert result.returncode == 0, result.stderr
+    assert "seed: 5" in result.stdout and "name: tiny" in result.stdout

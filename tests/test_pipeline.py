@@ -1,0 +1,81 @@
+"""End-to-end: the `tiny` config through all six stages, skip logic, MLflow contents."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+from transformers import AutoModelForSequenceClassification
+
+from pipeline.config import load_config
+from pipeline.runner import STAGES, fingerprints, read_manifest
+from tests.conftest import read_json, run_cli
+
+
+def test_every_stage_output_exists(tiny_run):
+    run_dir = tiny_run["run_dir"]
+    for stage in STAGES:
+        manifest = read_manifest(run_dir / stage)
+        assert manifest is not None and manifest["stage"] == stage
+        assert not (run_dir / f"{stage}.partial").exists()
+    for split in ("train", "validation", "test"):
+        first = json.loads((run_dir / "prepare" / f"{split}.jsonl").open().readline())
+        assert set(first) == {"text", "label"} and first["label"] in {"fresh", "rotten"}
+    for folder in (run_dir / "teacher" / "model", run_dir / "distill" / "student"):
+        model = AutoModelForSequenceClassification.from_pretrained(folder)
+        assert model.config.num_labels == 2 and (folder / "model.safetensors").is_file()
+    metrics = read_json(run_dir / "evaluate" / "metrics.json")
+    for who in ("teacher", "student"):
+        assert 0 <= metrics[who]["accuracy"] <= 1 and 0 <= metrics[who]["macro_f1"] <= 1
+    assert abs(metrics["retention"] - metrics["student"]["accuracy"] / metrics["teacher"]["accuracy"]) < 1e-9
+    export = read_json(run_dir / "export" / "export.json")
+    assert export["parity_max_abs_diff"] < 1e-3 and (run_dir / "export" / "model.onnx").is_file()
+    capture = read_json(run_dir / "capture" / "capture.json")
+    assert capture["bytes_per_example"] > 0 and capture["examples"] == 260
+    assert (run_dir / "config.yaml").read_text().startswith("name: tiny")
+
+
+def test_mlflow_has_parent_with_six_nested_stage_runs(tiny_run):
+    client = mlflow.MlflowClient(f"sqlite:///{tiny_run['runs_dir'] / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("attention_distill.role") == "pipeline"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.data.params["distill.epochs"] == "2"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.info.run_name for r in children) == sorted(STAGES)
+    by_name = {r.info.run_name: r for r in children}
+    assert "train/loss" in by_name["distill"].data.metrics
+    assert "student/accuracy" in by_name["evaluate"].data.metrics
+    assert all(r.info.status == "FINISHED" for r in children)
+    artifacts = [a.path for a in client.list_artifacts(parent.info.run_id, "config")]
+    assert artifacts == ["config/resolved.yaml"]
+
+
+def test_second_run_does_no_stage_work(tiny_run):
+    before = {s: read_manifest(tiny_run["run_dir"] / s)["completed_at"] for s in STAGES}
+    result = run_cli("run", "tiny", runs_dir=tiny_run["runs_dir"])
+    assert result.returncode == 0, result.stderr
+    assert "nothing to do" in result.stderr
+    after = {s: read_manifest(tiny_run["run_dir"] / s)["completed_at"] for s in STAGES}
+    assert before == after
+
+
+def test_changing_a_key_reruns_only_downstream_fingerprints():
+    base = fingerprints(load_config("tiny"))
+    changed = fingerprints(load_config("tiny", ["distill.epochs=1"]))
+    assert [s for s in STAGES if base[s] != changed[s]] == ["distill", "evaluate", "export"]
+    teacher_change = fingerprints(load_config("tiny", ["teacher.lr=0.002"]))
+    assert [s for s in STAGES if base[s] != teacher_change[s]] == ["teacher", "capture", "distill", "evaluate", "export"]
+    loss_weight = fingerprints(load_config("tiny", ["distill.loss.attention=2.0"]))
+    assert [s for s in STAGES if base[s] != loss_weight[s]] == ["distill", "evaluate", "export"]
+
+
+def test_status_lists_every_stage(tiny_run):
+    result = run_cli("status", "tiny", runs_dir=tiny_run["runs_dir"])
+    assert result.returncode == 0
+    for stage in STAGES:
+        assert any(line.startswith(stage) and " done " in line for line in result.stdout.splitlines()), result.stdout
+    stale = run_cli("status", "tiny", "distill.epochs=1", runs_dir=tiny_run["runs_dir"])
+    assert any(line.startswith("distill") and "stale" in line for line in stale.stdout.splitlines())
