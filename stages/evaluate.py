@@ -66,7 +66,8 @@ def run(ctx) -> dict:
     flat = {f"{who}/{k}": metrics[who][k] for who in ("teacher", "student") for k in ("accuracy", "macro_f1")}
     flat.update({"retention": metrics["retention"], "agreement": metrics["agreement"]})
     ctx.tracker.log_metrics(flat)
-    ctx.tracker.log_artifacts(ctx.out)
+    for path in sorted(ctx.out.glob("*.png")) + [ctx.out / "metrics.json", ctx.out / "predictions.jsonl"]:
+        ctx.tracker.log_artifact(path)
     log.info("[evaluate] teacher acc %.4f, student acc %.4f, retention %.4f, agreement %.4f",
              metrics["teacher"]["accuracy"], metrics["student"]["accuracy"], metrics["retention"], metrics["agreement"])
     return {"teacher_accuracy": metrics["teacher"]["accuracy"], "student_accuracy": metrics["student"]["accuracy"],
