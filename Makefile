@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help venv distill test status ui server bench clean
+.PHONY: help venv distill test status ui server screenshot bench clean docker-cpu docker-gpu
 
 help:  ## list targets
 	@echo "attention-distill"
@@ -24,6 +24,7 @@ help:  ## list targets
 	@echo "  make status CONFIG=bert_small      done / stale / pending per stage"
 	@echo "  make ui                            MLflow UI for runs/mlflow.db on http://127.0.0.1:$(PORT)"
 	@echo "  make server                        a team-like MLflow server (PostgreSQL if available) on 127.0.0.1"
+	@echo "  make screenshot                    docs/mlflow-ui.png from runs/mlflow.db (headless Chromium)"
 	@echo "  make bench                         regenerate BENCHMARKS.md"
 	@echo "  make venv                          (re)create the virtual environment"
 	@echo "  make clean [CONFIG=name]           remove run outputs (all, or one config)"
@@ -56,7 +57,19 @@ status: $(STAMP)
 	@$(PY) -m pipeline status $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
 
 ui: $(STAMP)
-	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port $(PORT) --backend-store-uri sqlite:///$(abspath $(RUNS_DIR))/mlflow.db --workers 1
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --host 127.0.0.1 --port $(PORT) --backend-store-uri sqlite:///$(abspath $(RUNS_DIR))/mlflow.db --workers 1
+
+server: $(STAMP)
+	MLFLOW_PORT=$(PORT) RUNS_DIR=$(RUNS_DIR) PYTHON=$(abspath $(PY)) bash scripts/mlflow_server.sh
+
+screenshot: $(STAMP)
+	$(PY) scripts/ui_screenshot.py --backend-store-uri sqlite:///$(abspath $(RUNS_DIR))/mlflow.db $(if $(EXPERIMENT),--experiment $(EXPERIMENT))
+
+docker-cpu:
+	docker build -f docker/Dockerfile.cpu -t attention-distill:cpu .
+
+docker-gpu:
+	docker build -f docker/Dockerfile.gpu -t attention-distill:gpu .
 
 clean:
 ifeq ($(origin CONFIG),command line)

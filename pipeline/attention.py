@@ -19,10 +19,13 @@ from torch import nn
 def unwrap_model(model: nn.Module) -> nn.Module:
     """Strip DDP / accelerate (``.module``) and torch.compile (``._orig_mod``) wrappers."""
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
+        for attr in ("module", "_orig_mod"):
+            inner = getattr(model, attr, None)
+            if isinstance(inner, nn.Module):  # not truthiness: an empty ModuleList is falsy
+                model = inner
+                break
+        else:
             return model
-        model = inner
 
 
 def self_attention(model: nn.Module, layer: int) -> nn.Module:

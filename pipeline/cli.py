@@ -66,6 +66,7 @@ def setup_logging(debug: bool, rank: int = 0) -> None:
     for noisy in ("transformers", "datasets", "accelerate", "mlflow", "alembic", "httpx"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # mlflow resets its logger level on import
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     logging.getLogger("root").setLevel(logging.ERROR)  # onnxruntime.quantization logs via the root logger
     import transformers
@@ -82,11 +83,24 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         if args.debug:
             log.exception("error")
-        print(f"\nerror: {exc}\n", file=sys.stderr)
+        from .tracking import redact
+
+        print(f"\nerror: {redact(str(exc))}\n", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("\nInterrupted. Completed stages are kept; rerun the same command to resume.", file=sys.stderr)
         return 130
+    except Exception as exc:  # a full disk outside a stage (config.yaml, MLflow's sqlite store...)
+        from .errors import disk_full_error
+        from .tracking import redact
+
+        full = disk_full_error(exc, Path(args.runs_dir), "the pipeline")
+        if full is None:
+            raise
+        if args.debug:
+            log.exception("error")
+        print(f"\nerror: {redact(str(full))}\n", file=sys.stderr)
+        return full.exit_code
 
 
 def _dispatch(args) -> int:

@@ -150,6 +150,8 @@ class ExportConfig(Section):
     latency_runs: int = Field(50, ge=1)
     latency_lengths: list[int] = [32, 128]
     latency_threads: list[int] = [1, 2]
+    latency_warmup: int = Field(5, ge=0, description="untimed runs before each latency measurement")
+    ort_target_platform: Literal["arm", "amd64"] = Field("arm", description="device the .ort files are optimized for")
     register_model: bool = True
 
 

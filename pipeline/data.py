@@ -46,10 +46,22 @@ def _read_local(cfg: DataConfig) -> pd.DataFrame:
         return pd.read_parquet(path)
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"Data file '{cfg.path}' is not valid UTF-8 (byte {exc.start}: {exc.reason}). Re-save it as UTF-8."
+            f"Data file '{cfg.path}' is not valid UTF-8 ({_first_bad_utf8(path) or exc.reason}). "
+            "Re-save it as UTF-8 (for example: iconv -f latin1 -t utf-8 IN > OUT)."
         ) from exc
     except (ValueError, pd.errors.ParserError) as exc:
         raise DataError(f"Data file '{cfg.path}' could not be parsed as {cfg.source.upper()}: {exc}") from exc
+
+
+def _first_bad_utf8(path: Path) -> str | None:
+    """Where the first undecodable byte is: 'line L, byte 0xNN at column C'."""
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"line {number}, byte 0x{line[exc.start]:02x} at column {exc.start + 1}"
+    return None
 
 
 def _read_hub(cfg: DataConfig) -> pd.DataFrame:
@@ -96,12 +108,18 @@ def load_frame(cfg: DataConfig) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         )
     frame = pd.DataFrame({role: raw[name] for role, name in columns.items()})
     if cfg.label_names and pd.api.types.is_integer_dtype(frame["label"]):
+        bad = sorted({int(i) for i in frame["label"] if not 0 <= i < len(cfg.label_names)})
+        if bad:
+            raise DataError(
+                f"Data '{cfg.path or cfg.hub_name}' has label id(s) {bad[:10]} outside data.label_names "
+                f"{cfg.label_names} (ids 0..{len(cfg.label_names) - 1}). Fix data.label_names or the labels."
+            )
         frame["label"] = [cfg.label_names[i] for i in frame["label"]]
     return _clean(frame, cfg, str(cfg.path or cfg.hub_name)), unlabeled
 
 
 def _clean(frame: pd.DataFrame, cfg: DataConfig, source: str) -> pd.DataFrame:
-    frame = frame.copy()
+    frame = frame[frame["label"].notna() & frame["text"].notna()].copy()  # null (JSON/Parquet) is not a label "None"
     frame["label"] = frame["label"].astype(str).str.strip()
     frame["text"] = frame["text"].astype(str)
     frame = frame[(frame["text"].str.strip() != "") & (frame["label"] != "") & (frame["label"].str.lower() != "nan")]

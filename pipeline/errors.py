@@ -35,3 +35,49 @@ class TrainingError(PipelineError):
 
 class CacheError(PipelineError):
     """The teacher cache is missing, corrupted or too large."""
+
+
+class DiskFullError(PipelineError):
+    """The disk holding the run folder (or the MLflow store) ran out of space."""
+
+
+_DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded", "database or disk is full", "os error 28")
+
+
+def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | None:
+    """A DiskFullError for ``exc`` if it comes from a full disk, else None.
+
+    Libraries report a full disk differently: OSError ENOSPC (Python writes,
+    Arrow), "No space left on device (os error 28)" (safetensors), "database or
+    disk is full" (sqlite), a bare RuntimeError from torch.save's zip writer.
+    The last kind is recognised by the disk holding ``folder`` having (almost)
+    nothing left.
+    """
+    import errno
+    import shutil
+    from pathlib import Path
+
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    path = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None)
+    folder = Path(folder)
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        free = None
+    full = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain)
+    full = full or any(marker in str(e).lower() for e in chain for marker in _DISK_FULL_TEXT)
+    full = full or (free is not None and free < (1 << 20))
+    if not full:
+        return None
+    left = f"{free / 1e6:.1f} MB free there now" if free is not None else "free space unknown"
+    return DiskFullError(
+        f"Disk full: {doing} could not write {path or folder} ({left}; {type(exc).__name__}: {str(exc)[:200]}). "
+        "Free some space or point --runs-dir at a larger disk, then rerun the same command: complete stages are kept, "
+        "and an interrupted stage resumes from its finished cache shards / last checkpoint."
+    )

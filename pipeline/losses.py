@@ -60,8 +60,8 @@ def _kl_chunk_from_probs(t_probs_c, s_a_c, s_b, key_valid, row_w_c):
     """Same as ``_kl_chunk_from_vectors`` with cached teacher probabilities [B,R,c,N]."""
     s_logp = _log_probs(s_a_c, s_b, key_valid)
     p_t = torch.where(key_valid, t_probs_c.to(s_logp.dtype), 0.0)
-    # Cached fp16 rows sum to 1 only within ~1e-3: renormalise so the KL stays >= 0
-    # and is exactly 0 when the student matches the teacher.
+    # Cached fp16 rows sum to 1 only within ~1e-3: renormalise each row to a
+    # distribution again, so the KL stays >= 0 (and ~0 when the student matches).
     p_t = p_t / p_t.sum(-1, keepdim=True).clamp_min(torch.finfo(p_t.dtype).tiny)
     pos = p_t > 0  # entries that underflowed to 0 contribute 0 (0 * log 0 = 0)
     log_pt = torch.log(torch.where(pos, p_t, 1.0))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import PipelineConfig, to_yaml
-from .errors import LockedError, PipelineError
+from .errors import LockedError, PipelineError, disk_full_error
 from .tracking import Tracker, config_hash
 
 log = logging.getLogger("pipeline")
@@ -107,23 +107,31 @@ class Distributed:
     """Process-group facts and the Accelerator, created once per process."""
 
     def __init__(self, config: PipelineConfig):
+        import torch
         from accelerate import Accelerator, DistributedDataParallelKwargs
 
         if config.precision == "fp16":
-            import torch
-
             if not torch.cuda.is_available():
                 raise PipelineError(
                     "precision: fp16 needs a CUDA GPU; on this machine Accelerate would silently train in fp32. "
                     "Use precision: bf16 (runs on CPU) or fp32."
                 )
-        # Attention-only losses leave the pooler/classifier without gradients in
-        # some steps, so DDP must tolerate unused parameters.
-        kwargs = [DistributedDataParallelKwargs(find_unused_parameters=True)]
+        # fit() sets find_unused_parameters per training job on this handler.
+        kwargs = [DistributedDataParallelKwargs()]
         mp = "no" if config.precision == "fp32" else config.precision
-        self.accelerator = Accelerator(mixed_precision=mp, kwargs_handlers=kwargs)
+        # Without CUDA, Accelerate only forms a process group (gloo, MULTI_CPU)
+        # when told cpu=True; otherwise every launched process silently trains
+        # alone as "rank 0 of 1".
+        self.accelerator = Accelerator(mixed_precision=mp, kwargs_handlers=kwargs, cpu=not torch.cuda.is_available())
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched != self.world:
+            raise PipelineError(
+                f"{launched} processes were launched but Accelerate formed a group of {self.world} "
+                f"({self.accelerator.distributed_type}); refusing to run {launched} independent copies. "
+                "Launch with `make distill NPROC=n` (accelerate launch --multi_gpu) or torchrun."
+            )
         self.is_main = self.accelerator.is_main_process
         self.device = self.accelerator.device
 
@@ -226,11 +234,21 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
                     if dist.is_main:
                         log.info("[%s] up to date (fingerprint %s), skipped", name, current[name])
                     continue
-                _run_stage(config, name, run_dir, current[name], tracker, dist)
+                try:
+                    _run_stage(config, name, run_dir, current[name], tracker, dist)
+                except Exception as exc:  # a full disk surfaces as many exception types
+                    full = None if isinstance(exc, PipelineError) else disk_full_error(exc, run_dir / f"{name}.partial", f"the {name} stage")
+                    if full is None:
+                        raise
+                    raise full from exc
                 ran.append(name)
             status = "FINISHED"
         except KeyboardInterrupt:
             status = "KILLED"
+            raise
+        except PipelineError as exc:
+            if exc.exit_code == 130:  # Ctrl-C in a training loop, re-raised as a resumable Interrupted
+                status = "KILLED"
             raise
         finally:
             tracker.end_pipeline(status)

@@ -1,26 +1,87 @@
-"""The table `make distill` ends with."""
+"""The table `make distill` ends with: evaluate's PyTorch rows and export's ONNX rows in one table."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+# (row label, latency model name in export's latency table)
+LATENCY_NAMES = {"teacher (PyTorch)": "teacher PyTorch fp32", "student (PyTorch)": "student PyTorch fp32",
+                 "student ONNX fp32": "student ONNX fp32", "student ONNX int8": "student ONNX int8"}
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _mb(path: Path) -> float | None:
+    return path.stat().st_size / 1e6 if path.is_file() else None
+
+
+def latency_setting(rows: list[dict]) -> tuple[int, int] | None:
+    """(length, threads) for the summary column: 128 tokens on 1 thread when measured, else the closest measured."""
+    settings = {(r["length"], r["threads"]) for r in rows}
+    if not settings:
+        return None
+    if (128, 1) in settings:
+        return (128, 1)
+    return min(settings, key=lambda s: (s[1] != 1, abs(s[0] - 128), s))
+
+
+def summary_rows(run_dir: Path) -> tuple[list[dict], tuple[int, int] | None, dict, dict]:
+    """One dict per model (name, accuracy, macro_f1, parameters, size_mb, latency_ms), plus the latency setting."""
+    run_dir = Path(run_dir)
+    evaluate = _read(run_dir / "evaluate" / "metrics.json") or {}
+    export = _read(run_dir / "export" / "metrics.json") or {}
+    rows = []
+    sizes = {"teacher": _mb(run_dir / "teacher" / "model" / "model.safetensors"),
+             "student": _mb(run_dir / "distill" / "student" / "model.safetensors")}
+    for who in ("teacher", "student"):
+        if who in evaluate:
+            m = evaluate[who]
+            rows.append({"name": f"{who} (PyTorch)", "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
+                         "parameters": m.get("parameters"), "size_mb": sizes[who]})
+    for key, label in (("onnx_fp32", "student ONNX fp32"), ("onnx_int8", "student ONNX int8")):
+        if key in export:
+            m = export[key]
+            rows.append({"name": label, "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
+                         "parameters": m.get("parameters"), "size_mb": m.get("file_mb"),
+                         "recommended": export.get("recommended") == key.removeprefix("onnx_")})
+    latency = export.get("latency") or []
+    setting = latency_setting(latency)
+    if setting:
+        by_model = {r["model"]: r["median_ms"] for r in latency if (r["length"], r["threads"]) == setting}
+        for row in rows:
+            row["latency_ms"] = by_model.get(LATENCY_NAMES.get(row["name"], ""))
+    return rows, setting, evaluate, export
+
 
 def print_summary(run_dir: Path, ran: list[str]) -> None:
-    metrics_path = Path(run_dir) / "evaluate" / "metrics.json"
+    run_dir = Path(run_dir)
     print()
     print(f"run folder: {run_dir}   stages run now: {', '.join(ran) or 'none (all current)'}")
-    if not metrics_path.is_file():
+    rows, setting, evaluate, export = summary_rows(run_dir)
+    if not rows:
         return
-    m = json.loads(metrics_path.read_text())
-    rows = [("teacher (PyTorch)", m["teacher"]), ("student (PyTorch)", m["student"])]
-    rows += [(f"student {name}", values) for name, values in m.get("exported", {}).items()]
-    print(f"{'model':<24} {'accuracy':>9} {'macro-F1':>9} {'params':>12} {'size MB':>9}")
-    for name, values in rows:
-        size = values.get("file_mb")
-        print(f"{name:<24} {values['accuracy']:>9.4f} {values['macro_f1']:>9.4f} {values.get('parameters', 0):>12,} "
-              f"{(f'{size:.1f}' if size else '-'):>9}")
-    print(f"retention (student / teacher accuracy): {m['retention']:.4f}   agreement: {m.get('agreement', float('nan')):.4f}")
-    bundle = Path(run_dir) / "export" / "bundle"
+    latency_head = f"ms b1/L{setting[0]}/{setting[1]}t" if setting else "latency ms"
+    print(f"{'model':<24} {'accuracy':>9} {'macro-F1':>9} {'params':>12} {'size MB':>9} {latency_head:>15}")
+    for row in rows:
+        size, ms, params = row.get("size_mb"), row.get("latency_ms"), row.get("parameters")
+        name = row["name"] + (" *" if row.get("recommended") else "")
+        print(f"{name:<24} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} "
+              f"{(f'{params:,}' if params else '-'):>12} {(f'{size:.1f}' if size else '-'):>9} "
+              f"{(f'{ms:.2f}' if ms is not None else '-'):>15}")
+    if "retention" in evaluate:
+        print(f"retention (student / teacher accuracy): {evaluate['retention']:.4f}   "
+              f"agreement: {evaluate.get('agreement', float('nan')):.4f}")
+    if export:
+        verdict = "int8 recommended" if export.get("int8_recommended") else "fp32 recommended (int8 over the accuracy budget)"
+        if "onnx_int8" not in export:
+            verdict = "fp32 (int8 off)"
+        print(f"* shipped variant: {verdict}; ONNX parity max |diff| {export.get('parity_max_abs_diff', float('nan')):.1e}")
+    bundle = run_dir / "export" / "bundle"
     if bundle.is_dir():
-        print(f"mobile bundle: {bundle}")
+        print(f"mobile bundle: {bundle}  (README.md, predict.py, latency.md inside)")

@@ -47,16 +47,23 @@ def secret_values() -> list[str]:
     return values
 
 
+def redact(text: str) -> str:
+    """Text with every credential value from the environment replaced by ***."""
+    for secret in secret_values():
+        text = text.replace(secret, "***")
+    return text
+
+
 class RedactingFilter(logging.Filter):
-    """Masks credential values in every log record of the pipeline."""
+    """Masks credential values in every log record of the pipeline (tracebacks included)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        clean = message
-        for secret in secret_values():
-            clean = clean.replace(secret, "***")
+        clean = redact(message)
         if clean != message:
             record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:  # --debug tracebacks: format once, redacted
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
         return True
 
 
@@ -80,6 +87,8 @@ class Tracker:
 
         self.mlflow = mlflow
         self.uri = tracking_uri(self.runs_dir)
+        # Read before set_tracking_uri, which exports MLFLOW_TRACKING_URI itself.
+        self.local_store = not os.environ.get("MLFLOW_TRACKING_URI")
         # Fail fast on an unreachable server instead of retrying for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -107,7 +116,7 @@ class Tracker:
         experiment = self.client.get_experiment_by_name(self.experiment)
         if experiment is None:
             location = None
-            if "MLFLOW_TRACKING_URI" not in os.environ:
+            if self.local_store:  # artifacts next to mlflow.db, never ./mlruns in the cwd
                 location = (self.runs_dir.resolve() / "mlartifacts").as_uri()
             experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
         else:
@@ -167,6 +176,10 @@ class Tracker:
             status = "FINISHED"
         except KeyboardInterrupt:
             status = "KILLED"
+            raise
+        except PipelineError as exc:
+            if exc.exit_code == 130:  # Ctrl-C in a training loop, re-raised as a resumable Interrupted
+                status = "KILLED"
             raise
         finally:
             self.client.set_terminated(self.stage_id, status=status)

@@ -99,6 +99,8 @@ class Checkpoints:
         name = f"step-{progress.global_step:08d}-e{progress.epoch}b{progress.batches_done}"
         final = self.root / name
         tmp = self.root / (name + ".tmp")
+        if final.is_dir():  # this position is already saved (Ctrl-C right after a checkpoint or a resume)
+            return final
         if dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -146,6 +148,7 @@ def fit(
     settings: TrainSettings,
     seed: int,
     tag: str,
+    find_unused_parameters: bool = False,
 ) -> Progress:
     """Train ``modules['model']`` (plus any extra trainable modules) and keep the best epoch.
 
@@ -175,6 +178,10 @@ def fit(
                               optimizer, num_warmup_steps=int(settings.warmup_ratio * total_steps),
                               num_training_steps=total_steps)
     names = list(modules)
+    if accelerator.ddp_handler is not None:
+        # Losses that never reach some parameters (attention-only distillation
+        # leaves the classifier without gradient) need DDP to look for them.
+        accelerator.ddp_handler.find_unused_parameters = find_unused_parameters
     prepared = accelerator.prepare(*modules.values(), optimizer)
     prepared_modules = dict(zip(names, prepared[:-1]))
     optimizer = prepared[-1]

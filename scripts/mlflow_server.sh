@@ -26,6 +26,7 @@ log() { echo "mlflow_server: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 "$PYTHON" -c 'import mlflow' 2>/dev/null || die "mlflow is not importable with $PYTHON; run 'make venv' first"
+case $BACKEND in auto|postgres|sqlite) ;; *) die "MLFLOW_SERVER_BACKEND must be auto, postgres or sqlite (got '$BACKEND')";; esac
 mkdir -p "$RUNS_DIR/server-artifacts"
 
 have_postgres() {
@@ -41,11 +42,9 @@ elif [[ $BACKEND == postgres ]] || { [[ $BACKEND == auto ]] && have_postgres; };
     [[ -f $RUNS_DIR/postgres/postmaster.pid ]] && kill -0 "$(head -1 "$RUNS_DIR/postgres/postmaster.pid")" 2>/dev/null && pg_was_running=1
     STORE=$(scripts/start_postgres.sh "$RUNS_DIR/postgres" "$PG_PORT")
     [[ $pg_was_running == 0 ]] && STARTED_PG=1
-elif [[ $BACKEND == auto || $BACKEND == sqlite ]]; then
-    log "PostgreSQL not available (server binaries or psycopg2 missing): using sqlite"
-    STORE=sqlite:///$RUNS_DIR/server.db
 else
-    die "MLFLOW_SERVER_BACKEND must be auto, postgres or sqlite (got '$BACKEND')"
+    [[ $BACKEND == auto ]] && log "PostgreSQL not available (server binaries or psycopg2 missing): using sqlite"
+    STORE=sqlite:///$RUNS_DIR/server.db
 fi
 
 stop_pg() {

@@ -3,6 +3,7 @@
 #
 #   scripts/start_postgres.sh DATA_DIR [PORT]     start (idempotent); prints the URI on stdout
 #   scripts/start_postgres.sh --stop DATA_DIR     stop it (fast shutdown)
+#   scripts/start_postgres.sh --install           only make sure the server binaries are installed
 #
 # Listens on 127.0.0.1 only (no unix socket), creates database "mlflow", password
 # auth (scram). Tuned for throwaway use: fsync off, so do not keep data you care
@@ -23,12 +24,12 @@ PG_OS_USER=${PG_OS_USER:-postgres}
 log() { echo "start_postgres: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-usage() { sed -n '4,5p' "$0" | sed 's/^# *//' >&2; exit 2; }
+usage() { sed -n '4,6p' "$0" | sed 's/^# *//' >&2; exit 2; }
 
 find_bindir() {
     local d
     # highest installed major version first
-    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5,5 -rn); do
+    for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -t/ -k5,5 -rn); do
         [[ -x $d/pg_ctl && -x $d/initdb ]] && { echo "$d"; return 0; }
     done
     return 1
@@ -58,6 +59,11 @@ as_pg() {
 }
 
 [[ $# -ge 1 ]] || usage
+if [[ $1 == --install ]]; then
+    BINDIR=$(find_bindir) || { install_postgres; BINDIR=$(find_bindir) || die "PostgreSQL install did not provide pg_ctl"; }
+    log "server binaries: $BINDIR"
+    exit 0
+fi
 STOP=0
 if [[ $1 == --stop ]]; then STOP=1; shift; fi
 [[ $# -ge 1 ]] || usage

@@ -98,10 +98,13 @@ def run(ctx) -> dict:
         return {"accuracy": accuracy(logits, validation.labels)}
 
     progress = fit(ctx, modules=modules, num_examples=len(train), make_batch=lambda idx: train.batch(idx, pad, dist.device),
-                   loss_fn=loss_fn, validate=validate, settings=config.distill, seed=config.seed, tag="distill")
+                   loss_fn=loss_fn, validate=validate, settings=config.distill, seed=config.seed, tag="distill",
+                   # without logit KD (or with CE only on some batches) parts of the student get no gradient
+                   find_unused_parameters=config.distill.loss.kd == 0)
     student = dist.accelerator.unwrap_model(student).eval()
     summary = {"best_epoch": progress.best_epoch, "validation_accuracy": progress.best_metric,
-               "parameters": count_parameters(student), "layers": student.config.num_hidden_layers}
+               "parameters": count_parameters(student), "layers": student.config.num_hidden_layers,
+               "world_size": dist.world}
     if ctx.is_main:
         save_model(student, tokenizer, ctx.out / "student")
         write_json(ctx.out / "history.json", progress.history)

@@ -1,117 +1,345 @@
-"""Stage 6, export: the student as ONNX for mobile, checked against PyTorch.
+"""Stage 6, export: the student as a mobile bundle, every variant measured.
 
-Single-file ONNX (no external data) with dynamic batch and sequence axes,
-parity against PyTorch on the whole test split (fails above
-export.parity_tolerance), int8 dynamic quantization (per-channel weights) with
-its accuracy measured, and the model registered in MLflow.
+1. ONNX fp32: single file, dynamic batch and sequence axes, opset recorded;
+   parity against PyTorch fp32 on the whole test split (fails above
+   export.parity_tolerance).
+2. int8: dynamic quantization of the MatMul weights, per channel. If accuracy
+   drops more than export.max_int8_drop points, safer settings are tried
+   (pooler/classifier in fp32, then first/last layers in fp32 with 7-bit
+   weights); if none fits, int8 is marked not recommended and fp32 is.
+3. ORT format (model.int8.ort, plus model.ort when fp32 is recommended) and
+   required_operators.config for reduced mobile builds.
+4. Latency at batch 1 for the configured lengths and thread counts: teacher
+   (PyTorch and ONNX fp32), student ONNX fp32 and int8, student PyTorch.
+5. The bundle (bundle/): models, tokenizer.json, vocab.txt, labels.json,
+   metadata.json (with sha256 of every file), README.md, predict.py,
+   latency.json/.md. Logged to MLflow; the recommended graph is registered as
+   `attention-distill-<config>` with alias `candidate`.
 
-Outputs: model.onnx, model.int8.onnx, export.json.
+Outputs: bundle/, metrics.json (per-variant test metrics, same keys as
+evaluate's), export.json (summary figures).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
-import warnings
+import platform
+import shutil
 
 import numpy as np
-import torch
 
+from pipeline import bundle as B
 from pipeline.errors import PipelineError
-from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id
-from pipeline.models import load_classifier
+from pipeline.inference import TokenizedSplit, label_names, pad_id
+from pipeline.metrics import classification_report
+from pipeline.models import count_parameters, load_classifier
 from pipeline.runner import write_json
+from pipeline.tracking import redact_uri
 
 log = logging.getLogger("pipeline")
 
 READS = ["export"]
-AFTER = ["prepare", "distill"]
-VERSION = 1
+AFTER = ["prepare", "teacher", "distill"]
+VERSION = 2
 
-
-class LogitsOnly(torch.nn.Module):
-    """ONNX graph signature: (input_ids, attention_mask) -> logits."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-
-
-def export_onnx(model, path, opset: int) -> None:
-    example = (torch.ones(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.long))  # length 1 fails to export
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # raised inside torch.onnx on this version
-        warnings.filterwarnings("ignore", message=".*axis name.*will not be used")  # dynamo's Dim renaming note
-        torch.onnx.export(LogitsOnly(model).eval(), example, str(path), dynamo=True, opset_version=opset,
-                          input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                          dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
-                          external_data=False, optimize=True, verbose=False)
-
-
-def onnx_logits(path, split: TokenizedSplit, pad: int, batch_size: int = 64) -> np.ndarray:
-    import onnxruntime as ort
-
-    from pipeline.data import pad_batch
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    out = np.zeros((len(split), 0), dtype=np.float32)
-    parts = []
-    for start in range(0, len(split), batch_size):
-        ids, mask = pad_batch(split.input_ids[start:start + batch_size], pad)
-        parts.append(session.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
-    out = np.concatenate(parts)
-    return out
-
-
-@torch.no_grad()
-def torch_logits(model, split: TokenizedSplit, pad: int, batch_size: int = 64) -> np.ndarray:
-    from pipeline.data import pad_batch
-
-    parts = []
-    for start in range(0, len(split), batch_size):
-        ids, mask = pad_batch(split.input_ids[start:start + batch_size], pad)
-        parts.append(model(input_ids=ids, attention_mask=mask).logits.float().numpy())
-    return np.concatenate(parts)
+ALIAS = "candidate"
 
 
 def run(ctx) -> dict:
-    if not ctx.is_main:  # export and registration happen once
+    if not ctx.is_main:  # export, measurement and registration happen once
         return {}
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    config = ctx.config
-    prepare, distill_dir = ctx.input("prepare"), ctx.input("distill")
-    pad = pad_id(prepare)
+    config, cfg = ctx.config, ctx.config.export
+    prepare, teacher_dir, distill_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("distill")
+    names, pad = label_names(prepare), pad_id(prepare)
+    max_length = json.loads((prepare / "stats.json").read_text())["max_length"]
     test = TokenizedSplit(prepare, "test")
+    out = ctx.out / "bundle"
+    work = ctx.out / "work"  # teacher graph and rejected int8 attempts; removed before the rename
+    for folder in (out, work):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+
+    # 1. fp32 ONNX and parity ------------------------------------------------------------
     student = load_classifier(str(distill_dir / "student"), attn_implementation="eager").eval()
-    onnx_path = ctx.out / "model.onnx"
-    export_onnx(student, onnx_path, config.export.opset)
-    reference = torch_logits(student, test, pad)
-    exported = onnx_logits(onnx_path, test, pad)
-    max_diff = float(np.abs(reference - exported).max())
-    agreement = float((reference.argmax(-1) == exported.argmax(-1)).mean())
-    if max_diff > config.export.parity_tolerance:
+    fp32_path = out / "model.onnx"
+    B.export_onnx(B.LogitsOnly(student), fp32_path, cfg.opset)
+    ladder = B.quantization_ladder(fp32_path, student.config.num_hidden_layers)  # needs the exporter's node scopes
+    B.strip_node_metadata(fp32_path)
+    reference = B.torch_logits(student, test, pad)
+    fp32_logits = B.onnx_logits(fp32_path, test, pad)
+    max_diff = float(np.abs(reference - fp32_logits).max())
+    parity_agreement = float((reference.argmax(-1) == fp32_logits.argmax(-1)).mean())
+    if max_diff > cfg.parity_tolerance:
         raise PipelineError(
             f"ONNX parity check failed: max |logit difference| {max_diff:.2e} on the test split is above "
-            f"export.parity_tolerance={config.export.parity_tolerance} (prediction agreement {agreement:.4f})."
+            f"export.parity_tolerance={cfg.parity_tolerance} (prediction agreement {parity_agreement:.4f}). "
+            f"The exported graph does not compute what the PyTorch student computes; nothing was shipped."
         )
-    summary = {"opset": config.export.opset, "parity_max_abs_diff": max_diff, "parity_agreement": agreement,
-               "fp32_accuracy": accuracy(exported, test.labels), "fp32_mb": onnx_path.stat().st_size / 1e6}
-    if config.export.quantize:
-        int8_path = ctx.out / "model.int8.onnx"
-        quantize_dynamic(str(onnx_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=True,
-                         op_types_to_quantize=["MatMul"])
-        int8 = onnx_logits(int8_path, test, pad)
-        summary.update({"int8_accuracy": accuracy(int8, test.labels), "int8_mb": int8_path.stat().st_size / 1e6})
-        summary["int8_drop_points"] = 100 * (summary["fp32_accuracy"] - summary["int8_accuracy"])
+    parameters = count_parameters(student)
+    variants = {"onnx_fp32": variant_metrics(fp32_logits, reference, test.labels, names, fp32_path, parameters)}
+
+    # 2. int8 with an accuracy budget ----------------------------------------------------
+    quant, attempts, int8_logits = None, [], None
+    if cfg.quantize:
+        quant, attempts, int8_logits = quantize_with_budget(ladder, fp32_path, out / "model.int8.onnx", work, test, pad,
+                                                            variants["onnx_fp32"]["accuracy"], cfg.max_int8_drop)
+        variants["onnx_int8"] = variant_metrics(int8_logits, reference, test.labels, names, out / "model.int8.onnx", parameters)
+        variants["onnx_int8"]["drop_points"] = quant["drop_points"]
+    int8_ok = bool(quant and quant["within_budget"])
+    recommended = "int8" if int8_ok else "fp32"
+
+    # 3. ORT format ----------------------------------------------------------------------
+    to_convert = ([out / "model.int8.onnx"] if cfg.quantize else []) + ([] if int8_ok else [fp32_path])
+    ort_info = B.convert_to_ort(to_convert, out, cfg.ort_target_platform)
+    for path in to_convert:  # every .ort must load and agree with its .onnx
+        ort_file = out / ort_info["files"][path.name]
+        ort_logits = B.onnx_logits(ort_file, test, pad)
+        onnx_ref = fp32_logits if path == fp32_path else int8_logits
+        ort_info.setdefault("agreement_with_onnx", {})[ort_file.name] = float((ort_logits.argmax(-1) == onnx_ref.argmax(-1)).mean())
+
+    # 4. latency -------------------------------------------------------------------------
+    teacher_pt = load_classifier(str(teacher_dir / "model")).eval()  # default attention backend, as users run it
+    student_pt = load_classifier(str(distill_dir / "student")).eval()
+    teacher_eager = load_classifier(str(teacher_dir / "model"), attn_implementation="eager").eval()
+    teacher_onnx = work / "teacher.onnx"  # measured, never shipped
+    B.export_onnx(B.LogitsOnly(teacher_eager), teacher_onnx, cfg.opset)
+    del teacher_eager
+    facts = B.tokenizer_facts(distill_dir / "student" / "tokenizer.json")
+    latency = measure_latency(cfg, facts, student_pt, teacher_pt, {
+        "teacher ONNX fp32": teacher_onnx, "student ONNX fp32": fp32_path,
+        **({"student ONNX int8": out / "model.int8.onnx"} if cfg.quantize else {}),
+    })
+    machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, onnxruntime {_version('onnxruntime')}"
+    write_json(out / "latency.json", {"batch": 1, "machine": machine, "rows": latency["rows"], "skipped": latency["skipped"]})
+    (out / "latency.md").write_text(B.latency_markdown(latency["rows"], machine))
+
+    # 5. the bundle files ----------------------------------------------------------------
+    B.write_bundle_tokenizer(distill_dir / "student" / "tokenizer.json", out / "tokenizer.json", out / "vocab.txt", max_length)
+    write_json(out / "labels.json", {str(i): name for i, name in enumerate(names)})
+    B.copy_predict_script(out / "predict.py")
+    registered_name = f"attention-distill-{config.name}"
+    variant_files = {"fp32": ("model.onnx", "onnx_fp32", "model.ort" if not int8_ok else None)}
+    if cfg.quantize:
+        variant_files["int8"] = ("model.int8.onnx", "onnx_int8", "model.int8.ort")
+    metadata = {
+        "format_version": 1,
+        "name": registered_name,
+        "created_at": dt.datetime.now().isoformat(timespec="seconds"),
+        "task": "single-label text classification",
+        "config": config.name,
+        "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in B.INPUT_NAMES],
+        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(names)],
+                     "meaning": "unnormalised class scores (logits); apply softmax over the last axis for "
+                                "probabilities; argmax is the label index in labels.json"}],
+        "dynamic_axes": {n: {"0": "batch", "1": "sequence"} for n in B.INPUT_NAMES},
+        "opset": cfg.opset,
+        "max_length": max_length,
+        "max_position_embeddings": student.config.max_position_embeddings,
+        "labels": {str(i): name for i, name in enumerate(names)},
+        "tokenizer": {**facts, "files": ["tokenizer.json", "vocab.txt"], "template": "[CLS] text [SEP]",
+                      "pair_template": "[CLS] text [SEP] text_pair [SEP]", "truncation": f"longest first, to {max_length} tokens including specials",
+                      "padding": "right, with [PAD], to the longest sequence of the batch; attention_mask 0 there"},
+        "variants": {v: {"file": f, "ort_file": o, **{k: variants[key][k] for k in
+                         ("accuracy", "macro_f1", "agreement_with_pytorch", "file_mb", "parameters")}}
+                     for v, (f, key, o) in variant_files.items()},
+        "recommended": recommended,
+        "int8_recommended": int8_ok,
+        "quantization": {**(quant or {"enabled": False}), "attempts": attempts, "max_int8_drop_points": cfg.max_int8_drop},
+        "parity": {"max_abs_logit_diff": max_diff, "prediction_agreement": parity_agreement,
+                   "tolerance": cfg.parity_tolerance, "split": "test", "examples": len(test)},
+        "ort_format": ort_info,
+        "evaluation": {"split": "test", "examples": len(test)},
+        "latency_file": "latency.json",
+        "source": {"mlflow_tracking_uri": redact_uri(getattr(ctx.tracker, "uri", "") or ""),
+                   "mlflow_experiment": ctx.tracker.experiment, "mlflow_parent_run_id": ctx.tracker.parent_id,
+                   "mlflow_export_run_id": ctx.tracker.stage_id, "registered_model": registered_name if cfg.register_model else None,
+                   "registered_alias": ALIAS if cfg.register_model else None},
+        "runtime": {"onnxruntime": _version("onnxruntime"), "onnx": _version("onnx"), "torch": _version("torch"),
+                    "transformers": _version("transformers"), "tokenizers": _version("tokenizers")},
+    }
+    (out / "README.md").write_text(B.render_template("README.md", readme_values(config, metadata, variants, latency, test)))
+    metadata["files"] = B.file_table(out)
+    write_json(out / "metadata.json", metadata)
+    shutil.rmtree(work)
+
+    # 6. metrics, MLflow -----------------------------------------------------------------
+    metrics = {"split": "test", "examples": len(test), **variants, "recommended": recommended, "int8_recommended": int8_ok,
+               "parity_max_abs_diff": max_diff, "latency": latency["rows"]}
+    write_json(ctx.out / "metrics.json", metrics)
+    summary = {"opset": cfg.opset, "parity_max_abs_diff": max_diff, "parity_agreement": parity_agreement,
+               "fp32_accuracy": variants["onnx_fp32"]["accuracy"], "fp32_mb": variants["onnx_fp32"]["file_mb"],
+               "recommended": recommended}
+    if cfg.quantize:
+        summary.update({"int8_accuracy": variants["onnx_int8"]["accuracy"], "int8_mb": variants["onnx_int8"]["file_mb"],
+                        "int8_drop_points": quant["drop_points"], "int8_setting": quant["setting"]})
+    flat = {f"{v}/{k}": variants[v][k] for v in variants for k in ("accuracy", "macro_f1", "agreement_with_pytorch", "file_mb")}
+    flat.update({"parity_max_abs_diff": max_diff, "int8_recommended": float(int8_ok)})
+    if cfg.quantize:
+        flat["onnx_int8/drop_points"] = quant["drop_points"]
+    flat.update({f"latency_ms/{r['model'].replace(' ', '_')}_len{r['length']}_t{r['threads']}": r["median_ms"]
+                 for r in latency["rows"]})
+    ctx.tracker.log_metrics(flat)
+    ctx.tracker.set_tags({"attention_distill.recommended_variant": recommended})
+    ctx.tracker.log_artifacts(out, "bundle")
+    ctx.tracker.log_artifact(ctx.out / "metrics.json")
+    if cfg.register_model and ctx.tracker.enabled and ctx.tracker.stage_id:
+        chosen = metadata["variants"][recommended]
+        registration = B.register_onnx(out / chosen["file"], ctx.tracker.stage_id, registered_name, ALIAS, {
+            "variant": recommended, "file": chosen["file"], "sha256": metadata["files"][chosen["file"]]["sha256"],
+            "test_accuracy": chosen["accuracy"], "config": config.name, "bundle_artifact_path": "bundle",
+        })
+        summary["registered_version"] = registration["version"]
+        log.info("[export] registered %s version %s (alias '%s', %s)", registered_name, registration["version"], ALIAS, recommended)
     write_json(ctx.out / "export.json", summary)
-    ctx.tracker.log_metrics(summary)
-    ctx.tracker.log_artifact(onnx_path, "onnx")
-    log.info("[export] ONNX parity max diff %.2e, agreement %.4f; fp32 acc %.4f%s", max_diff, agreement,
-             summary["fp32_accuracy"], f", int8 acc {summary['int8_accuracy']:.4f}" if config.export.quantize else "")
+    log.info("[export] parity max diff %.2e; fp32 acc %.4f (%.1f MB)%s; recommended %s; bundle %s",
+             max_diff, variants["onnx_fp32"]["accuracy"], variants["onnx_fp32"]["file_mb"],
+             f", int8 acc {variants['onnx_int8']['accuracy']:.4f} ({variants['onnx_int8']['file_mb']:.1f} MB, "
+             f"{quant['setting']})" if cfg.quantize else "", recommended, ctx.run_dir / ctx.name / "bundle")
     return summary
+
+
+def variant_metrics(logits, reference, labels, names, path, parameters) -> dict:
+    """evaluate's metric keys for one exported variant, plus agreement with the PyTorch student and file facts."""
+    report = classification_report(labels, logits.argmax(-1), names)
+    return {**report, "agreement_with_pytorch": float((logits.argmax(-1) == reference.argmax(-1)).mean()),
+            "max_abs_logit_diff_vs_pytorch": float(np.abs(logits - reference).max()),
+            "file": path.name, "file_mb": path.stat().st_size / 1e6, "parameters": parameters,
+            "onnx_initializer_elements": B.onnx_parameters(path)}
+
+
+def quantize_with_budget(ladder, fp32_path, int8_path, work, test, pad, fp32_accuracy, budget):
+    """Walk the quantization ladder until the accuracy drop fits the budget; keep the best attempt."""
+    attempts, best = [], None
+    for step, setting in enumerate(ladder):
+        candidate = work / f"int8_{step}.onnx"
+        settings = B.quantize_int8(fp32_path, candidate, setting)
+        logits = B.onnx_logits(candidate, test, pad)
+        accuracy = float((logits.argmax(-1) == test.labels).mean())
+        drop = 100 * (fp32_accuracy - accuracy)
+        attempt = {"setting": setting["name"], "why": setting["why"], "accuracy": accuracy, "drop_points": drop,
+                   "file_mb": candidate.stat().st_size / 1e6, "excluded_nodes": len(setting["exclude"])}
+        attempts.append(attempt)
+        log.info("[export] int8 %s: accuracy %.4f (drop %.2f points, budget %.2f)", setting["name"], accuracy, drop, budget)
+        if best is None or drop < best[0]["drop_points"] - 1e-12:
+            best = (attempt, settings, candidate, logits)
+        if drop <= budget:
+            break
+    attempt, settings, candidate, logits = best
+    shutil.move(str(candidate), int8_path)
+    within = attempt["drop_points"] <= budget
+    note = (f"int8 accuracy is within {budget} points of fp32 on the test split" if within else
+            f"int8 is NOT recommended: every setting tried dropped more than {budget} points "
+            f"(best: {attempt['setting']}, {attempt['drop_points']:.2f} points); ship model.onnx")
+    if not within:
+        log.warning("[export] %s", note)
+    return {**settings, "why": attempt["why"], "accuracy": attempt["accuracy"], "drop_points": attempt["drop_points"],
+            "within_budget": within, "note": note, "decided_on": "test split"}, attempts, logits
+
+
+def measure_latency(cfg, facts, student, teacher, onnx_models: dict) -> dict:
+    """Batch-1 latency rows for each model x length x threads; lengths beyond the position table are skipped."""
+    positions = min(student.config.max_position_embeddings, teacher.config.max_position_embeddings)
+    specials = facts["special_token_ids"]
+    rows, skipped = [], []
+    for length in cfg.latency_lengths:
+        if length > positions:
+            skipped.append({"length": length, "why": f"above the models' {positions} position embeddings"})
+            continue
+        inputs = B.latency_inputs(length, facts["vocab_size"], specials.get("[CLS]", 101), specials.get("[SEP]", 102))
+        for threads in cfg.latency_threads:
+            timed = [("teacher PyTorch fp32", "pytorch", lambda: B.torch_latency(teacher, inputs, threads, cfg.latency_runs, cfg.latency_warmup)),
+                     ("student PyTorch fp32", "pytorch", lambda: B.torch_latency(student, inputs, threads, cfg.latency_runs, cfg.latency_warmup))]
+            timed += [(name, "onnxruntime", lambda p=path: B.ort_latency(p, inputs, threads, cfg.latency_runs, cfg.latency_warmup))
+                      for name, path in onnx_models.items()]
+            for name, runtime, measure in timed:
+                rows.append({"model": name, "runtime": runtime, "batch": 1, "length": length, "threads": threads, **measure()})
+    B.add_speedups(rows, "teacher PyTorch fp32")
+    for row in rows:
+        for key in ("median_ms", "min_ms", "max_ms"):
+            row[key] = round(row[key], 3)
+    return {"rows": rows, "skipped": skipped}
+
+
+def readme_values(config, metadata, variants, latency, test) -> dict:
+    facts, quant = metadata["tokenizer"], metadata["quantization"]
+    specials = facts["special_token_ids"]
+    recommended = metadata["recommended"]
+    chosen = metadata["variants"][recommended]
+    rows = ["| variant | file | accuracy | macro-F1 | agreement with PyTorch student | size MB |", "|---|---|---:|---:|---:|---:|"]
+    for v, info in metadata["variants"].items():
+        rows.append(f"| {v}{' (recommended)' if v == recommended else ''} | `{info['file']}` | {info['accuracy']:.4f} | "
+                    f"{info['macro_f1']:.4f} | {info['agreement_with_pytorch']:.4f} | {info['file_mb']:.2f} |")
+    lowercase = facts["lowercase"]
+    accents = lowercase and facts.get("strip_accents") in (None, True)
+    ort_version = metadata["runtime"]["onnxruntime"]
+    if "int8" not in metadata["variants"]:
+        verdict = "int8 quantization was switched off (export.quantize: false)."
+    else:
+        verdict = quant.get("note", "") + f" (setting `{quant.get('setting')}`: {quant.get('why', '') or _why(quant)})."
+    return {
+        "title": metadata["name"],
+        "description": config.description or f"Distilled student of config `{config.name}`.",
+        "num_labels": len(metadata["labels"]),
+        "label_list": ", ".join(f"{i} = `{n}`" for i, n in metadata["labels"].items()),
+        "recommended_file": chosen["file"], "recommended_variant": recommended,
+        "recommended_note": "" if recommended == "int8" else ", int8 lost too much accuracy" if "int8" in metadata["variants"] else "",
+        "recommended_ort": chosen["ort_file"] or "model.int8.ort",
+        "recommended_ort_stem": (chosen["ort_file"] or "model.int8.ort").removesuffix(".ort"),
+        "files_table": files_table(metadata),
+        "opset": metadata["opset"], "max_length": metadata["max_length"], "positions": metadata["max_position_embeddings"],
+        "test_examples": len(test), "variant_table": "\n".join(rows), "int8_verdict": verdict,
+        "accent_note": ", accents stripped" if accents else "",
+        "subword_prefix": facts.get("continuing_subword_prefix") or "##", "max_chars": facts.get("max_input_chars_per_word") or 100,
+        "pair_note": " (text pairs: `[CLS] a [SEP] b [SEP]`)",
+        "cls_id": specials.get("[CLS]"), "sep_id": specials.get("[SEP]"), "pad_id": specials.get("[PAD]"), "unk_id": specials.get("[UNK]"),
+        "vocab_size": facts["vocab_size"],
+        "ort_version": ort_version, "ort_version_short": ".".join(ort_version.split(".")[:2]),
+        "latency_table": B.latency_markdown(latency["rows"], "see latency.json").split("\n", 2)[2].strip(),
+        "config": config.name, "experiment": metadata["source"]["mlflow_experiment"],
+        "parent_run": metadata["source"]["mlflow_parent_run_id"], "stage_run": metadata["source"]["mlflow_export_run_id"],
+        "registered_model": metadata["source"]["registered_model"] or "(registration off)",
+        "quant_summary": _why(quant) if quant.get("per_channel") is not None else "off",
+    }
+
+
+def files_table(metadata: dict) -> str:
+    """The README's file list: only the files this bundle really has."""
+    opset, max_length = metadata["opset"], metadata["max_length"]
+    described = [("model.onnx", f"fp32 ONNX graph (opset {opset}, one file, dynamic batch and sequence)")]
+    if "int8" in metadata["variants"]:
+        described += [("model.int8.onnx", "the same graph with int8 MatMul weights (dynamic quantization)"),
+                      ("model.int8.ort", "`model.int8.onnx` in ORT format, for ONNX Runtime Mobile")]
+    if metadata["variants"]["fp32"]["ort_file"]:
+        described.append(("model.ort", "`model.onnx` in ORT format, for ONNX Runtime Mobile"))
+    described += [
+        ("required_operators.config", "operators the `.ort` file(s) use: input of a reduced ONNX Runtime build"),
+        ("tokenizer.json", f"the tokenizer (Hugging Face `tokenizers` format; truncation at {max_length}, no padding)"),
+        ("vocab.txt", "the WordPiece vocabulary, one token per line; line number (from 0) = token id"),
+        ("labels.json", "output index -> label name"),
+        ("metadata.json", "inputs, outputs, tokenizer facts, accuracy and size per variant, sha256 of every other file"),
+        ("latency.md, latency.json", "latency at batch 1 on the export machine (use the ratios, not the milliseconds)"),
+        ("predict.py", "reference classifier (onnxruntime + tokenizers + numpy only): the executable spec"),
+        ("README.md", "this file"),
+    ]
+    rows = ["| file | what it is |", "|---|---|"]
+    rows += [f"| `{name}` | {what} |" if "," not in name else f"| `{name.split(', ')[0]}`, `{name.split(', ')[1]}` | {what} |"
+             for name, what in described]
+    return "\n".join(rows)
+
+
+def _why(quant: dict) -> str:
+    excluded = quant.get("nodes_excluded") or []
+    return (f"dynamic int8, MatMul weights {'per channel' if quant.get('per_channel') else 'per tensor'}"
+            f"{', 7-bit (reduce_range)' if quant.get('reduce_range') else ''}"
+            f"{f', {len(excluded)} MatMul(s) kept fp32' if excluded else ''}; activations uint8 per tensor at run time")
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"

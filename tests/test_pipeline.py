@@ -29,7 +29,7 @@ def test_every_stage_output_exists(tiny_run):
         assert 0 <= metrics[who]["accuracy"] <= 1 and 0 <= metrics[who]["macro_f1"] <= 1
     assert abs(metrics["retention"] - metrics["student"]["accuracy"] / metrics["teacher"]["accuracy"]) < 1e-9
     export = read_json(run_dir / "export" / "export.json")
-    assert export["parity_max_abs_diff"] < 1e-3 and (run_dir / "export" / "model.onnx").is_file()
+    assert export["parity_max_abs_diff"] < 1e-3 and (run_dir / "export" / "bundle" / "model.onnx").is_file()
     capture = read_json(run_dir / "capture" / "capture.json")
     assert capture["bytes_per_example"] > 0 and capture["examples"] == 260
     assert (run_dir / "config.yaml").read_text().startswith("name: tiny")

@@ -1,0 +1,427 @@
+"""Export machinery: ONNX export and parity, int8 quantization, ORT format, latency, the mobile bundle.
+
+The export stage (stages/export.py) strings these together; each function
+does one job and is usable on its own (tests, notebooks, bench scripts).
+
+Shipped graphs have the signature ``(input_ids int64 [batch, sequence],
+attention_mask int64 [batch, sequence]) -> logits float32 [batch, labels]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import re
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger("pipeline")
+
+INPUT_NAMES = ["input_ids", "attention_mask"]
+OUTPUT_NAMES = ["logits"]
+BUNDLE_TEMPLATES = Path(__file__).resolve().parent / "bundle_files"
+
+
+# ---------------------------------------------------------------- ONNX export
+
+
+class LogitsOnly(torch.nn.Module):
+    """ONNX graph signature: (input_ids, attention_mask) -> logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+class HiddenStates(torch.nn.Module):
+    """Feature-extractor signature: (input_ids, attention_mask) -> last_hidden_state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: list[str] | None = None) -> None:
+    """A single-file ONNX graph with dynamic batch and sequence axes (dynamo exporter).
+
+    ``module`` takes (input_ids, attention_mask); wrap a HF model in
+    :class:`LogitsOnly` or :class:`HiddenStates`. No external data file: mobile
+    runtimes load one file.
+    """
+    example = (torch.ones(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.long))  # length 1 fails to export
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # raised inside torch.onnx on this version
+        warnings.filterwarnings("ignore", message=".*axis name.*will not be used")  # dynamo's Dim renaming note
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(module.eval(), example, str(path), dynamo=True, opset_version=opset,
+                          input_names=INPUT_NAMES, output_names=output_names or OUTPUT_NAMES,
+                          dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
+                          external_data=False, optimize=True, verbose=False)
+    if Path(str(path) + ".data").exists():
+        raise RuntimeError(f"ONNX export of {path} wrote an external data file; the bundle needs a single file")
+
+
+_LAYER = re.compile(r"encoder\.layer\.(\d+)(?:\.|$)")
+
+
+def node_scopes(model) -> dict[str, str]:
+    """Node name -> the innermost torch module path that produced it (from the dynamo exporter's metadata)."""
+    scopes = {}
+    for node in model.graph.node:
+        for prop in node.metadata_props:
+            if prop.key == "pkg.torch.onnx.name_scopes":
+                try:
+                    names = json.loads(prop.value.replace("'", '"'))
+                except json.JSONDecodeError:
+                    names = re.findall(r"'([^']*)'", prop.value)
+                if names:
+                    scopes[node.name] = max(names, key=len)
+    return scopes
+
+
+def weight_matmuls(path: Path) -> list[dict]:
+    """The MatMul / Gemm nodes with a constant weight, each with its module scope and encoder layer."""
+    import onnx
+
+    model = onnx.load(str(path))
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    scopes = node_scopes(model)
+    found = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in constants:
+            continue
+        scope = scopes.get(node.name, "")
+        layer = _LAYER.search(scope)
+        weight = node.input[1]
+        head = any(key in scope or key in weight for key in ("pooler", "classifier"))
+        found.append({"name": node.name, "op": node.op_type, "scope": scope, "head": head,
+                      "layer": int(layer.group(1)) if layer else None})
+    return found
+
+
+def strip_node_metadata(path: Path) -> None:
+    """Drop per-node exporter metadata (stack traces with build-machine paths, FX node dumps) from a shipped graph."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    onnx.save(model, str(path))
+
+
+def onnx_parameters(path: Path) -> int:
+    """Elements in the graph's initializers (weights, biases, quantization scales)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return int(sum(np.prod(init.dims, dtype=np.int64) for init in model.graph.initializer))
+
+
+# ---------------------------------------------------------------- inference
+
+
+def ort_session(path: Path, threads: int | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnx_logits(path_or_session, split, pad: int, batch_size: int = 64) -> np.ndarray:
+    """Logits of an ONNX classifier for every example of a TokenizedSplit, in order."""
+    from .data import pad_batch
+
+    session = ort_session(path_or_session) if isinstance(path_or_session, (str, Path)) else path_or_session
+    parts = []
+    for start in range(0, len(split), batch_size):
+        ids, mask = pad_batch(split.input_ids[start:start + batch_size], pad)
+        parts.append(session.run(OUTPUT_NAMES, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
+    return np.concatenate(parts)
+
+
+@torch.no_grad()
+def torch_logits(model, split, pad: int, batch_size: int = 64) -> np.ndarray:
+    """fp32 PyTorch logits, same batching as :func:`onnx_logits` (the parity reference)."""
+    from .data import pad_batch
+
+    parts = []
+    for start in range(0, len(split), batch_size):
+        ids, mask = pad_batch(split.input_ids[start:start + batch_size], pad)
+        parts.append(model(input_ids=ids, attention_mask=mask).logits.float().numpy())
+    return np.concatenate(parts)
+
+
+# ---------------------------------------------------------------- quantization
+
+
+def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
+    """int8 settings from most to least aggressive; the stage stops at the first within the accuracy budget.
+
+    1. per-channel int8 weights on every weight MatMul (the default),
+    2. the same, keeping the pooler and classifier in fp32,
+    3. also keeping the first (if deeper than 2 layers) and last encoder layers
+       in fp32, with reduce_range (7-bit weights).
+    Activations are quantized dynamically (uint8, per tensor, at run time).
+    Settings that would leave nothing quantized are dropped.
+    """
+    nodes = weight_matmuls(path)
+    head = [n["name"] for n in nodes if n["head"]]
+    edge_layers = {num_layers - 1} | ({0} if num_layers > 2 else set())
+    edges = [n["name"] for n in nodes if n["layer"] in edge_layers]
+    candidates = [
+        {"name": "per_channel", "per_channel": True, "reduce_range": False, "exclude": [],
+         "why": "all weight MatMuls int8, per-channel scales"},
+        {"name": "per_channel_fp32_head", "per_channel": True, "reduce_range": False, "exclude": head,
+         "why": "pooler and classifier kept fp32"},
+        {"name": "per_channel_fp32_head_edges_reduce_range", "per_channel": True, "reduce_range": True,
+         "exclude": head + edges,
+         "why": f"pooler, classifier and encoder layer(s) {sorted(edge_layers)} kept fp32; 7-bit weights"},
+    ]
+    ladder, seen = [], set()
+    for setting in candidates:
+        key = (tuple(sorted(setting["exclude"])), setting["reduce_range"])
+        if key in seen or len(set(setting["exclude"])) >= len(nodes):
+            continue
+        seen.add(key)
+        ladder.append(setting)
+    return ladder
+
+
+def quantize_int8(source: Path, target: Path, setting: dict) -> dict:
+    """Dynamic int8 quantization of MatMul weights; returns the settings as recorded in metadata."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    exclude = list(setting.get("exclude", []))
+    # quantize_dynamic rewrites Gemm (pooler / classifier) into '<name>_MatMul' before quantizing.
+    names = sorted(set(exclude) | {f"{name}_MatMul" for name in exclude})
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=setting["per_channel"],
+                     reduce_range=setting["reduce_range"], op_types_to_quantize=["MatMul"], nodes_to_exclude=names)
+    return {"method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "int8 (QInt8, symmetric)",
+            "activations": "uint8, dynamic per-tensor (computed at run time)", "op_types": ["MatMul"],
+            "per_channel": setting["per_channel"], "reduce_range": setting["reduce_range"],
+            "nodes_excluded": exclude, "setting": setting["name"]}
+
+
+def quantized_node_count(path: Path) -> int:
+    import onnx
+
+    return sum(node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+               for node in onnx.load(str(path)).graph.node)
+
+
+# ---------------------------------------------------------------- ORT format
+
+
+def convert_to_ort(models: list[Path], out_dir: Path, target_platform: str = "arm") -> dict:
+    """ORT-format copies of ``models`` in ``out_dir`` plus one required_operators.config for all of them.
+
+    The config lists the operators (and opsets) the models use: the input of an
+    onnxruntime reduced build (build.sh --include_ops_by_config) for mobile.
+    """
+    from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
+
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        work = Path(tmp) / "models"
+        work.mkdir()
+        for model in models:
+            shutil.copy2(model, work / Path(model).name)
+        chatter = io.StringIO()  # the converter prints progress lines and logs one INFO line
+        logging.getLogger("ort_format_model").setLevel(logging.WARNING)
+        with contextlib.redirect_stdout(chatter):
+            convert_onnx_models_to_ort(work, output_dir=Path(tmp) / "ort", optimization_styles=[OptimizationStyle.Fixed],
+                                       target_platform=target_platform)
+        produced = {}
+        for model in models:
+            ort_file = Path(tmp) / "ort" / (Path(model).name[: -len(".onnx")] + ".ort")
+            shutil.move(str(ort_file), out_dir / ort_file.name)
+            produced[Path(model).name] = ort_file.name
+        shutil.move(str(Path(tmp) / "ort" / "required_operators.config"), out_dir / "required_operators.config")
+    return {"files": produced, "config": "required_operators.config", "optimization_style": "Fixed",
+            "optimization_level": "all", "target_platform": target_platform}
+
+
+# ---------------------------------------------------------------- latency
+
+
+def _timings(call, runs: int, warmup: int) -> dict:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": runs, "warmup": warmup}
+
+
+def latency_inputs(length: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0) -> dict:
+    """One sequence of exactly ``length`` tokens ([CLS] ... [SEP]), batch 1, int64."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, max(1001, vocab_size), size=(1, length), dtype=np.int64)
+    ids[0, 0], ids[0, -1] = cls_id, sep_id
+    return {"input_ids": ids, "attention_mask": np.ones((1, length), dtype=np.int64)}
+
+
+def ort_latency(path: Path, inputs: dict, threads: int, runs: int, warmup: int) -> dict:
+    session = ort_session(path, threads)
+    return _timings(lambda: session.run(OUTPUT_NAMES, inputs), runs, warmup)
+
+
+def torch_latency(model, inputs: dict, threads: int, runs: int, warmup: int) -> dict:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    ids, mask = torch.from_numpy(inputs["input_ids"]), torch.from_numpy(inputs["attention_mask"])
+    try:
+        with torch.inference_mode():
+            return _timings(lambda: model(input_ids=ids, attention_mask=mask), runs, warmup)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def add_speedups(rows: list[dict], reference: str) -> None:
+    """speedup_vs_<reference>: reference median / row median at the same length and threads."""
+    base = {(r["length"], r["threads"]): r["median_ms"] for r in rows if r["model"] == reference}
+    for row in rows:
+        ref = base.get((row["length"], row["threads"]))
+        row["speedup_vs_teacher_pytorch"] = round(ref / row["median_ms"], 3) if ref else None
+
+
+def latency_markdown(rows: list[dict], machine: str) -> str:
+    lines = [
+        "# Latency (batch 1)", "",
+        f"Measured on the export machine ({machine}); median of the timed runs after warm-up, "
+        "min and max alongside. Phones differ: use this table for ratios, not absolute figures.", "",
+        "| model | runtime | length | threads | median ms | min ms | max ms | speed-up vs teacher PyTorch |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        speed = f"{r['speedup_vs_teacher_pytorch']:.2f}x" if r.get("speedup_vs_teacher_pytorch") else "-"
+        lines.append(f"| {r['model']} | {r['runtime']} | {r['length']} | {r['threads']} | {r['median_ms']:.2f} | "
+                     f"{r['min_ms']:.2f} | {r['max_ms']:.2f} | {speed} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- tokenizer files
+
+
+def tokenizer_facts(tokenizer_json: Path) -> dict:
+    """What a mobile team needs to reproduce tokenization, read from tokenizer.json."""
+    spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+    model = spec.get("model") or {}
+    normalizer = spec.get("normalizer") or {}
+    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+    vocab = model.get("vocab") or {}
+    for token in ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"):
+        if token not in specials and isinstance(vocab, dict) and token in vocab:
+            specials[token] = vocab[token]
+    return {
+        "type": model.get("type"),
+        "lowercase": bool(normalizer.get("lowercase", False)),
+        "strip_accents": normalizer.get("strip_accents"),
+        "normalizer": normalizer.get("type"),
+        "pre_tokenizer": (spec.get("pre_tokenizer") or {}).get("type"),
+        "continuing_subword_prefix": model.get("continuing_subword_prefix"),
+        "max_input_chars_per_word": model.get("max_input_chars_per_word"),
+        "unk_token": model.get("unk_token"),
+        "vocab_size": len(vocab),
+        "special_token_ids": specials,
+    }
+
+
+def write_bundle_tokenizer(source: Path, target_json: Path, target_vocab: Path, max_length: int) -> None:
+    """tokenizer.json with truncation at ``max_length`` and no padding, plus vocab.txt (one token per line, line number = id)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(source))
+    tokenizer.enable_truncation(max_length)
+    tokenizer.no_padding()
+    tokenizer.save(str(target_json))
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    by_id = sorted(vocab.items(), key=lambda item: item[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise RuntimeError("tokenizer ids are not contiguous; vocab.txt cannot represent them")
+    target_vocab.write_text("".join(token + "\n" for token, _ in by_id), encoding="utf-8")
+
+
+# ---------------------------------------------------------------- bundle files
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_table(folder: Path, skip: tuple[str, ...] = ("metadata.json",)) -> dict:
+    """{file: {sha256, bytes}} for every file in the bundle folder except ``skip``."""
+    return {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size}
+            for p in sorted(Path(folder).iterdir()) if p.is_file() and p.name not in skip}
+
+
+def render_template(name: str, values: dict) -> str:
+    """A file from pipeline/bundle_files with {{key}} placeholders filled (Kotlin/Swift braces stay intact)."""
+    text = (BUNDLE_TEMPLATES / name).read_text(encoding="utf-8")
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", str(value))
+    left = re.findall(r"\{\{(\w+)\}\}", text)
+    if left:
+        raise KeyError(f"template {name} has unfilled placeholders: {sorted(set(left))}")
+    return text
+
+
+def copy_predict_script(target: Path) -> None:
+    shutil.copy2(BUNDLE_TEMPLATES / "predict.py", target)
+
+
+# ---------------------------------------------------------------- MLflow registry
+
+
+def register_onnx(model_path: Path, run_id: str, registered_name: str, alias: str, tags: dict) -> dict:
+    """Log the ONNX graph as an MLflow model under ``run_id``, register it, point ``alias`` at the new version."""
+    import mlflow
+    import onnx
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    signature = ModelSignature(
+        inputs=Schema([TensorSpec(np.dtype(np.int64), (-1, -1), name) for name in INPUT_NAMES]),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, -1), OUTPUT_NAMES[0])]),
+    )
+    active = mlflow.active_run()
+    context = contextlib.nullcontext() if active and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)
+    with context, warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):  # "Created version ..." lines
+        warnings.simplefilter("ignore")
+        info = mlflow.onnx.log_model(onnx.load(str(model_path)), name="onnx_model", registered_model_name=registered_name,
+                                     save_as_external_data=False, signature=signature)
+    version = str(info.registered_model_version)
+    client = mlflow.MlflowClient()
+    client.set_registered_model_alias(registered_name, alias, version)
+    for key, value in tags.items():
+        client.set_model_version_tag(registered_name, version, key, str(value))
+    return {"registered_model": registered_name, "version": version, "alias": alias, "model_uri": info.model_uri}

