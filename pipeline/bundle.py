@@ -250,7 +250,7 @@ def convert_to_ort(models: list[Path], out_dir: Path, target_platform: str = "ar
         for model in models:
             shutil.copy2(model, work / Path(model).name)
         chatter = io.StringIO()  # the converter prints progress lines and logs one INFO line
-        logging.getLogger("ort_format_model").setLevel(logging.WARNING)
+        logging.getLogger("ort_format_model.utils").setLevel(logging.WARNING)  # set to DEBUG at its import
         with contextlib.redirect_stdout(chatter):
             convert_onnx_models_to_ort(work, output_dir=Path(tmp) / "ort", optimization_styles=[OptimizationStyle.Fixed],
                                        target_platform=target_platform)
@@ -281,7 +281,8 @@ def _timings(call, runs: int, warmup: int) -> dict:
 def latency_inputs(length: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0) -> dict:
     """One sequence of exactly ``length`` tokens ([CLS] ... [SEP]), batch 1, int64."""
     rng = np.random.default_rng(seed)
-    ids = rng.integers(1000, max(1001, vocab_size), size=(1, length), dtype=np.int64)
+    low = 1000 if vocab_size > 2000 else 1  # skip BERT's unused/special block when the vocabulary is large
+    ids = rng.integers(low, vocab_size, size=(1, length), dtype=np.int64)
     ids[0, 0], ids[0, -1] = cls_id, sep_id
     return {"input_ids": ids, "attention_mask": np.ones((1, length), dtype=np.int64)}
 
@@ -365,6 +366,105 @@ def write_bundle_tokenizer(source: Path, target_json: Path, target_vocab: Path, 
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise RuntimeError("tokenizer ids are not contiguous; vocab.txt cannot represent them")
     target_vocab.write_text("".join(token + "\n" for token, _ in by_id), encoding="utf-8")
+
+
+# ---------------------------------------------------------------- vocabulary trimming
+
+
+class IdSplit:
+    """Token ids + label ids in split order (duck-types TokenizedSplit for onnx_logits / torch_logits)."""
+
+    def __init__(self, input_ids: list[list[int]], labels: np.ndarray):
+        self.input_ids = input_ids
+        self.labels = np.asarray(labels)
+        self.lengths = np.asarray([len(x) for x in input_ids])
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def corpus_token_ids(prepare_dir: Path, tokenizer_json: Path,
+                     splits: tuple[str, ...] = ("train", "validation", "unlabeled")) -> set[int]:
+    """Every token id the training-side text uses, tokenized WITHOUT truncation.
+
+    Untruncated: a word cut by truncation still needs all its pieces, or greedy
+    WordPiece turns the whole word into [UNK]. The test split is left out, so
+    its unseen words show what trimming costs on new text.
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    ids: set[int] = set()
+    for split in splits:
+        path = Path(prepare_dir) / f"{split}.jsonl"
+        if not path.is_file():
+            continue
+        with open(path, encoding="utf-8") as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+        items = [(r["text"], r["text_pair"]) if "text_pair" in r else r["text"] for r in records]
+        for encoding in tokenizer.encode_batch(items):
+            ids.update(encoding.ids)
+    return ids
+
+
+def trim_vocabulary(tokenizer_json: Path, keep: set[int], target: Path) -> list[int]:
+    """A WordPiece tokenizer.json restricted to ``keep`` plus every special token; returns the kept old ids, new-id order.
+
+    Words whose pieces are all kept tokenize exactly as before (greedy longest
+    match finds the same pieces); other words fall back to shorter pieces or [UNK].
+    """
+    from tokenizers import Tokenizer
+
+    spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+    model = spec.get("model") or {}
+    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+        raise ValueError(f"vocabulary trimming supports WordPiece tokenizers, not {model.get('type')}")
+    vocab = model["vocab"]
+    specials = {t["id"] for t in spec.get("added_tokens", [])}
+    kept = sorted(set(keep) | specials | {vocab[model["unk_token"]]})
+    new_id = {old: new for new, old in enumerate(kept)}
+    token_of = {i: t for t, i in vocab.items()}
+    model["vocab"] = {token_of[old]: new for new, old in enumerate(kept)}
+    for token in spec.get("added_tokens", []):
+        token["id"] = new_id[token["id"]]
+    post = spec.get("post_processor") or {}
+    for entry in (post.get("special_tokens") or {}).values():
+        entry["ids"] = [new_id[i] for i in entry["ids"]]
+    for key in ("sep", "cls"):  # BertProcessing / RobertaProcessing store [token, id]
+        if isinstance(post.get(key), list):
+            post[key][1] = new_id[post[key][1]]
+    if spec.get("padding"):
+        spec["padding"]["pad_id"] = new_id[spec["padding"]["pad_id"]]
+    Path(target).write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    Tokenizer.from_file(str(target))  # must load
+    return kept
+
+
+def trim_embeddings(model, kept: list[int]):
+    """``model`` (modified in place) with its word-embedding table cut to the rows in ``kept``, in that order."""
+    old = model.get_input_embeddings()
+    index = torch.tensor(kept, dtype=torch.long)
+    new = torch.nn.Embedding(len(kept), old.embedding_dim, dtype=old.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(old.weight[index])
+    model.set_input_embeddings(new)
+    model.config.vocab_size = len(kept)
+    if getattr(model.config, "pad_token_id", None) is not None:
+        model.config.pad_token_id = kept.index(model.config.pad_token_id)
+    return model
+
+
+def tokenize_texts(tokenizer_json: Path, texts: list[str], max_length: int, pairs: list[str] | None = None) -> list[list[int]]:
+    """Token ids as the bundle's predict.py computes them (tokenizers library, truncation, no padding)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    tokenizer.enable_truncation(max_length)
+    tokenizer.no_padding()
+    items = list(zip(texts, pairs)) if pairs is not None else list(texts)
+    return [e.ids for e in tokenizer.encode_batch(items)]
 
 
 # ---------------------------------------------------------------- bundle files

@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--from", dest="from_stage", choices=STAGES, help="rerun this stage and all later ones")
     run.add_argument("--only", choices=STAGES, help="run only this stage (its inputs must be complete)")
+    run.add_argument("--to", dest="to_stage", choices=STAGES, help="stop after this stage (e.g. --to evaluate skips export)")
     run.add_argument("--force", action="store_true", help="rerun stages even when their outputs are current")
     sub.add_parser("status", parents=[common], help="show done / stale / pending for each stage")
     sub.add_parser("validate", parents=[common], help="validate the config (and the model shapes) and print it")
@@ -117,7 +118,8 @@ def _dispatch(args) -> int:
         return 0
     from .runner import run_pipeline
 
-    result = run_pipeline(config, Path(args.runs_dir), force=args.force, from_stage=args.from_stage, only=args.only)
+    result = run_pipeline(config, Path(args.runs_dir), force=args.force, from_stage=args.from_stage, only=args.only,
+                          to_stage=args.to_stage)
     if int(os.environ.get("RANK", "0")) == 0:
         from .summary import print_summary
 

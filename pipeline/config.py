@@ -152,11 +152,13 @@ class ExportConfig(Section):
     latency_threads: list[int] = [1, 2]
     latency_warmup: int = Field(5, ge=0, description="untimed runs before each latency measurement")
     ort_target_platform: Literal["arm", "amd64"] = Field("arm", description="device the .ort files are optimized for")
+    trim_vocab: bool = Field(False, description="ship a vocabulary cut to the tokens train/validation use (smaller embeddings; unseen words become [UNK])")
     register_model: bool = True
 
 
 class TrackingConfig(Section):
     experiment: str | None = None
+    enabled: bool = True  # false: no MLflow at all (quick experiments, machines without mlflow)
 
 
 class PipelineConfig(Section):

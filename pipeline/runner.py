@@ -193,7 +193,8 @@ def stage_status(config: PipelineConfig, runs_dir: Path) -> list[dict]:
     return rows
 
 
-def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | None, only: str | None) -> dict[str, bool]:
+def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | None, only: str | None,
+         to_stage: str | None = None) -> dict[str, bool]:
     """Which stages must run (True) and which are complete and current (False)."""
     current = fingerprints(config)
     to_run = {}
@@ -204,11 +205,13 @@ def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | N
         to_run[name] = forced or not up_to_date
     if only:
         to_run = {name: name == only for name in STAGES}  # --only always runs that one stage
+    if to_stage:
+        to_run = {name: run and STAGES.index(name) <= STAGES.index(to_stage) for name, run in to_run.items()}
     return to_run
 
 
 def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, from_stage: str | None = None,
-                 only: str | None = None) -> dict:
+                 only: str | None = None, to_stage: str | None = None) -> dict:
     runs_dir = Path(runs_dir)
     run_dir = runs_dir / config.name
     dist = Distributed(config)
@@ -216,12 +219,13 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
     with lock:
         dist.barrier()
         config_yaml = to_yaml(config)
-        tracker = Tracker(runs_dir, run_dir, config.tracking.experiment or config.name, enabled=dist.is_main)
+        tracker = Tracker(runs_dir, run_dir, config.tracking.experiment or config.name,
+                          enabled=dist.is_main and config.tracking.enabled)
         tracker.check_reachable()
         if dist.is_main:
             (run_dir / "config.yaml").write_text(config_yaml)
         current = fingerprints(config)
-        to_run = plan(config, run_dir, force, from_stage, only)
+        to_run = plan(config, run_dir, force, from_stage, only, to_stage)
         if not any(to_run.values()):
             if dist.is_main:
                 log.info("All stages are complete and current; nothing to do (use --force to rerun).")

@@ -16,12 +16,18 @@
    latency.json/.md. Logged to MLflow; the recommended graph is registered as
    `attention-distill-<config>` with alias `candidate`.
 
+With export.trim_vocab the shipped graph and tokenizer keep only the tokens
+the train/validation text uses (plus specials): the embedding table shrinks,
+test words made of other pieces become shorter pieces or [UNK]; accuracy and
+size before and after are recorded (metadata.json, metrics.json: vocab_trim).
+
 Outputs: bundle/, metrics.json (per-variant test metrics, same keys as
 evaluate's), export.json (summary figures).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import logging
@@ -63,20 +69,23 @@ def run(ctx) -> dict:
 
     # 1. fp32 ONNX and parity ------------------------------------------------------------
     student = load_classifier(str(distill_dir / "student"), attn_implementation="eager").eval()
-    fp32_path = out / "model.onnx"
-    B.export_onnx(B.LogitsOnly(student), fp32_path, cfg.opset)
-    ladder = B.quantization_ladder(fp32_path, student.config.num_hidden_layers)  # needs the exporter's node scopes
-    B.strip_node_metadata(fp32_path)
-    reference = B.torch_logits(student, test, pad)
-    fp32_logits = B.onnx_logits(fp32_path, test, pad)
-    max_diff = float(np.abs(reference - fp32_logits).max())
-    parity_agreement = float((reference.argmax(-1) == fp32_logits.argmax(-1)).mean())
-    if max_diff > cfg.parity_tolerance:
-        raise PipelineError(
-            f"ONNX parity check failed: max |logit difference| {max_diff:.2e} on the test split is above "
-            f"export.parity_tolerance={cfg.parity_tolerance} (prediction agreement {parity_agreement:.4f}). "
-            f"The exported graph does not compute what the PyTorch student computes; nothing was shipped."
-        )
+    tokenizer_json = distill_dir / "student" / "tokenizer.json"
+    reference = B.torch_logits(student, test, pad)  # the PyTorch student every variant is compared with
+    fp32_path = (work if cfg.trim_vocab else out) / "model.onnx"
+    fp32_logits, parity, ladder = export_checked(student, fp32_path, test, pad, reference, cfg)
+    trim = None
+    if cfg.trim_vocab:  # ship a smaller embedding table; the full-vocabulary graph above is the "before"
+        before = variant_metrics(fp32_logits, reference, test.labels, names, fp32_path, count_parameters(student))
+        student, test, tokenizer_json, trim = trimmed_student(student, prepare, tokenizer_json, work, test, max_length)
+        pad = trim["pad_id"]
+        fp32_path = out / "model.onnx"
+        trimmed_reference = B.torch_logits(student, test, pad)
+        fp32_logits, parity, ladder = export_checked(student, fp32_path, test, pad, trimmed_reference, cfg)
+        after = variant_metrics(fp32_logits, reference, test.labels, names, fp32_path, count_parameters(student))
+        trim.update({"before": _brief(before), "after": _brief(after)})
+        log.info("[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
+                 trim["kept_tokens"], before["file_mb"], after["file_mb"], before["accuracy"], after["accuracy"])
+    max_diff, parity_agreement = parity["max_abs_logit_diff"], parity["prediction_agreement"]
     parameters = count_parameters(student)
     variants = {"onnx_fp32": variant_metrics(fp32_logits, reference, test.labels, names, fp32_path, parameters)}
 
@@ -106,7 +115,7 @@ def run(ctx) -> dict:
     teacher_onnx = work / "teacher.onnx"  # measured, never shipped
     B.export_onnx(B.LogitsOnly(teacher_eager), teacher_onnx, cfg.opset)
     del teacher_eager
-    facts = B.tokenizer_facts(distill_dir / "student" / "tokenizer.json")
+    facts = B.tokenizer_facts(tokenizer_json)
     latency = measure_latency(cfg, facts, student_pt, teacher_pt, {
         "teacher ONNX fp32": teacher_onnx, "student ONNX fp32": fp32_path,
         **({"student ONNX int8": out / "model.int8.onnx"} if cfg.quantize else {}),
@@ -116,10 +125,11 @@ def run(ctx) -> dict:
     (out / "latency.md").write_text(B.latency_markdown(latency["rows"], machine))
 
     # 5. the bundle files ----------------------------------------------------------------
-    B.write_bundle_tokenizer(distill_dir / "student" / "tokenizer.json", out / "tokenizer.json", out / "vocab.txt", max_length)
+    B.write_bundle_tokenizer(tokenizer_json, out / "tokenizer.json", out / "vocab.txt", max_length)
     write_json(out / "labels.json", {str(i): name for i, name in enumerate(names)})
     B.copy_predict_script(out / "predict.py")
     registered_name = f"attention-distill-{config.name}"
+    register = cfg.register_model and ctx.tracker.enabled and ctx.tracker.stage_id is not None
     variant_files = {"fp32": ("model.onnx", "onnx_fp32", "model.ort" if not int8_ok else None)}
     if cfg.quantize:
         variant_files["int8"] = ("model.int8.onnx", "onnx_int8", "model.int8.ort")
@@ -147,15 +157,15 @@ def run(ctx) -> dict:
         "recommended": recommended,
         "int8_recommended": int8_ok,
         "quantization": {**(quant or {"enabled": False}), "attempts": attempts, "max_int8_drop_points": cfg.max_int8_drop},
-        "parity": {"max_abs_logit_diff": max_diff, "prediction_agreement": parity_agreement,
-                   "tolerance": cfg.parity_tolerance, "split": "test", "examples": len(test)},
+        "parity": {**parity, "tolerance": cfg.parity_tolerance, "split": "test", "examples": len(test)},
+        "vocab_trim": trim or {"enabled": False},
         "ort_format": ort_info,
         "evaluation": {"split": "test", "examples": len(test)},
         "latency_file": "latency.json",
         "source": {"mlflow_tracking_uri": redact_uri(getattr(ctx.tracker, "uri", "") or ""),
                    "mlflow_experiment": ctx.tracker.experiment, "mlflow_parent_run_id": ctx.tracker.parent_id,
-                   "mlflow_export_run_id": ctx.tracker.stage_id, "registered_model": registered_name if cfg.register_model else None,
-                   "registered_alias": ALIAS if cfg.register_model else None},
+                   "mlflow_export_run_id": ctx.tracker.stage_id, "registered_model": registered_name if register else None,
+                   "registered_alias": ALIAS if register else None},
         "runtime": {"onnxruntime": _version("onnxruntime"), "onnx": _version("onnx"), "torch": _version("torch"),
                     "transformers": _version("transformers"), "tokenizers": _version("tokenizers")},
     }
@@ -166,7 +176,7 @@ def run(ctx) -> dict:
 
     # 6. metrics, MLflow -----------------------------------------------------------------
     metrics = {"split": "test", "examples": len(test), **variants, "recommended": recommended, "int8_recommended": int8_ok,
-               "parity_max_abs_diff": max_diff, "latency": latency["rows"]}
+               "parity_max_abs_diff": max_diff, "latency": latency["rows"], "vocab_trim": trim or {"enabled": False}}
     write_json(ctx.out / "metrics.json", metrics)
     summary = {"opset": cfg.opset, "parity_max_abs_diff": max_diff, "parity_agreement": parity_agreement,
                "fp32_accuracy": variants["onnx_fp32"]["accuracy"], "fp32_mb": variants["onnx_fp32"]["file_mb"],
@@ -184,7 +194,7 @@ def run(ctx) -> dict:
     ctx.tracker.set_tags({"attention_distill.recommended_variant": recommended})
     ctx.tracker.log_artifacts(out, "bundle")
     ctx.tracker.log_artifact(ctx.out / "metrics.json")
-    if cfg.register_model and ctx.tracker.enabled and ctx.tracker.stage_id:
+    if register:
         chosen = metadata["variants"][recommended]
         registration = B.register_onnx(out / chosen["file"], ctx.tracker.stage_id, registered_name, ALIAS, {
             "variant": recommended, "file": chosen["file"], "sha256": metadata["files"][chosen["file"]]["sha256"],
@@ -198,6 +208,53 @@ def run(ctx) -> dict:
              f", int8 acc {variants['onnx_int8']['accuracy']:.4f} ({variants['onnx_int8']['file_mb']:.1f} MB, "
              f"{quant['setting']})" if cfg.quantize else "", recommended, ctx.run_dir / ctx.name / "bundle")
     return summary
+
+
+def export_checked(student, path, split, pad, reference, cfg):
+    """Export ``student`` to ``path``, strip exporter metadata, and fail loudly unless ONNX matches PyTorch on ``split``."""
+    B.export_onnx(B.LogitsOnly(student), path, cfg.opset)
+    ladder = B.quantization_ladder(path, student.config.num_hidden_layers)  # needs the exporter's node scopes
+    B.strip_node_metadata(path)
+    logits = B.onnx_logits(path, split, pad)
+    max_diff = float(np.abs(reference - logits).max())
+    agreement = float((reference.argmax(-1) == logits.argmax(-1)).mean())
+    if max_diff > cfg.parity_tolerance:
+        raise PipelineError(
+            f"ONNX parity check failed: max |logit difference| {max_diff:.2e} on the test split is above "
+            f"export.parity_tolerance={cfg.parity_tolerance} (prediction agreement {agreement:.4f}). "
+            f"The exported graph does not compute what the PyTorch student computes; nothing was shipped."
+        )
+    return logits, {"max_abs_logit_diff": max_diff, "prediction_agreement": agreement}, ladder
+
+
+def trimmed_student(student, prepare, tokenizer_json, work, test, max_length):
+    """The student and tokenizer cut to the tokens train/validation use; test re-tokenized with the cut vocabulary."""
+    keep = B.corpus_token_ids(prepare, tokenizer_json)
+    trimmed_json = work / "tokenizer.trimmed.json"
+    kept = B.trim_vocabulary(tokenizer_json, keep, trimmed_json)
+    original_vocab = student.config.vocab_size
+    student = B.trim_embeddings(copy.deepcopy(student), kept).eval()
+    with open(prepare / "test.jsonl", encoding="utf-8") as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    pairs = [r["text_pair"] for r in records] if records and "text_pair" in records[0] else None
+    ids = B.tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs)
+    split = B.IdSplit(ids, test.labels)
+    facts = B.tokenizer_facts(trimmed_json)
+    unk_new, unk_old = facts["special_token_ids"]["[UNK]"], B.tokenizer_facts(tokenizer_json)["special_token_ids"]["[UNK]"]
+    changed = sum(a != [kept[i] for i in b] for a, b in zip(test.input_ids, ids))
+    info = {"enabled": True, "kept_tokens": len(kept), "original_vocab": original_vocab, "source_splits": "train, validation, unlabeled",
+            "test_unk_rate_before": _rate(test.input_ids, unk_old), "test_unk_rate_after": _rate(ids, unk_new),
+            "test_texts_tokenized_differently": changed, "pad_id": facts["special_token_ids"]["[PAD]"]}
+    return student, split, trimmed_json, info
+
+
+def _rate(rows, token: int) -> float:
+    total = sum(len(r) for r in rows)
+    return sum(r.count(token) if isinstance(r, list) else list(r).count(token) for r in rows) / max(total, 1)
+
+
+def _brief(metrics: dict) -> dict:
+    return {k: metrics[k] for k in ("accuracy", "macro_f1", "file_mb", "parameters", "agreement_with_pytorch")}
 
 
 def variant_metrics(logits, reference, labels, names, path, parameters) -> dict:
@@ -295,11 +352,16 @@ def readme_values(config, metadata, variants, latency, test) -> dict:
         "pair_note": " (text pairs: `[CLS] a [SEP] b [SEP]`)",
         "cls_id": specials.get("[CLS]"), "sep_id": specials.get("[SEP]"), "pad_id": specials.get("[PAD]"), "unk_id": specials.get("[UNK]"),
         "vocab_size": facts["vocab_size"],
+        "vocab_note": "" if not metadata["vocab_trim"]["enabled"] else (
+            f" The vocabulary was trimmed to the {metadata['vocab_trim']['kept_tokens']} tokens the training text uses "
+            f"(of {metadata['vocab_trim']['original_vocab']}): use this bundle's vocab.txt / tokenizer.json, never the "
+            "original BERT vocabulary; words made of other pieces become shorter pieces or `[UNK]`."),
         "ort_version": ort_version, "ort_version_short": ".".join(ort_version.split(".")[:2]),
         "latency_table": B.latency_markdown(latency["rows"], "see latency.json").split("\n", 2)[2].strip(),
         "config": config.name, "experiment": metadata["source"]["mlflow_experiment"],
         "parent_run": metadata["source"]["mlflow_parent_run_id"], "stage_run": metadata["source"]["mlflow_export_run_id"],
-        "registered_model": metadata["source"]["registered_model"] or "(registration off)",
+        "registered_model": (f"`{metadata['source']['registered_model']}` (alias `{ALIAS}`)"
+                             if metadata["source"]["registered_model"] else "none (export.register_model off or MLflow disabled)"),
         "quant_summary": _why(quant) if quant.get("per_channel") is not None else "off",
     }
 

@@ -179,51 +179,66 @@ def test_latency_table_has_every_row(bundle):
     assert "| student ONNX int8 |" in (bundle / "latency.md").read_text()
 
 
-def test_quantization_falls_back_and_marks_int8_not_recommended(tiny_run, tmp_path):
-    """An impossible budget walks the whole ladder, keeps the best attempt and recommends fp32."""
-    from pipeline.inference import TokenizedSplit, pad_id
-    from pipeline.models import load_classifier
-    from stages.export import quantize_with_budget
+class OneProcess:
+    is_main, rank, world = True, 0, 1
 
-    run_dir = tiny_run["run_dir"]
-    student = load_classifier(str(run_dir / "distill" / "student"), attn_implementation="eager").eval()
-    fp32 = tmp_path / "model.onnx"
-    B.export_onnx(B.LogitsOnly(student), fp32, 18)
-    ladder = B.quantization_ladder(fp32, student.config.num_hidden_layers)
-    assert [s["name"] for s in ladder][:2] == ["per_channel", "per_channel_fp32_head"]
-    head = ladder[1]["exclude"]
-    assert len(head) == 2  # pooler dense + classifier
-    B.quantize_int8(fp32, tmp_path / "head_fp32.onnx", ladder[1])
-    full = tmp_path / "full.onnx"
-    B.quantize_int8(fp32, full, ladder[0])
-    assert B.quantized_node_count(full) - B.quantized_node_count(tmp_path / "head_fp32.onnx") == 2
-    prepare = run_dir / "prepare"
-    test = TokenizedSplit(prepare, "test")
-    work = tmp_path / "work"
-    work.mkdir()
-    quant, attempts, logits = quantize_with_budget(ladder, fp32, tmp_path / "int8.onnx", work, test, pad_id(prepare), 1.0, -1.0)
-    assert len(attempts) == len(ladder) and quant["within_budget"] is False and "NOT recommended" in quant["note"]
-    assert logits.shape == (len(test), 2) and (tmp_path / "int8.onnx").is_file()
+
+def run_export_stage(tiny_run, tmp_path, overrides, **settings):
+    """The export stage on the tiny run's inputs, writing to tmp_path, MLflow off (nothing registered)."""
+    from pipeline.runner import StageContext
+    from pipeline.tracking import Tracker
+    from stages import export
+
+    out = tmp_path / "export.partial"
+    out.mkdir()
+    config = load_config("tiny", overrides)
+    for key, value in settings.items():  # values the schema refuses on purpose (an impossible budget)
+        setattr(config.export, key, value)
+    ctx = StageContext(config=config, name="export", run_dir=tiny_run["run_dir"], out=out,
+                       tracker=Tracker(tmp_path, tiny_run["run_dir"], "tiny", enabled=False), dist=OneProcess())
+    return export.run(ctx), out
+
+
+def test_over_budget_int8_ships_fp32_with_trimmed_vocabulary(tiny_run, tmp_path):
+    """Every int8 setting over budget: fp32 recommended, model.ort added, the ladder recorded; vocab trimmed."""
+    summary, out = run_export_stage(tiny_run, tmp_path, ["export.trim_vocab=true"], max_int8_drop=-1.0)
+    bundle = out / "bundle"
+    metadata = read_json(bundle / "metadata.json")
+    assert summary["recommended"] == "fp32" and metadata["recommended"] == "fp32" and not metadata["int8_recommended"]
+    assert "NOT recommended" in metadata["quantization"]["note"]
+    attempts = metadata["quantization"]["attempts"]
+    assert [a["setting"] for a in attempts] == ["per_channel", "per_channel_fp32_head"]  # 1-layer student: 2 rungs
+    assert attempts[1]["excluded_nodes"] == 2  # pooler dense + classifier
+    assert {"model.ort", "model.int8.ort"} <= {p.name for p in bundle.iterdir()}
+    assert metadata["variants"]["fp32"]["ort_file"] == "model.ort"
+    assert set(metadata["files"]) == {p.name for p in bundle.iterdir()} - {"metadata.json"}
+    readme = (bundle / "README.md").read_text()
+    assert "Recommended file: `model.onnx`" in readme and "`model.ort`" in readme and "trimmed" in readme
+    trim = metadata["vocab_trim"]
+    assert trim["enabled"] and trim["kept_tokens"] < trim["original_vocab"]
+    assert trim["after"]["file_mb"] < trim["before"]["file_mb"] / 3
+    assert trim["test_unk_rate_after"] >= trim["test_unk_rate_before"]
+    assert metadata["tokenizer"]["vocab_size"] == trim["kept_tokens"]
+    assert len((bundle / "vocab.txt").read_text(encoding="utf-8").splitlines()) == trim["kept_tokens"]
+    proc = subprocess.run([sys.executable, "-I", "predict.py", "--eval", str(tiny_run["run_dir"] / "prepare" / "test.jsonl")],
+                          cwd=bundle, capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["model"] == "model.onnx" and result["accuracy"] == metadata["variants"]["fp32"]["accuracy"]
+    # the head exclusion really keeps the pooler/classifier in fp32 (found by weight names in a stripped graph too)
+    ladder = B.quantization_ladder(bundle / "model.onnx", 1)
+    B.quantize_int8(bundle / "model.onnx", tmp_path / "full.onnx", ladder[0])
+    B.quantize_int8(bundle / "model.onnx", tmp_path / "head.onnx", ladder[1])
+    assert B.quantized_node_count(tmp_path / "full.onnx") - B.quantized_node_count(tmp_path / "head.onnx") == 2
 
 
 def test_parity_failure_stops_the_export_loudly(tiny_run, tmp_path):
     """Above export.parity_tolerance the stage raises before anything is quantized, measured or shipped."""
     from pipeline.errors import PipelineError
-    from pipeline.runner import StageContext
-    from pipeline.tracking import Tracker
-    from stages import export
 
-    class OneProcess:
-        is_main, rank, world = True, 0, 1
-
-    out = tmp_path / "export.partial"
-    out.mkdir()
-    config = load_config("tiny", ["export.parity_tolerance=1e-12"])
-    ctx = StageContext(config=config, name="export", run_dir=tiny_run["run_dir"], out=out,
-                       tracker=Tracker(tmp_path, tiny_run["run_dir"], "tiny", enabled=False), dist=OneProcess())
     with pytest.raises(PipelineError, match="ONNX parity check failed.*export.parity_tolerance=1e-12"):
-        export.run(ctx)
-    assert not (out / "bundle" / "model.int8.onnx").exists() and not (out / "bundle" / "metadata.json").exists()
+        run_export_stage(tiny_run, tmp_path, ["export.parity_tolerance=1e-12"])
+    bundle = tmp_path / "export.partial" / "bundle"
+    assert not (bundle / "model.int8.onnx").exists() and not (bundle / "metadata.json").exists()
 
 
 def test_int8_drift_on_real_minilm(tmp_path):
@@ -274,3 +289,33 @@ def test_int8_drift_on_real_minilm(tmp_path):
           f"per-channel mean {per_channel.mean():.4f} min {per_channel.min():.4f}")
     assert per_channel.mean() >= 0.98 and per_channel.min() >= 0.97
     assert per_channel.mean() > per_tensor.mean() + 0.01  # the drift the per-channel setting removes
+
+
+def test_vocabulary_trimming_keeps_training_text_exact(tiny_run, tmp_path):
+    """Stretch: cut the embedding table to the tokens train/validation use; their texts must score identically."""
+    import copy
+
+    import torch
+
+    from pipeline.data import pad_batch
+    from pipeline.inference import TokenizedSplit
+    from pipeline.models import load_classifier
+
+    run_dir = tiny_run["run_dir"]
+    prepare, student_dir = run_dir / "prepare", run_dir / "distill" / "student"
+    keep = B.corpus_token_ids(prepare, student_dir / "tokenizer.json")
+    kept = B.trim_vocabulary(student_dir / "tokenizer.json", keep, tmp_path / "tokenizer.json")
+    assert len(kept) < 30522 / 5 and kept[:1] == [0]  # [PAD] keeps id 0
+    student = load_classifier(str(student_dir)).eval()
+    trimmed = B.trim_embeddings(copy.deepcopy(student), kept).eval()
+    assert trimmed.get_input_embeddings().num_embeddings == len(kept)
+    records = [json.loads(line) for line in (prepare / "validation.jsonl").open()][:16]
+    original = TokenizedSplit(prepare, "validation").input_ids[:16]
+    new_ids = B.tokenize_texts(tmp_path / "tokenizer.json", [r["text"] for r in records], 32)
+    assert [[kept[i] for i in row] for row in new_ids] == [list(row) for row in original]  # same words, same pieces
+    with torch.no_grad():
+        a = student(*pad_batch(original, 0)).logits
+        b = trimmed(*pad_batch(new_ids, 0)).logits
+    assert torch.allclose(a, b, atol=1e-6)
+    unseen = B.tokenize_texts(tmp_path / "tokenizer.json", ["zyzzyva quokkas"], 32)[0]
+    assert unseen[0] == kept.index(101) and unseen[-1] == kept.index(102)  # unseen words still encode (pieces or [UNK])

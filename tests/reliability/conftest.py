@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import os
 import shutil
 import sys
@@ -88,6 +87,7 @@ def cli(*args: str, env: dict | None = None) -> CliResult:
     # A fresh process per command would start from this environment; the
     # pipeline (and mlflow.set_tracking_uri) export variables, so restore it.
     saved_env = dict(os.environ)
+    saved_logging = _logging_state()
     for key, value in (env or {}).items():
         if value is None:
             os.environ.pop(key, None)
@@ -100,10 +100,29 @@ def cli(*args: str, env: dict | None = None) -> CliResult:
             except SystemExit as exc:  # argparse errors
                 code = exc.code if isinstance(exc.code, int) else 1
     finally:
+        if "mlflow" in sys.modules:  # the pipeline sets mlflow's process-wide tracking URI
+            sys.modules["mlflow"].set_tracking_uri(None)
         os.environ.clear()
         os.environ.update(saved_env)
+        _restore_logging(saved_logging)
         _reset_accelerate()
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def _logging_state():
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("pipeline", "transformers", "datasets", "accelerate", "mlflow",
+                                                    "alembic", "httpx", "torch.onnx")] + [logging.getLogger()]
+    return [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+
+
+def _restore_logging(state) -> None:
+    """Undo what setup_logging did to process-wide loggers (other test modules share them)."""
+    for logger, handlers, level, propagate in state:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _reset_accelerate() -> None:
@@ -121,6 +140,8 @@ def expect_error(*args: str, code: int, phrases: tuple[str, ...] = (), env: dict
     assert result.returncode == code, f"exit {result.returncode}, stderr:\n{result.stderr[-3000:]}"
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     message = error_message(result.stderr)
+    if os.environ.get("REL_SHOW"):  # REL_SHOW=1 pytest -s: print each message, to review the wording
+        print(f"\n[{' '.join(args)}]\n  {message}")
     for phrase in phrases:
         assert phrase.lower() in message.lower(), f"{phrase!r} not in message:\n{message}"
     debug = cli(*args, "--debug", env=env)

@@ -123,8 +123,11 @@ def test_disk_full_while_writing_the_cache(run_copy):
 
 def test_disk_full_while_writing_a_checkpoint(run_copy):
     """The second checkpoint does not fit: torch.save fails with a bare RuntimeError."""
+    # A checkpoint is about 3x the student's weights (weights + two AdamW moments); the
+    # student (one of the two teacher layers + all embeddings) is about the teacher's size.
+    weights = (run_copy.run_dir / "teacher" / "model" / "model.safetensors").stat().st_size
     before = run_copy.snapshot()
-    with run_dir_on_small_disk(run_copy, room=18 * 1024 * 1024) as make_room:
+    with run_dir_on_small_disk(run_copy, room=int(4.5 * weights)) as make_room:
         result = expect_error(*args(run_copy, only="distill"), code=1,
                               phrases=("disk full: the distill stage could not write", "rerun the same command",
                                        "last checkpoint"))
@@ -299,3 +302,37 @@ def test_sigint_during_distill_then_rerun_resumes(run_copy):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from checkpoint" in resumed.stderr
     assert json.loads((run_copy.run_dir / "distill" / "manifest.json").read_text())["stage"] == "distill"
+
+
+# ------------------------------------------------------------------ where things are written
+
+
+def test_mlflow_artifacts_stay_under_the_runs_dir(base_run):
+    """Artifacts of the local store go to RUNS_DIR/mlartifacts, never ./mlruns of the working directory."""
+    client, runs = mlflow_runs(base_run.runs_dir)
+    experiment = client.get_experiment_by_name(CONFIG_NAME)
+    assert experiment.artifact_location == (base_run.runs_dir.resolve() / "mlartifacts").as_uri()
+    prepare = next(r for r in runs if r.info.run_name == "prepare")
+    assert [a.path for a in client.list_artifacts(prepare.info.run_id)] == ["stats.json"]
+    assert (base_run.runs_dir / "mlartifacts").is_dir()
+
+
+def test_disk_full_is_recognised_in_every_form(tmp_path):
+    import errno
+
+    from pipeline.errors import DiskFullError, disk_full_error
+
+    cases = [
+        OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.bin")),  # Python / Arrow writes
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        Exception("Error while serializing: I/O error: No space left on device (os error 28)"),  # safetensors
+        RuntimeError("(sqlite3.OperationalError) database or disk is full"),  # MLflow's sqlite store
+    ]
+    for exc in cases:
+        error = disk_full_error(exc, tmp_path / "distill.partial", "the distill stage")
+        assert isinstance(error, DiskFullError), exc
+        assert str(error).startswith("Disk full: the distill stage could not write")
+    assert str(tmp_path / "x.bin") in str(disk_full_error(cases[0], tmp_path, "the capture stage"))
+    # Unrelated errors on a disk with room stay what they are.
+    assert disk_full_error(RuntimeError("shape mismatch"), tmp_path, "the distill stage") is None
+    assert disk_full_error(OSError(errno.EACCES, "Permission denied"), tmp_path, "x") is None
