@@ -128,6 +128,13 @@ def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.
     return meta
 
 
+def write_index(folder: Path, num_shards: int, num_examples: int, layout: CacheLayout) -> None:
+    """The cache's table of contents, written last: a cache without it is incomplete."""
+    tmp = folder / "index.json.tmp"
+    tmp.write_text(json.dumps({"num_shards": num_shards, "num_examples": num_examples, "layout": layout.to_json()}))
+    os.replace(tmp, folder / "index.json")
+
+
 def flatten_targets(targets: dict, layout: CacheLayout, lengths: list[int], mask: torch.Tensor) -> list[np.ndarray]:
     """Per-example records (unpadded) from a batch of online teacher targets."""
     dtype = DTYPES[layout.dtype]

@@ -239,12 +239,10 @@ def build_student(config: PipelineConfig, teacher) -> torch.nn.Module:
         model = BertForSequenceClassification(cfg)
     # Attention dropout 0 in the student: eager attention returns weights after
     # dropout (rows stop summing to 1) and the KL target must be a distribution.
+    # BERT's self-attention reads its dropout probability from this module.
     model.config.attention_probs_dropout_prob = 0.0
-    for module in model.modules():
-        if type(module).__name__.endswith("SelfAttention") and hasattr(module, "dropout"):
-            module.dropout.p = 0.0
-        if hasattr(module, "dropout_prob"):
-            module.dropout_prob = 0.0
+    for layer in encoder_layers(model):
+        layer.attention.self.dropout.p = 0.0
     model.set_attn_implementation(student.attn_implementation)
     return model
 

@@ -20,7 +20,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pipeline.data import pad_batch
-from pipeline.cache import CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_complete, shard_ranges, write_shard
+from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_complete, shard_ranges,
+                            write_index, write_shard)
 from pipeline.errors import CacheError
 from pipeline.inference import TokenizedSplit, pad_id
 from pipeline.models import load_classifier
@@ -105,8 +106,7 @@ def run(ctx) -> dict:
                "bytes_per_example": total / len(lengths), "estimated_bytes": estimate, "shards": len(ranges),
                "stores": layout.stores, "dtype": layout.dtype}
     if ctx.is_main:
-        write_json(folder / "index.json", {"num_shards": len(ranges), "num_examples": int(len(lengths)),
-                                           "layout": layout.to_json()})
+        write_index(folder, len(ranges), int(len(lengths)), layout)
         write_json(ctx.out / "capture.json", summary)
         ctx.tracker.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths)})
         log.info("[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths))

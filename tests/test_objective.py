@@ -1,0 +1,110 @@
+"""The distillation objective: cached and online teacher targets give the same loss;
+students with other head counts and widths distil through relation heads."""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from pipeline.cache import CacheLayout, TeacherCache, flatten_targets, write_index, write_shard
+from pipeline.config import LossWeights
+from pipeline.data import pad_batch
+from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
+
+
+def bert(hidden, heads, layers, seed):
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=100, hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                     intermediate_size=2 * hidden, max_position_embeddings=64, num_labels=3,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertForSequenceClassification(copy.deepcopy(cfg))
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
+def fake_config(weights: LossWeights, temperature=2.0, chunk=3):
+    distill = types.SimpleNamespace(loss=weights, temperature=temperature, attention_chunk=chunk)
+    return types.SimpleNamespace(distill=distill)
+
+
+def batch_of(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = [list(rng.integers(5, 100, n)) for n in lengths]
+    input_ids, mask = pad_batch(ids, 0)
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 2, 1][: len(lengths)]),
+            "indices": np.arange(len(lengths))}
+
+
+@pytest.mark.parametrize("store,dtype,tolerance", [("probs", "float32", 1e-5), ("vectors", "float32", 1e-5),
+                                                   ("probs", "float16", 2e-3), ("vectors", "float16", 2e-3)])
+def test_cached_and_online_targets_give_the_same_loss(tmp_path, store, dtype, tolerance):
+    teacher, student = bert(32, 4, 3, seed=0), bert(32, 4, 2, seed=1)
+    weights = LossWeights(ce=1.0, kd=1.0, attention=1.0, value_relation=1.0, hidden=1.0)
+    plan = TargetPlan(pairs=[(0, 1), (1, 2)], relation_heads=4, attention=True, value_relation=True, hidden=True, kd=True)
+    objective = DistillObjective(fake_config(weights), plan, 32, 32)
+    batch = batch_of([7, 4, 9, 2])
+    online = teacher_targets(teacher, batch, plan)
+    online_loss, online_terms = objective(student, batch, online)
+
+    # Write the same targets the way the capture stage does, then read them back.
+    layout = CacheLayout(plan, num_labels=3, hidden=32, stores={"attn": store, "vrel": store}, dtype=dtype)
+    lengths = [7, 4, 9, 2]
+    records = flatten_targets(online, layout, lengths, batch["attention_mask"])
+    write_shard(tmp_path, 0, records, online["logits"].numpy(), lengths, first=0)
+    write_index(tmp_path, 1, 4, layout)
+    cache = TeacherCache(tmp_path)
+    cached = cache.batch(batch["indices"], batch["input_ids"].shape[1], "cpu")
+    cached_loss, cached_terms = objective(student, batch, cached)
+    assert torch.isfinite(cached_loss) and cached_loss > 0
+    for term in online_terms:
+        assert abs(online_terms[term] - cached_terms[term]) <= tolerance * max(1.0, abs(online_terms[term])), term
+    assert abs(online_loss.item() - cached_loss.item()) <= tolerance * 5
+
+
+def test_corrupted_shard_is_named(tmp_path):
+    teacher = bert(32, 4, 2, seed=0)
+    plan = TargetPlan(pairs=[(0, 1)], relation_heads=4, attention=True, value_relation=False, hidden=False, kd=True)
+    batch = batch_of([5, 3])
+    layout = CacheLayout(plan, 3, 32, {"attn": "probs", "vrel": "probs"}, "float16")
+    targets = teacher_targets(teacher, batch, plan)
+    write_shard(tmp_path, 0, flatten_targets(targets, layout, [5, 3], batch["attention_mask"]), targets["logits"].numpy(), [5, 3], 0)
+    write_index(tmp_path, 1, 2, layout)
+    data = tmp_path / "shard-00000.bin"
+    raw = bytearray(data.read_bytes())
+    raw[10] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    from pipeline.errors import CacheError
+
+    with pytest.raises(CacheError, match="shard-00000.bin is corrupted"):
+        TeacherCache(tmp_path)
+
+
+def test_student_with_other_heads_and_width_distils_through_relation_heads():
+    """Teacher 32 wide / 4 heads, student 24 wide / 2 heads, 4 relation heads (MiniLMv2)."""
+    teacher, student = bert(32, 4, 2, seed=0), bert(24, 2, 1, seed=1).train()
+    weights = LossWeights(ce=0.0, kd=0.0, attention=1.0, value_relation=1.0, hidden=1.0)
+    plan = TargetPlan(pairs=[(0, 1)], relation_heads=4, attention=True, value_relation=True, hidden=True, kd=False)
+    objective = DistillObjective(fake_config(weights), plan, teacher_hidden=32, student_hidden=24)
+    assert len(objective.projections) == 1  # hidden-state loss learns a 24 -> 32 projection
+    batch = batch_of([6, 3, 8])
+    loss, terms = objective(student, batch, teacher_targets(teacher, batch, plan))
+    assert set(terms) == {"attention", "value_relation", "hidden"} and loss > 0
+    loss.backward()
+    attention = student.bert.encoder.layer[0].attention.self
+    for module in (attention.query, attention.key, attention.value):
+        assert module.weight.grad is not None and module.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in teacher.parameters())
+    # A few steps of attention-only distillation move the student's relations towards the teacher's.
+    optimizer = torch.optim.Adam(list(student.parameters()) + list(objective.parameters()), lr=1e-2)
+    targets = teacher_targets(teacher, batch, plan)
+    first = objective(student, batch, targets)[1]["attention"].item()
+    for _ in range(30):
+        optimizer.zero_grad()
+        objective(student, batch, targets)[0].backward()
+        optimizer.step()
+    assert objective(student, batch, targets)[1]["attention"].item() < 0.7 * first
