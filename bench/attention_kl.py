@@ -1,6 +1,6 @@
 """Time and peak memory of forward+backward: chunked vs naive attention KL.
 
-    python bench/attention_kl.py [--quick] [--out DIR] [--chunk-size 128] [--repeats 5] [--threads 1]
+    python bench/attention_kl.py [--quick] [--out DIR] [--chunk-size 128] [--repeats 5] [--threads 1] [--head-dims 32 64]
 
 Cases: N = 128, 512, 2048; 12 heads; head dim 32 and 64; batch 1; CPU.
 "naive" is ``relation_kl(..., chunk_size=None)`` (all rows at once, the full
@@ -22,7 +22,8 @@ Two figures per case, from two subprocesses:
   threshold (up to 32 MiB), so the many short-lived per-chunk tensors inflate
   RSS with retained, reusable memory; this figure is noisier.
 Timing comes from the default-allocator subprocess (mmap-per-tensor is slow).
---quick: N=128 only, one repeat (smoke test).
+--quick: N=128 only, one repeat (smoke test); --head-dims narrows the head dims
+(bench/run_all.py --quick uses 32 only).
 """
 
 from __future__ import annotations
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per case (default 1: steady figures on a shared machine)")
+    p.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), help="head dims to measure (default 32 64)")
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
     args = p.parse_args(argv)
 
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 1 if args.quick else args.repeats
     results = []
     for n in seq_lens:
-        for hd in HEAD_DIMS:
+        for hd in args.head_dims:
             for chunk in (None, args.chunk_size):
                 r = measure(n, hd, chunk, repeats, args.threads)
                 print(f"N={n:5d} head_dim={hd} {r['method']:8s} live peak {r['peak_live_mib']:7.1f} MiB, "
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
 
     meta = {
-        "quick": args.quick, "chunk_size": args.chunk_size, "repeats": repeats,
+        "quick": args.quick, "head_dims": args.head_dims, "chunk_size": args.chunk_size, "repeats": repeats,
         "memory_method": results[0]["memory_method"], "torch": results[0]["torch"],
         "threads": results[0]["torch_threads"], "cpus": os.cpu_count(),
         "loadavg_1min_at_start": load_start, "loadavg_1min_at_end": round(os.getloadavg()[0], 2),

@@ -180,9 +180,11 @@ def torch_logits(model, split, pad: int, batch_size: int = 64) -> np.ndarray:
 def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
     """int8 settings from most to least aggressive; the stage stops at the first within the accuracy budget.
 
-    1. per-channel int8 weights on every weight MatMul (the default),
-    2. the same, keeping the pooler and classifier in fp32,
-    3. also keeping the first (if deeper than 2 layers) and last encoder layers
+    1. per-channel int8 weights on every weight MatMul and int8 embedding
+       tables (Gather): the embeddings are most of a small student's bytes,
+    2. per-channel int8 weights on every weight MatMul, embeddings fp32,
+    3. the same, keeping the pooler and classifier in fp32,
+    4. also keeping the first (if deeper than 2 layers) and last encoder layers
        in fp32, with reduce_range (7-bit weights).
     Activations are quantized dynamically (uint8, per tensor, at run time).
     Settings that would leave nothing quantized are dropped.
@@ -192,6 +194,8 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
     edge_layers = {num_layers - 1} | ({0} if num_layers > 2 else set())
     edges = [n["name"] for n in nodes if n["layer"] in edge_layers]
     candidates = [
+        {"name": "per_channel_embeddings", "per_channel": True, "reduce_range": False, "exclude": [],
+         "op_types": ["MatMul", "Gather"], "why": "all weight MatMuls and the embedding tables int8, per-channel scales"},
         {"name": "per_channel", "per_channel": True, "reduce_range": False, "exclude": [],
          "why": "all weight MatMuls int8, per-channel scales"},
         {"name": "per_channel_fp32_head", "per_channel": True, "reduce_range": False, "exclude": head,
@@ -202,7 +206,7 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
     ]
     ladder, seen = [], set()
     for setting in candidates:
-        key = (tuple(sorted(setting["exclude"])), setting["reduce_range"])
+        key = (tuple(sorted(setting["exclude"])), setting["reduce_range"], tuple(setting.get("op_types", ["MatMul"])))
         if key in seen or len(set(setting["exclude"])) >= len(nodes):
             continue
         seen.add(key)
@@ -217,10 +221,11 @@ def quantize_int8(source: Path, target: Path, setting: dict) -> dict:
     exclude = list(setting.get("exclude", []))
     # quantize_dynamic rewrites Gemm (pooler / classifier) into '<name>_MatMul' before quantizing.
     names = sorted(set(exclude) | {f"{name}_MatMul" for name in exclude})
+    op_types = setting.get("op_types", ["MatMul"])
     quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=setting["per_channel"],
-                     reduce_range=setting["reduce_range"], op_types_to_quantize=["MatMul"], nodes_to_exclude=names)
+                     reduce_range=setting["reduce_range"], op_types_to_quantize=op_types, nodes_to_exclude=names)
     return {"method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "int8 (QInt8, symmetric)",
-            "activations": "uint8, dynamic per-tensor (computed at run time)", "op_types": ["MatMul"],
+            "activations": "uint8, dynamic per-tensor (computed at run time)", "op_types": op_types,
             "per_channel": setting["per_channel"], "reduce_range": setting["reduce_range"],
             "nodes_excluded": exclude, "setting": setting["name"]}
 
@@ -311,11 +316,16 @@ def add_speedups(rows: list[dict], reference: str) -> None:
         row["speedup_vs_teacher_pytorch"] = round(ref / row["median_ms"], 3) if ref else None
 
 
-def latency_markdown(rows: list[dict], machine: str) -> str:
+def latency_markdown(rows: list[dict], machine: str, load: dict | None = None) -> str:
+    busy = ""
+    if load and load.get("cpu_count") and max(load["load_average_1m_before"], load["load_average_1m_after"]) > 0.75 * load["cpu_count"]:
+        busy = (f" The machine was busy while measuring (1-minute load {load['load_average_1m_before']:.1f} -> "
+                f"{load['load_average_1m_after']:.1f} on {load['cpu_count']} cores): multi-thread rows especially are "
+                "pessimistic; compare rows measured together, and rerun the export on an idle machine for absolute figures.")
     lines = [
         "# Latency (batch 1)", "",
         f"Measured on the export machine ({machine}); median of the timed runs after warm-up, "
-        "min and max alongside. Phones differ: use this table for ratios, not absolute figures.", "",
+        f"min and max alongside. Phones differ: use this table for ratios, not absolute figures.{busy}", "",
         "| model | runtime | length | threads | median ms | min ms | max ms | speed-up vs teacher PyTorch |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]

@@ -31,6 +31,7 @@ import copy
 import datetime as dt
 import json
 import logging
+import os
 import platform
 import shutil
 
@@ -106,7 +107,10 @@ def run(ctx) -> dict:
         ort_file = out / ort_info["files"][path.name]
         ort_logits = B.onnx_logits(ort_file, test, pad)
         onnx_ref = fp32_logits if path == fp32_path else int8_logits
-        ort_info.setdefault("agreement_with_onnx", {})[ort_file.name] = float((ort_logits.argmax(-1) == onnx_ref.argmax(-1)).mean())
+        agreement = float((ort_logits.argmax(-1) == onnx_ref.argmax(-1)).mean())
+        ort_info.setdefault("agreement_with_onnx", {})[ort_file.name] = agreement
+        if agreement < 1.0:
+            log.warning("[export] %s disagrees with %s on %.2f%% of the test split", ort_file.name, path.name, 100 * (1 - agreement))
 
     # 4. latency -------------------------------------------------------------------------
     teacher_pt = load_classifier(str(teacher_dir / "model")).eval()  # default attention backend, as users run it
@@ -121,8 +125,9 @@ def run(ctx) -> dict:
         **({"student ONNX int8": out / "model.int8.onnx"} if cfg.quantize else {}),
     })
     machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, onnxruntime {_version('onnxruntime')}"
-    write_json(out / "latency.json", {"batch": 1, "machine": machine, "rows": latency["rows"], "skipped": latency["skipped"]})
-    (out / "latency.md").write_text(B.latency_markdown(latency["rows"], machine))
+    write_json(out / "latency.json", {"batch": 1, "machine": machine, **latency["load"], "rows": latency["rows"],
+                                      "skipped": latency["skipped"]})
+    (out / "latency.md").write_text(B.latency_markdown(latency["rows"], machine, latency["load"]))
 
     # 5. the bundle files ----------------------------------------------------------------
     B.write_bundle_tokenizer(tokenizer_json, out / "tokenizer.json", out / "vocab.txt", max_length)
@@ -298,6 +303,7 @@ def quantize_with_budget(ladder, fp32_path, int8_path, work, test, pad, fp32_acc
 def measure_latency(cfg, facts, student, teacher, onnx_models: dict) -> dict:
     """Batch-1 latency rows for each model x length x threads; lengths beyond the position table are skipped."""
     positions = min(student.config.max_position_embeddings, teacher.config.max_position_embeddings)
+    load_before = os.getloadavg()[0]
     specials = facts["special_token_ids"]
     rows, skipped = [], []
     for length in cfg.latency_lengths:
@@ -316,7 +322,9 @@ def measure_latency(cfg, facts, student, teacher, onnx_models: dict) -> dict:
     for row in rows:
         for key in ("median_ms", "min_ms", "max_ms"):
             row[key] = round(row[key], 3)
-    return {"rows": rows, "skipped": skipped}
+    load = {"load_average_1m_before": round(load_before, 2), "load_average_1m_after": round(os.getloadavg()[0], 2),
+            "cpu_count": os.cpu_count()}
+    return {"rows": rows, "skipped": skipped, "load": load}
 
 
 def readme_values(config, metadata, variants, latency, test) -> dict:
@@ -357,7 +365,7 @@ def readme_values(config, metadata, variants, latency, test) -> dict:
             f"(of {metadata['vocab_trim']['original_vocab']}): use this bundle's vocab.txt / tokenizer.json, never the "
             "original BERT vocabulary; words made of other pieces become shorter pieces or `[UNK]`."),
         "ort_version": ort_version, "ort_version_short": ".".join(ort_version.split(".")[:2]),
-        "latency_table": B.latency_markdown(latency["rows"], "see latency.json").split("\n", 2)[2].strip(),
+        "latency_table": B.latency_markdown(latency["rows"], "see latency.json", latency["load"]).split("\n", 2)[2].strip(),
         "config": config.name, "experiment": metadata["source"]["mlflow_experiment"],
         "parent_run": metadata["source"]["mlflow_parent_run_id"], "stage_run": metadata["source"]["mlflow_export_run_id"],
         "registered_model": (f"`{metadata['source']['registered_model']}` (alias `{ALIAS}`)"
@@ -393,7 +401,8 @@ def files_table(metadata: dict) -> str:
 
 def _why(quant: dict) -> str:
     excluded = quant.get("nodes_excluded") or []
-    return (f"dynamic int8, MatMul weights {'per channel' if quant.get('per_channel') else 'per tensor'}"
+    embeddings = "; embedding tables int8" if "Gather" in quant.get("op_types", []) else ""
+    return (f"dynamic int8, MatMul weights {'per channel' if quant.get('per_channel') else 'per tensor'}{embeddings}"
             f"{', 7-bit (reduce_range)' if quant.get('reduce_range') else ''}"
             f"{f', {len(excluded)} MatMul(s) kept fp32' if excluded else ''}; activations uint8 per tensor at run time")
 

@@ -1,0 +1,627 @@
+"""`make bench`: regenerate BENCHMARKS.md and bench/results/bench.json from scratch.
+
+    python bench/run_all.py            # full: bert_small on this machine, about 25 minutes on 2 CPU cores
+    python bench/run_all.py --quick    # smoke test: tiny config, minimal repeats, about a minute;
+                                       # writes under runs/bench-quick/ (never over the committed results)
+
+What runs, in this order (each part's figures are measured in this run unless said otherwise):
+
+6. pipeline   a fresh `python -m pipeline run <config> --runs-dir <runs>` (the runs folder is wiped first),
+              stage wall times from its manifests; then the same command again with nothing changed,
+              timed with time.perf_counter around the subprocess (3 times; --quick: once)
+1. quality    teacher / distilled student (and its ONNX variants) of that run on the test split, plus the
+              committed loss ablation bench/results/ablation_h200_bf16.json (measured on an H200 GPU)
+2. inference  the export stage's batch-1 latency table of that run (bundle/latency.json) and file sizes,
+              ratios against the teacher in PyTorch
+3. training   bench/micro.py: samples/s of plain CE vs distillation steps (cached / online teacher)
+4. capture    bench/micro.py: teacher inference vs capture; cache bytes per example of the run
+5. attention  bench/attention_kl.py (chunked vs naive attention KL, time and peak memory)
+
+The exit status is 1 when any part failed; the files are written anyway, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+for path in (str(ROOT), str(BENCH)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
+MARKER = ".bench-runs-dir"  # only a runs folder carrying this file is ever wiped
+ABLATION_FILE = BENCH / "results" / "ablation_h200_bf16.json"
+ABLATION_MACHINE = "an NVIDIA H200 GPU (bf16, torch 2.11.0+cu130; bench/gpu_check.sh, bench/results/gpu_h200.txt)"
+LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "student PyTorch fp32", "student ONNX fp32", "student ONNX int8"]
+REFERENCE = "teacher PyTorch fp32"
+
+FULL = {"config": "bert_small", "overrides": [], "second_runs": 3, "attention_kl": []}
+# --quick: the tiny config without MLflow (the tracking store costs seconds per stage), one repeat of everything,
+# attention KL at N=128 / head dim 32 only. The figures are not meaningful; the structure is the full one.
+QUICK = {"config": "tiny", "overrides": ["tracking.enabled=false"], "second_runs": 1,
+         "attention_kl": ["--quick", "--head-dims", "32"]}
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def spread(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def file_mb(path: Path) -> float | None:
+    return Path(path).stat().st_size / 1e6 if Path(path).is_file() else None
+
+
+# ---------------------------------------------------------------- machine
+
+
+def machine_facts() -> dict:
+    cpu = platform.processor() or platform.machine()
+    physical = None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info = fh.read()
+        for line in info.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and cpu in (platform.processor(), platform.machine()):
+                cpu = value.strip()
+            if key.strip() == "cpu cores" and physical is None:
+                physical = int(value.strip())
+    except OSError:
+        pass
+    memory_gb = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    memory_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    versions = {}
+    for package in ("torch", "onnxruntime", "transformers", "accelerate", "onnx", "numpy", "mlflow"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"cpu_model": cpu, "logical_cpus": os.cpu_count(), "usable_cpus": usable, "cores_per_socket": physical,
+            "memory_gb": memory_gb, "os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
+            "python": platform.python_version(), "versions": versions, "git": git_revision()}
+
+
+def git_revision() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- pipeline (item 6)
+
+
+def fresh_runs_dir(runs_dir: Path) -> None:
+    """Empty ``runs_dir`` for a fresh run; refuses a non-empty folder this script did not create."""
+    if runs_dir.exists() and any(runs_dir.iterdir()) and not (runs_dir / MARKER).is_file():
+        raise SystemExit(f"error: {runs_dir} is not empty and was not made by bench/run_all.py (no {MARKER} file); "
+                         "refusing to wipe it. Pass another --runs-dir.")
+    shutil.rmtree(runs_dir, ignore_errors=True)
+    runs_dir.mkdir(parents=True)
+    (runs_dir / MARKER).write_text("made by bench/run_all.py; wiped at the start of every bench run\n")
+
+
+def pipeline_env() -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the bench tracks into its own runs folder (sqlite), never a team server
+    return env
+
+
+def timed_subprocess(command: list[str], log_path: Path) -> tuple[float, int, str]:
+    """Run ``command`` from the repo root; (wall seconds by perf_counter, return code, output tail)."""
+    with open(log_path, "w") as fh:
+        fh.write("$ " + " ".join(command) + "\n")
+        fh.flush()
+        start = time.perf_counter()
+        result = subprocess.run(command, cwd=ROOT, env=pipeline_env(), stdout=fh, stderr=subprocess.STDOUT)
+        wall = time.perf_counter() - start
+    tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-25:])
+    return wall, result.returncode, tail
+
+
+def run_pipeline_part(config: str, overrides: list[str], runs_dir: Path, logs: Path, second_runs: int) -> dict:
+    from stage_rates import rates
+
+    command = [sys.executable, "-m", "pipeline", "run", config, *overrides, "--runs-dir", str(runs_dir)]
+    log(f"pipeline: fresh run of {config} ({' '.join(command[1:])}); log {logs / 'pipeline-fresh.log'}")
+    wall, rc, tail = timed_subprocess(command, logs / "pipeline-fresh.log")
+    if rc != 0:
+        raise RuntimeError(f"the fresh pipeline run failed (exit {rc}); last lines of {logs / 'pipeline-fresh.log'}:\n{tail}")
+    log(f"pipeline: fresh run done in {wall:.1f} s")
+    run_dir = runs_dir / config
+    stage_rates = {}
+    try:
+        stage_rates = rates(run_dir)["stages"]
+    except (OSError, KeyError, TypeError, ValueError):
+        pass
+    stages = {}
+    for stage in STAGES:
+        manifest = read_json(run_dir / stage / "manifest.json")
+        if manifest is None:
+            raise RuntimeError(f"stage {stage} has no manifest after the fresh run ({run_dir / stage})")
+        stages[stage] = {"seconds": manifest["duration_s"], "summary": manifest.get("summary", {}),
+                         "samples_per_s": (stage_rates.get(stage) or {}).get("samples_per_s")}
+    second, did_nothing = [], []
+    for i in range(second_runs):
+        path = logs / f"pipeline-second-{i + 1}.log"
+        wall2, rc2, tail2 = timed_subprocess(command, path)
+        if rc2 != 0:
+            raise RuntimeError(f"the second pipeline run failed (exit {rc2}); last lines of {path}:\n{tail2}")
+        second.append(wall2)
+        did_nothing.append("nothing to do" in path.read_text(errors="replace"))
+        log(f"pipeline: second run {i + 1}/{second_runs} (nothing changed) {wall2:.1f} s")
+    return {"command": " ".join(["python", *command[1:]]), "run_dir": str(run_dir), "fresh_wall_s": wall,
+            "stages": stages, "stage_seconds_total": sum(s["seconds"] for s in stages.values()),
+            "second_run_wall_s": spread(second), "second_run_raw_s": second,
+            "second_run_did_no_stage_work": all(did_nothing)}
+
+
+# ---------------------------------------------------------------- quality (item 1)
+
+
+def ablation_part(config: str) -> dict:
+    """The committed H200 ablation, with each variant's description and whether it is the current default."""
+    data = read_json(ABLATION_FILE)
+    if data is None:
+        raise RuntimeError(f"{ABLATION_FILE} is missing or unreadable")
+    results = data.get("results", data)  # ablation.py writes {"header", "results"}; the committed file is results only
+    header = data.get("header") if "results" in data else None
+    try:
+        from ablation import VARIANTS
+    except Exception:  # descriptions are a nicety
+        VARIANTS = {}
+    current = default_variant(config, VARIANTS, list(results))
+    rows = []
+    for name, r in results.items():
+        rows.append({"variant": name, "description": VARIANTS.get(name, ("", name))[1], **r,
+                     "current_default": name == current})
+    teacher = next(iter(results.values()), {})
+    return {"source": str(ABLATION_FILE.relative_to(ROOT)), "measured_on": ABLATION_MACHINE, "config": "bert_small",
+            "header": header, "rows": rows, "current_default_variant": current,
+            "teacher": {"accuracy": teacher.get("teacher_accuracy"), "macro_f1": teacher.get("teacher_macro_f1")}}
+
+
+def default_variant(config: str, variants: dict, names: list[str]) -> str | None:
+    """The ablation variant whose distill / student settings equal the current config's (if any)."""
+    try:
+        from pipeline.config import load_config
+
+        base = load_config("bert_small")
+        key = lambda c: (c.distill.model_dump_json(), c.student.model_dump_json())  # noqa: E731
+        for name in names:
+            if name in variants and key(load_config("bert_small", variants[name][2])) == key(base):
+                return name
+    except Exception:
+        return None
+    return None
+
+
+def run_quality_part(run_dir: Path) -> dict:
+    evaluate = read_json(run_dir / "evaluate" / "metrics.json")
+    if evaluate is None:
+        raise RuntimeError(f"no evaluate/metrics.json in {run_dir}")
+    export = read_json(run_dir / "export" / "metrics.json") or {}
+    rows = []
+    for who, label in (("teacher", "teacher (PyTorch)"), ("student", "distilled student (PyTorch)")):
+        m = evaluate[who]
+        rows.append({"model": label, "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
+                     "parameters": m.get("parameters"), "layers": m.get("layers")})
+    for key, label in (("onnx_fp32", "distilled student, ONNX fp32"), ("onnx_int8", "distilled student, ONNX int8")):
+        if key in export:
+            rows.append({"model": label, "accuracy": export[key]["accuracy"], "macro_f1": export[key]["macro_f1"],
+                         "parameters": export[key].get("parameters"), "layers": evaluate["student"].get("layers")})
+    return {"split": evaluate.get("split", "test"), "examples": evaluate.get("examples"), "rows": rows,
+            "retention": evaluate.get("retention"), "agreement": evaluate.get("agreement"),
+            "majority_class_accuracy": evaluate.get("majority_class_accuracy"),
+            "recommended_variant": export.get("recommended")}
+
+
+# ---------------------------------------------------------------- inference (item 2)
+
+
+def inference_part(run_dir: Path) -> dict:
+    bundle = run_dir / "export" / "bundle"
+    latency = read_json(bundle / "latency.json")
+    if latency is None:
+        return {"available": False, "why": f"{bundle / 'latency.json'} is missing (export stage not run or failed)"}
+    sizes = {  # what each model is as a file; the export stage does not keep the teacher's ONNX graph
+        "teacher PyTorch fp32": file_mb(run_dir / "teacher" / "model" / "model.safetensors"),
+        "student PyTorch fp32": file_mb(run_dir / "distill" / "student" / "model.safetensors"),
+        "student ONNX fp32": file_mb(bundle / "model.onnx"),
+        "student ONNX int8": file_mb(bundle / "model.int8.onnx"),
+        "teacher ONNX fp32": None,
+    }
+    size_source = {"teacher PyTorch fp32": "teacher/model/model.safetensors",
+                   "student PyTorch fp32": "distill/student/model.safetensors",
+                   "student ONNX fp32": "export/bundle/model.onnx", "student ONNX int8": "export/bundle/model.int8.onnx"}
+    rows = []
+    for r in latency.get("rows", []):
+        row = {k: r.get(k) for k in ("model", "runtime", "batch", "length", "threads", "min_ms", "median_ms", "max_ms",
+                                       "runs", "warmup")}
+        for key in ("file_mb", "size_mb"):  # a size recorded by the export stage wins over the file lookup
+            if r.get(key) is not None:
+                sizes[r["model"]] = r[key]
+                size_source[r["model"]] = "latency.json"
+        rows.append(row)
+    reference = {(r["length"], r["threads"]): r["median_ms"] for r in rows if r["model"] == REFERENCE}
+    for row in rows:
+        ref = reference.get((row["length"], row["threads"]))
+        row["speedup_vs_teacher_pytorch"] = ref / row["median_ms"] if ref and row["median_ms"] else None
+    order = {m: i for i, m in enumerate(LATENCY_MODELS)}
+    rows.sort(key=lambda r: (r["length"], r["threads"], order.get(r["model"], 99), r["model"]))
+    ref_size = sizes.get(REFERENCE)
+    size_rows = [{"model": m, "file_mb": sizes.get(m), "source": size_source.get(m),
+                  "size_vs_teacher_pytorch": (sizes[m] / ref_size) if sizes.get(m) and ref_size else None}
+                 for m in LATENCY_MODELS if any(r["model"] == m for r in rows) or sizes.get(m)]
+    extra = {k: v for k, v in latency.items() if k not in ("rows",)}
+    return {"available": True, "source": str(bundle / "latency.json"), "rows": rows, "sizes": size_rows, "meta": extra}
+
+
+# ---------------------------------------------------------------- attention KL (item 5)
+
+
+def attention_kl_part(out: Path, extra_args: list[str], logs: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(BENCH / "attention_kl.py"), *extra_args, "--out", str(out)]
+    log(f"attention KL: {' '.join(command[1:])}; log {logs / 'attention_kl.log'}")
+    wall, rc, tail = timed_subprocess(command, logs / "attention_kl.log")
+    if rc != 0:
+        raise RuntimeError(f"bench/attention_kl.py failed (exit {rc}):\n{tail}")
+    data = read_json(out / "attention_kl.json")
+    md = (out / "attention_kl.md").read_text()
+    log(f"attention KL: done in {wall:.1f} s")
+    return {"wall_s": wall, "files": [str(out / "attention_kl.json"), str(out / "attention_kl.md")],
+            "meta": data["meta"], "results": data["results"], "markdown": md}
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def fmt(value, spec: str = ".4f", missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def spread_cell(d: dict, spec: str = ".1f") -> str:
+    return f"{d['min']:{spec}} / {d['median']:{spec}} / {d['max']:{spec}}"
+
+
+def render(report: dict) -> str:
+    m, q = report["machine"], report["quick"]
+    v = m["versions"]
+    lines = ["# Benchmarks", "",
+             f"Generated by `{report['command']}` (`make bench`) on {report['date']}, from scratch: every figure below "
+             "was measured by that command in that run, except the ablation table, which is read from a committed "
+             "file and says where it was measured. Raw figures: "
+             f"[{report['files']['json_rel']}]({report['files']['json_rel']})."]
+    if q:
+        lines += ["", "> **--quick run** (tiny config, one repeat of everything): a smoke test of the bench itself. "
+                  "The figures below say nothing about the product."]
+    lines += ["", "## Machine", "",
+              "| | |", "|---|---|",
+              f"| CPU | {m['cpu_model']} |",
+              f"| cores | {m['logical_cpus']} logical ({m['usable_cpus']} usable by this process) |",
+              f"| memory | {fmt(m['memory_gb'], '.1f')} GB |",
+              f"| OS, Python | {m['os']} ({m['machine']}), Python {m['python']} |",
+              f"| torch, onnxruntime | {v.get('torch')}, {v.get('onnxruntime')} |",
+              f"| transformers, accelerate, onnx | {v.get('transformers')}, {v.get('accelerate')}, {v.get('onnx')} |",
+              f"| code | git {m.get('git') or 'unknown'} |",
+              f"| precision | {precision_line(report.get('precision'))} |",
+              f"| 1-minute load average | {fmt(report['load_average']['start'], '.2f')} at the start, "
+              f"{fmt(report['load_average']['end'], '.2f')} at the end |",
+              f"| bench wall time | {report['bench_wall_s'] / 60:.1f} min |",
+              "",
+              "Timed figures are min / median / max over repeats (the count is given with each table); read them by "
+              "the median, and by the min on a busy machine. Every ratio compares figures measured side by side in this "
+              "run (same process or same stage, interleaved where the table says so), never against another run. "
+              "Single measurements (one pipeline run) are marked as such."]
+    errors = report["errors"]
+    if errors:
+        lines += ["", "**Parts that failed in this run** (their sections below say what is missing):", ""]
+        lines += [f"- {e['part']}: {e['error'].splitlines()[0]}" for e in errors]
+
+    sections = report["sections"]
+    pipeline = sections.get("pipeline")
+    cfg = report["config"]
+
+    # 1. quality
+    lines += ["", "## 1. Quality", ""]
+    quality = sections.get("quality_run")
+    if quality:
+        lines += [f"### This run: `{cfg}` on this machine (test split, {quality['examples']} examples)", "",
+                  "| model | layers | parameters | accuracy | macro-F1 |", "|---|---:|---:|---:|---:|"]
+        for r in quality["rows"]:
+            params = f"{r['parameters'] / 1e6:.1f}M" if r.get("parameters") else "-"
+            lines.append(f"| {r['model']} | {fmt(r.get('layers'), 'd')} | {params} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} |")
+        lines += ["", f"Retention (student / teacher accuracy) {fmt(quality['retention'])}, teacher-student agreement "
+                  f"{fmt(quality['agreement'])}, majority-class accuracy {fmt(quality['majority_class_accuracy'])}; "
+                  f"shipped variant: {quality.get('recommended_variant') or '-'}. One pipeline run (seed "
+                  f"{report.get('seed', '-')}), not a mean over seeds. A CE-only student is not trained here (each extra "
+                  "student costs several minutes on this CPU); see the ablation below."]
+    else:
+        lines += [f"This run's quality figures are missing: {section_error(errors, 'pipeline')}."]
+    ablation = sections.get("ablation")
+    if ablation:
+        lines += ["", f"### Loss ablation on `bert_small` (committed, measured on {ablation['measured_on']})", "",
+                  f"Read from [`{ablation['source']}`]({ablation['source']}), made by `bench/ablation.py` "
+                  "(each variant a full pipeline run through evaluate; not rerun by `make bench`: about 40 minutes on "
+                  "this CPU). Distill times are H200 seconds.", "",
+                  "| student (2 layers) | accuracy | macro-F1 | retention | agreement | distill s (H200) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in ablation["rows"]:
+            name = r["description"] + (" **(current `bert_small` default)**" if r["current_default"] else "")
+            lines.append(f"| {name} | {fmt(r.get('accuracy'))} | {fmt(r.get('macro_f1'))} | {fmt(r.get('retention'))} | "
+                         f"{fmt(r.get('agreement'))} | {fmt(r.get('distill_seconds'), '.1f')} |")
+        t = ablation["teacher"]
+        lines.append(f"| teacher (MiniLM-L6, fine-tuned) | {fmt(t['accuracy'])} | {fmt(t['macro_f1'])} | 1.0000 | - | - |")
+    else:
+        lines += ["", f"The committed ablation could not be read: {section_error(errors, 'ablation')}."]
+
+    # 2. inference
+    lines += ["", "## 2. Inference: latency and size (batch 1)", ""]
+    inference = sections.get("inference")
+    if inference and inference.get("available"):
+        meta = inference["meta"]
+        runs = {r.get("runs") for r in inference["rows"]}
+        load = ""
+        if meta.get("load_average_1m_before") is not None:
+            load = (f" 1-minute load average {meta['load_average_1m_before']} before / "
+                    f"{meta.get('load_average_1m_after')} after the measurement.")
+        lines += [f"Measured by the export stage of this run ([`latency.json`]({rel(inference['source'])})): one sequence "
+                  f"of exactly L tokens, {', '.join(str(r) for r in sorted(x for x in runs if x))} timed runs after "
+                  f"warm-up per row, all rows in the same process one after another.{load} Speed-up = teacher PyTorch "
+                  "median / row median at the same length and threads.", "",
+                  "| model | runtime | L | threads | ms min / median / max | speed-up vs teacher PyTorch |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in inference["rows"]:
+            lines.append(f"| {r['model']} | {r['runtime']} | {r['length']} | {r['threads']} | "
+                         f"{r['min_ms']:.2f} / {r['median_ms']:.2f} / {r['max_ms']:.2f} | "
+                         f"{fmt(r['speedup_vs_teacher_pytorch'], '.2f')}x |")
+        lines += ["", "| model | file | size MB | vs teacher PyTorch |", "|---|---|---:|---:|"]
+        for s in inference["sizes"]:
+            where = f"`{s['source']}`" if s.get("source") else "not kept by the export stage"
+            ratio = f"{s['size_vs_teacher_pytorch']:.2f}x" if s.get("size_vs_teacher_pytorch") else "-"
+            lines.append(f"| {s['model']} | {where} | {fmt(s['file_mb'], '.1f')} | {ratio} |")
+        if meta.get("skipped"):
+            lines += [""] + [f"- length {s.get('length')} skipped: {s.get('why')}" for s in meta["skipped"]]
+    else:
+        why = inference["why"] if inference else section_error(errors, "pipeline")
+        lines += [f"**Not available in this run:** {why}."]
+
+    # 3. training cost
+    lines += ["", "## 3. Training cost per optimizer step (`bench/micro.py`)", ""]
+    micro = sections.get("micro")
+    if micro:
+        import micro as micro_module
+
+        lines += [micro_module.markdown(micro)]
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'micro')}.", ""]
+
+    # 4. capture
+    lines += ["## 4. Capture: teacher targets", ""]
+    if micro:
+        lines += [micro_module.capture_markdown(micro)]
+    else:
+        lines += [f"Throughput not measured: {section_error(errors, 'micro')}.", ""]
+    capture = sections.get("capture_run")
+    if capture:
+        stage = (pipeline or {}).get("stages", {}).get("capture", {})
+        if capture.get("mode") == "online":
+            lines += [f"This run's capture stage: capture.mode online, nothing cached."]
+        else:
+            lines += [f"This run's cache (`capture.json`): **{capture['bytes_per_example']:.0f} bytes per example**, "
+                      f"{capture['examples']} examples, {capture['cache_bytes'] / 1e6:.1f} MB in {capture.get('shards')} "
+                      f"shard(s), stores {capture.get('stores')}, {capture.get('dtype')}; the capture stage took "
+                      f"{fmt(stage.get('seconds'), '.1f')} s ({fmt(stage.get('samples_per_s'), '.0f')} examples/s, "
+                      "single measurement)."]
+    else:
+        lines += [f"This run's capture.json is missing: {section_error(errors, 'pipeline')}."]
+
+    # 5. attention KL
+    lines += ["", "## 5. Attention KL: chunked vs naive (`bench/attention_kl.py`)", ""]
+    akl = sections.get("attention_kl")
+    if akl:
+        body = akl["markdown"].split("\n", 1)[1].lstrip("\n") if akl["markdown"].startswith("# ") else akl["markdown"]
+        lines += [body.rstrip(), "", f"Also in [`{rel(akl['files'][1])}`]({rel(akl['files'][1])})."]
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'attention_kl')}."]
+
+    # 6. pipeline
+    lines += ["", "## 6. Pipeline wall time", ""]
+    if pipeline:
+        lines += [f"A fresh `{pipeline['command']}` (runs folder wiped first; one run, so single measurements), "
+                  "stage times from each stage's manifest (`duration_s`):", "",
+                  "| stage | seconds | samples/s | key figures |", "|---|---:|---:|---|"]
+        for stage, s in pipeline["stages"].items():
+            figures = ", ".join(f"{k}={fmt_value(v)}" for k, v in list(s["summary"].items())[:4]
+                                if not isinstance(v, (dict, list)))
+            lines.append(f"| {stage} | {s['seconds']:.1f} | {fmt(s['samples_per_s'], '.0f')} | {figures} |")
+        lines.append(f"| **all stages** | **{pipeline['stage_seconds_total']:.1f}** | | process wall "
+                     f"{pipeline['fresh_wall_s']:.1f} s (imports, config checks, MLflow included) |")
+        sec = pipeline["second_run_wall_s"]
+        lines += ["", "samples/s: examples the stage processed (training: epochs x (train + validation); capture: train; "
+                  "evaluate: teacher + student over test) per second, from `bench/stage_rates.py`.", "",
+                  f"Second run, nothing changed (same command, timed around the subprocess): **{spread_cell(sec)} s** "
+                  f"(min / median / max of {sec['n']}); every stage skipped: "
+                  f"{'yes' if pipeline['second_run_did_no_stage_work'] else 'NO'}."]
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'pipeline')}."]
+    lines += ["", "## Reproduce", "", "```", "make bench                      # or: .venv/bin/python bench/run_all.py",
+              "python bench/micro.py           # training-cost and capture micro-benchmarks alone",
+              "python bench/attention_kl.py    # attention KL alone", "python bench/ablation.py        # the loss ablation (long)",
+              "```", "", f"Logs of this run: `{rel(report['files']['logs'])}`.", ""]
+    return "\n".join(lines)
+
+
+def precision_line(p: dict | None) -> str:
+    if not p:
+        return "-"
+    if p["used"] == p["configured"]:
+        return f"{p['used']}, {p['why']}"
+    return f"**{p['used']}** instead of the configured {p['configured']}: {p['why']}"
+
+
+def fmt_value(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def rel(path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def section_error(errors: list[dict], part: str) -> str:
+    for e in errors:
+        if e["part"] == part:
+            return e["error"].splitlines()[0]
+    return "not run"
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny config, minimal repeats (smoke test, about a minute)")
+    parser.add_argument("--runs-dir", type=Path, help="runs folder for the bench's pipeline run (wiped first; "
+                        "default runs/bench, --quick: runs/bench-quick/runs)")
+    parser.add_argument("--precision", choices=["auto", "config", "bf16", "fp32"], default="auto",
+                        help="auto (default): the config's precision, except fp32 where bf16 is not native (CPUs "
+                             "without AVX512-BF16/AMX run bf16 emulated, many times slower); config: always the config's")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides for the pipeline run and the micro-benchmarks")
+    parser.add_argument("--out-dir", type=Path, help="write BENCHMARKS.md, bench.json and attention_kl.* here instead "
+                        "of the repo root / bench/results (default with --quick: runs/bench-quick)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    preset = QUICK if args.quick else FULL
+    config = preset["config"]
+    if args.out_dir is None and args.quick:
+        args.out_dir = ROOT / "runs" / "bench-quick"
+    if args.out_dir is not None:
+        md_path, json_path, akl_out = args.out_dir / "BENCHMARKS.md", args.out_dir / "bench.json", args.out_dir
+    else:
+        md_path, json_path, akl_out = ROOT / "BENCHMARKS.md", BENCH / "results" / "bench.json", BENCH / "results"
+    runs_dir = (args.runs_dir or ((args.out_dir / "runs") if args.quick else ROOT / "runs" / "bench")).resolve()
+    fresh_runs_dir(runs_dir)
+    logs = runs_dir / "logs"
+    logs.mkdir()
+    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+
+    command = " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
+    report = {"schema": 1, "command": command, "quick": args.quick, "config": config,
+              "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_facts(),
+              "load_average": {"start": load_average()}, "runs_dir": str(runs_dir),
+              "files": {"markdown": str(md_path), "json": str(json_path), "json_rel": rel(json_path), "logs": str(logs)},
+              "sections": {}, "errors": []}
+    import micro
+    from pipeline.config import load_config
+
+    from pipeline.errors import PipelineError
+
+    try:
+        base = load_config(config, [*preset["overrides"], *args.overrides])
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report["seed"] = base.seed
+    precision = micro.resolve_precision(base.precision, args.precision)
+    overrides = [*preset["overrides"], *args.overrides]
+    if precision["used"] != precision["configured"]:
+        overrides.append(f"precision={precision['used']}")
+        log(f"precision {precision['used']} instead of the configured {precision['configured']}: {precision['why']}")
+    report["precision"] = precision
+    report["pipeline_overrides"] = overrides
+    sections, errors = report["sections"], report["errors"]
+
+    def part(name: str, fn):
+        try:
+            sections[name] = fn()
+        except BaseException as exc:  # noqa: BLE001 - one failed part must not lose the others
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            errors.append({"part": name, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            log(f"{name}: FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+    part("pipeline", lambda: run_pipeline_part(config, overrides, runs_dir, logs, preset["second_runs"]))
+    run_dir = runs_dir / config
+    if "pipeline" in sections:
+        part("quality_run", lambda: run_quality_part(run_dir))
+        part("inference", lambda: inference_part(run_dir))
+        capture = read_json(run_dir / "capture" / "capture.json")
+        if capture is not None:
+            sections["capture_run"] = capture
+    part("ablation", lambda: ablation_part(config))
+
+    def micro_part():
+        log(f"micro: training-cost and capture micro-benchmarks ({'quick, ' if args.quick else ''}config {config})")
+        t0 = time.perf_counter()
+        result = micro.run(config, quick=args.quick, work_dir=runs_dir, overrides=overrides, log=log)
+        result["wall_s"] = time.perf_counter() - t0
+        return result
+
+    part("micro", micro_part)
+    part("attention_kl", lambda: attention_kl_part(akl_out, preset["attention_kl"], logs))
+
+    report["load_average"]["end"] = load_average()
+    report["bench_wall_s"] = time.perf_counter() - started
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    md_path.write_text(render(report))
+    log(f"wrote {md_path} and {json_path} in {report['bench_wall_s'] / 60:.1f} min"
+        + (f"; FAILED parts: {', '.join(e['part'] for e in errors)}" if errors else ""))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
