@@ -73,6 +73,9 @@ def setup_logging(debug: bool, rank: int = 0) -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # per-file "Loading weights" bars
+    import datasets
+
+    datasets.disable_progress_bars()  # "Saving the dataset" bars
 
 
 def main(argv: list[str] | None = None) -> int:
