@@ -71,6 +71,9 @@ docker-cpu:
 docker-gpu:
 	docker build -f docker/Dockerfile.gpu -t attention-distill:gpu .
 
+bench: $(STAMP)
+	$(PY) bench/run_all.py $(BENCH_ARGS)
+
 clean:
 ifeq ($(origin CONFIG),command line)
 	rm -rf $(RUNS_DIR)/$(CONFIG)

@@ -53,7 +53,7 @@ def spread(values: list[float]) -> dict:
 
 
 def bf16_check() -> dict:
-    """Is bf16 native here? Times one [256,384]x[384,384] matmul in fp32 and bf16 (min of 5).
+    """Is bf16 native here? Times one [512,384]x[384,384] matmul in fp32 and bf16 (min of 8).
 
     CPUs without AVX512-BF16 / AMX run bf16 matmuls through a slow emulated path
     (tens of times slower than fp32), which turns bf16 autocast into a slowdown.
@@ -62,13 +62,13 @@ def bf16_check() -> dict:
 
     if torch.cuda.is_available():
         return {"device": "cuda", "native": True}
-    a, b = torch.randn(256, 384), torch.randn(384, 384)
+    a, b = torch.randn(512, 384), torch.randn(384, 384)
 
     def best_ms(dtype):
         x, y = a.to(dtype), b.to(dtype)
         x @ y
         times = []
-        for _ in range(5):
+        for _ in range(8):
             start = time.perf_counter()
             x @ y
             times.append(time.perf_counter() - start)
@@ -76,7 +76,7 @@ def bf16_check() -> dict:
 
     fp32, bf16 = best_ms(torch.float32), best_ms(torch.bfloat16)
     return {"device": "cpu", "fp32_matmul_ms": fp32, "bf16_matmul_ms": bf16, "bf16_slowdown": bf16 / fp32,
-            "native": bf16 <= 2 * fp32}
+            "native": bf16 <= 2 * fp32, "threads": torch.get_num_threads()}
 
 
 def resolve_precision(configured: str, mode: str = "auto") -> dict:
@@ -131,9 +131,9 @@ def write_cache(folder: Path, teacher, plan, config, ids, pad, dist) -> dict:
     """A teacher cache for ``ids``, written the way stages/capture.py writes it (same library calls and index)."""
     import numpy as np
 
-    from pipeline.cache import CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_ranges, write_shard
+    from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_ranges, write_index,
+                                write_shard)
     from pipeline.objective import teacher_targets
-    from pipeline.runner import write_json
 
     lengths = np.asarray([len(x) for x in ids])
     hidden = teacher.config.hidden_size
@@ -153,7 +153,7 @@ def write_cache(folder: Path, teacher, plan, config, ids, pad, dist) -> dict:
             logits.append(targets["logits"].float().cpu().numpy())
             shard_lengths += n
         write_shard(folder, shard, records, np.concatenate(logits), shard_lengths, first)
-    write_json(folder / "index.json", {"num_shards": len(ranges), "num_examples": len(ids), "layout": layout.to_json()})
+    write_index(folder, len(ranges), len(ids), layout)
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
     return {"examples": len(ids), "cache_bytes": total, "bytes_per_example": total / len(ids),
             "estimated_bytes": estimate_bytes(layout, lengths), "stores": layout.stores, "dtype": layout.dtype,
@@ -166,8 +166,8 @@ def write_cache(folder: Path, teacher, plan, config, ids, pad, dist) -> dict:
 def run(config_name: str | None = None, quick: bool = False, examples: int | None = None, batch_size: int | None = None,
         warmup: int | None = None, repeats: int | None = None, steps: int | None = None,
         capture_repeats: int | None = None, work_dir: Path | None = None, overrides: list[str] | None = None,
-        log=print) -> dict:
-    """Both micro-benchmarks; returns the raw figures (JSON-ready)."""
+        threads: int | None = None, log=print) -> dict:
+    """Both micro-benchmarks; returns the raw figures (JSON-ready). ``threads``: torch threads (default: torch's)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -179,6 +179,8 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
     from pipeline.objective import DistillObjective, target_plan, teacher_targets
     from pipeline.runner import Distributed
 
+    if threads:
+        torch.set_num_threads(threads)
     preset = QUICK if quick else FULL
     config = load_config(config_name or preset["config"], overrides or [])
     examples = examples or preset["examples"]
@@ -208,6 +210,8 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
     tokens = [int(b["attention_mask"].sum()) for b in batches]
     padded = [int(b["attention_mask"].numel()) for b in batches]
 
+    log(f"[micro] {config.name}: {len(ids)} examples, {len(batches)} batches of {batch_size}, precision {config.precision}; "
+        "writing the teacher cache")
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         cache_info = write_cache(Path(tmp) / "cache", teacher, plan, config, ids, pad, dist)
         layout = cache_info.pop("layout")
@@ -241,6 +245,7 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
 
             return step
 
+        log(f"[micro] training steps: {warmup} warm-up + {repeats} x {steps} per variant")
         kinds = ["plain", "cached", "online"]
         step_fns = {kind: make_step(kind) for kind in kinds}
         cursor = 0
@@ -294,6 +299,7 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
                 flatten_targets(targets, layout, n, batch["attention_mask"])
                 targets["logits"].float().cpu().numpy()
 
+        log(f"[micro] capture: 1 warm-up + {capture_repeats} passes per variant")
         passes = {"inference": inference_pass, "capture": capture_pass}
         for fn in passes.values():  # warm-up
             fn()
@@ -414,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=["auto", "config", "bf16", "fp32"], default="auto",
                         help="auto (default): the config's precision, but fp32 where bf16 is not native (CPUs without "
                              "AVX512-BF16/AMX); config: always the config's")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's default, one per core)")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for the pipeline")
     args = parser.parse_args(argv)
@@ -426,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"precision={precision['used']}")
         print(f"[micro] precision {precision['used']}: {precision['why']}", file=sys.stderr)
     result = run(name, args.quick, args.examples, args.batch_size, args.warmup, args.repeats, args.steps,
-                 args.capture_repeats, overrides=overrides, log=lambda m: print(m, file=sys.stderr))
+                 args.capture_repeats, overrides=overrides, threads=args.threads, log=lambda m: print(m, file=sys.stderr))
     result["setup"]["precision_choice"] = precision
     print("## Training cost\n\n" + markdown(result) + "\n## Capture\n\n" + capture_markdown(result))
     if args.json:

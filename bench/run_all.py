@@ -1,6 +1,6 @@
 """`make bench`: regenerate BENCHMARKS.md and bench/results/bench.json from scratch.
 
-    python bench/run_all.py            # full: bert_small on this machine, about 25 minutes on 2 CPU cores
+    python bench/run_all.py            # full: bert_small on this machine (estimated 30-35 minutes on 2 quiet CPU cores)
     python bench/run_all.py --quick    # smoke test: tiny config, minimal repeats, about a minute;
                                        # writes under runs/bench-quick/ (never over the committed results)
 
@@ -16,6 +16,11 @@ What runs, in this order (each part's figures are measured in this run unless sa
 3. training   bench/micro.py: samples/s of plain CE vs distillation steps (cached / online teacher)
 4. capture    bench/micro.py: teacher inference vs capture; cache bytes per example of the run
 5. attention  bench/attention_kl.py (chunked vs naive attention KL, time and peak memory)
+
+Precision: --precision auto (default) keeps the config's precision, except that a configured bf16 is
+measured in fp32 on a CPU where bf16 is not native (a timed matmul decides; AVX2-only CPUs run bf16
+emulated, several to tens of times slower than fp32). The choice and its evidence are in both outputs;
+--precision config always uses the config's.
 
 The exit status is 1 when any part failed; the files are written anyway, naming what is missing.
 """
@@ -45,15 +50,16 @@ for path in (str(ROOT), str(BENCH)):
 STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
 MARKER = ".bench-runs-dir"  # only a runs folder carrying this file is ever wiped
 ABLATION_FILE = BENCH / "results" / "ablation_h200_bf16.json"
-ABLATION_MACHINE = "an NVIDIA H200 GPU (bf16, torch 2.11.0+cu130; bench/gpu_check.sh, bench/results/gpu_h200.txt)"
+ABLATION_MACHINE = "an NVIDIA H200 GPU, bf16, torch 2.11.0+cu130"  # bench/gpu_check.sh, bench/results/gpu_h200.txt
 LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "student PyTorch fp32", "student ONNX fp32", "student ONNX int8"]
 REFERENCE = "teacher PyTorch fp32"
 
-FULL = {"config": "bert_small", "overrides": [], "second_runs": 3, "attention_kl": []}
+FULL = {"config": "bert_small", "overrides": [], "second_runs": 3, "attention_kl": [], "threads": None}
 # --quick: the tiny config without MLflow (the tracking store costs seconds per stage), one repeat of everything,
-# attention KL at N=128 / head dim 32 only. The figures are not meaningful; the structure is the full one.
+# attention KL at N=128 / head dim 32 only, one torch thread everywhere (on a shared 2-core machine two threads
+# spin at barriers and take several times longer). The figures are not meaningful; the structure is the full one.
 QUICK = {"config": "tiny", "overrides": ["tracking.enabled=false"], "second_runs": 1,
-         "attention_kl": ["--quick", "--head-dims", "32"]}
+         "attention_kl": ["--quick", "--head-dims", "32"], "threads": 1}
 
 
 def log(message: str) -> None:
@@ -147,9 +153,14 @@ def fresh_runs_dir(runs_dir: Path) -> None:
     (runs_dir / MARKER).write_text("made by bench/run_all.py; wiped at the start of every bench run\n")
 
 
+THREADS: int | None = None  # torch threads in the bench's subprocesses (None: torch's default)
+
+
 def pipeline_env() -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1"}
+    if THREADS:
+        env.update({"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)})
     env.pop("MLFLOW_TRACKING_URI", None)  # the bench tracks into its own runs folder (sqlite), never a team server
     return env
 
@@ -353,6 +364,8 @@ def render(report: dict) -> str:
               f"| transformers, accelerate, onnx | {v.get('transformers')}, {v.get('accelerate')}, {v.get('onnx')} |",
               f"| code | git {m.get('git') or 'unknown'} |",
               f"| precision | {precision_line(report.get('precision'))} |",
+              f"| torch threads | {report['torch_threads']} (pipeline and micro-benchmarks; the attention-KL bench and "
+              "the export stage's latency rows set their own) |",
               f"| 1-minute load average | {fmt(report['load_average']['start'], '.2f')} at the start, "
               f"{fmt(report['load_average']['end'], '.2f')} at the end |",
               f"| bench wall time | {report['bench_wall_s'] / 60:.1f} min |",
@@ -374,7 +387,8 @@ def render(report: dict) -> str:
     lines += ["", "## 1. Quality", ""]
     quality = sections.get("quality_run")
     if quality:
-        lines += [f"### This run: `{cfg}` on this machine (test split, {quality['examples']} examples)", "",
+        used = (report.get("precision") or {}).get("used", "?")
+        lines += [f"### This run: `{cfg}` on this machine, precision {used} (test split, {quality['examples']} examples)", "",
                   "| model | layers | parameters | accuracy | macro-F1 |", "|---|---:|---:|---:|---:|"]
         for r in quality["rows"]:
             params = f"{r['parameters'] / 1e6:.1f}M" if r.get("parameters") else "-"
@@ -389,9 +403,10 @@ def render(report: dict) -> str:
     ablation = sections.get("ablation")
     if ablation:
         lines += ["", f"### Loss ablation on `bert_small` (committed, measured on {ablation['measured_on']})", "",
-                  f"Read from [`{ablation['source']}`]({ablation['source']}), made by `bench/ablation.py` "
-                  "(each variant a full pipeline run through evaluate; not rerun by `make bench`: about 40 minutes on "
-                  "this CPU). Distill times are H200 seconds.", "",
+                  f"Read from [`{ablation['source']}`]({ablation['source']}), made by `bench/ablation.py` through "
+                  "`bench/gpu_check.sh` (machine: `bench/results/gpu_h200.txt`); each variant a full pipeline run "
+                  "through evaluate, same data split and teacher recipe as above. Not rerun by `make bench` (about 40 "
+                  "minutes on this CPU). Distill times are H200 seconds.", "",
                   "| student (2 layers) | accuracy | macro-F1 | retention | agreement | distill s (H200) |",
                   "|---|---:|---:|---:|---:|---:|"]
         for r in ablation["rows"]:
@@ -423,6 +438,19 @@ def render(report: dict) -> str:
             lines.append(f"| {r['model']} | {r['runtime']} | {r['length']} | {r['threads']} | "
                          f"{r['min_ms']:.2f} / {r['median_ms']:.2f} / {r['max_ms']:.2f} | "
                          f"{fmt(r['speedup_vs_teacher_pytorch'], '.2f')}x |")
+        settings = sorted({(r["length"], r["threads"]) for r in inference["rows"]})
+        by = {(r["model"], r["length"], r["threads"]): r for r in inference["rows"]}
+        present = [m for m in LATENCY_MODELS if any(r["model"] == m for r in inference["rows"])]
+        present += sorted({r["model"] for r in inference["rows"]} - set(present))
+        lines += ["", "The same medians side by side (ms, and speed-up vs teacher PyTorch):", "",
+                  "| model | " + " | ".join(f"L={l}, {t} thread{'s' if t > 1 else ''}" for l, t in settings) + " |",
+                  "|---|" + "---:|" * len(settings)]
+        for model in present:
+            cells = []
+            for l, t in settings:
+                r = by.get((model, l, t))
+                cells.append(f"{r['median_ms']:.2f} ({fmt(r['speedup_vs_teacher_pytorch'], '.2f')}x)" if r else "-")
+            lines.append(f"| {model} | " + " | ".join(cells) + " |")
         lines += ["", "| model | file | size MB | vs teacher PyTorch |", "|---|---|---:|---:|"]
         for s in inference["sizes"]:
             where = f"`{s['source']}`" if s.get("source") else "not kept by the export stage"
@@ -532,6 +560,7 @@ def section_error(errors: list[dict], part: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny config, minimal repeats (smoke test, about a minute)")
+    parser.add_argument("--config", help="config to benchmark (default bert_small; --quick: tiny)")
     parser.add_argument("--runs-dir", type=Path, help="runs folder for the bench's pipeline run (wiped first; "
                         "default runs/bench, --quick: runs/bench-quick/runs)")
     parser.add_argument("--precision", choices=["auto", "config", "bf16", "fp32"], default="auto",
@@ -542,30 +571,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, help="write BENCHMARKS.md, bench.json and attention_kl.* here instead "
                         "of the repo root / bench/results (default with --quick: runs/bench-quick)")
     args = parser.parse_args(argv)
+    global THREADS
     started = time.perf_counter()
     preset = QUICK if args.quick else FULL
-    config = preset["config"]
+    THREADS = preset["threads"]
+    config = args.config or preset["config"]
     if args.out_dir is None and args.quick:
         args.out_dir = ROOT / "runs" / "bench-quick"
     if args.out_dir is not None:
         md_path, json_path, akl_out = args.out_dir / "BENCHMARKS.md", args.out_dir / "bench.json", args.out_dir
     else:
         md_path, json_path, akl_out = ROOT / "BENCHMARKS.md", BENCH / "results" / "bench.json", BENCH / "results"
-    runs_dir = (args.runs_dir or ((args.out_dir / "runs") if args.quick else ROOT / "runs" / "bench")).resolve()
-    fresh_runs_dir(runs_dir)
-    logs = runs_dir / "logs"
-    logs.mkdir()
-    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-
-    command = " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
-    report = {"schema": 1, "command": command, "quick": args.quick, "config": config,
-              "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_facts(),
-              "load_average": {"start": load_average()}, "runs_dir": str(runs_dir),
-              "files": {"markdown": str(md_path), "json": str(json_path), "json_rel": rel(json_path), "logs": str(logs)},
-              "sections": {}, "errors": []}
     import micro
     from pipeline.config import load_config
-
     from pipeline.errors import PipelineError
 
     try:
@@ -573,7 +591,22 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report["seed"] = base.seed
+    runs_dir = (args.runs_dir or ((args.out_dir / "runs") if args.quick else ROOT / "runs" / "bench")).resolve()
+    fresh_runs_dir(runs_dir)
+    logs = runs_dir / "logs"
+    logs.mkdir()
+    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    log("quick bench (tiny config, about a minute)" if args.quick else
+        f"full bench of {config}: expect about 30-35 minutes on 2 quiet cores (pipeline run ~25, attention KL ~6, "
+        "micro-benchmarks ~2, second runs ~1)")
+
+    command = " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
+    report = {"schema": 1, "command": command, "quick": args.quick, "config": config,
+              "torch_threads": preset["threads"] or "torch default (one per core)",
+              "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_facts(),
+              "load_average": {"start": load_average()}, "runs_dir": str(runs_dir), "seed": base.seed,
+              "files": {"markdown": str(md_path), "json": str(json_path), "json_rel": rel(json_path), "logs": str(logs)},
+              "sections": {}, "errors": []}
     precision = micro.resolve_precision(base.precision, args.precision)
     overrides = [*preset["overrides"], *args.overrides]
     if precision["used"] != precision["configured"]:
@@ -594,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
 
     part("pipeline", lambda: run_pipeline_part(config, overrides, runs_dir, logs, preset["second_runs"]))
     run_dir = runs_dir / config
-    if "pipeline" in sections:
+    if run_dir.is_dir():  # also after a failed run: report what its completed stages wrote
         part("quality_run", lambda: run_quality_part(run_dir))
         part("inference", lambda: inference_part(run_dir))
         capture = read_json(run_dir / "capture" / "capture.json")
@@ -605,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     def micro_part():
         log(f"micro: training-cost and capture micro-benchmarks ({'quick, ' if args.quick else ''}config {config})")
         t0 = time.perf_counter()
-        result = micro.run(config, quick=args.quick, work_dir=runs_dir, overrides=overrides, log=log)
+        result = micro.run(config, quick=args.quick, work_dir=runs_dir, overrides=overrides, threads=preset["threads"],
+                           log=log)
         result["wall_s"] = time.perf_counter() - t0
         return result
 

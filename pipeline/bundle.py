@@ -64,6 +64,8 @@ def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: l
     :class:`LogitsOnly` or :class:`HiddenStates`. No external data file: mobile
     runtimes load one file.
     """
+    # torch's exporter logs one warning per missing torchvision op; not ours to fix.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     example = (torch.ones(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.long))  # length 1 fails to export
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
     with warnings.catch_warnings():

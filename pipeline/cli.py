@@ -111,7 +111,12 @@ def _dispatch(args) -> int:
     from .config import load_config, to_yaml
     from .models import check_against_models
 
+    from .runner import resolve_precision
+
     config = load_config(args.config, args.overrides)
+    if config.precision == "auto":  # resolved once, so the run folder and MLflow record what really ran
+        config = config.model_copy(update={"precision": resolve_precision("auto")})
+        log.debug("precision auto -> %s", config.precision)
     check_against_models(config)
     if args.command == "validate":
         print(to_yaml(config), end="")

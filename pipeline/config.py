@@ -165,7 +165,10 @@ class PipelineConfig(Section):
     name: str = "unnamed"
     description: str = ""
     seed: int = 42
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    # auto: bf16 where the hardware computes it natively (CUDA with bf16, CPUs
+    # with AVX512-BF16 / AMX), else fp32. On CPUs without those (AVX2-only, like
+    # the build machines) PyTorch emulates bf16 and a training step is ~7x slower.
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     data: DataConfig = DataConfig()
     teacher: TeacherConfig = TeacherConfig()
     student: StudentConfig = StudentConfig()

@@ -103,6 +103,25 @@ class StageContext:
         return self.dist.is_main
 
 
+def native_bf16() -> bool:
+    """Does this machine compute bf16 in hardware (not emulated)?"""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(precision: str) -> str:
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16() else "fp32"
+
+
 class Distributed:
     """Process-group facts and the Accelerator, created once per process."""
 
@@ -110,7 +129,8 @@ class Distributed:
         import torch
         from accelerate import Accelerator, DistributedDataParallelKwargs
 
-        if config.precision == "fp16":
+        self.precision = resolve_precision(config.precision)
+        if self.precision == "fp16":
             if not torch.cuda.is_available():
                 raise PipelineError(
                     "precision: fp16 needs a CUDA GPU; on this machine Accelerate would silently train in fp32. "
@@ -118,7 +138,7 @@ class Distributed:
                 )
         # fit() sets find_unused_parameters per training job on this handler.
         kwargs = [DistributedDataParallelKwargs()]
-        mp = "no" if config.precision == "fp32" else config.precision
+        mp = "no" if self.precision == "fp32" else self.precision
         # Without CUDA, Accelerate only forms a process group (gloo, MULTI_CPU)
         # when told cpu=True; otherwise every launched process silently trains
         # alone as "rank 0 of 1".
