@@ -10,7 +10,6 @@ attention_mask int64 [batch, sequence]) -> logits float32 [batch, labels]``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from .cache import sha256_file
 
 log = logging.getLogger("pipeline")
 
@@ -482,17 +483,9 @@ def tokenize_texts(tokenizer_json: Path, texts: list[str], max_length: int, pair
 # ---------------------------------------------------------------- bundle files
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def file_table(folder: Path, skip: tuple[str, ...] = ("metadata.json",)) -> dict:
     """{file: {sha256, bytes}} for every file in the bundle folder except ``skip``."""
-    return {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size}
+    return {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(Path(folder).iterdir()) if p.is_file() and p.name not in skip}
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .config import PipelineConfig, to_yaml
 from .errors import LockedError, PipelineError, disk_full_error
-from .tracking import Tracker, config_hash
+from .tracking import Tracker, config_hash, run_status
 
 log = logging.getLogger("pipeline")
 
@@ -267,12 +267,8 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
                     raise full from exc
                 ran.append(name)
             status = "FINISHED"
-        except KeyboardInterrupt:
-            status = "KILLED"
-            raise
-        except PipelineError as exc:
-            if exc.exit_code == 130:  # Ctrl-C in a training loop, re-raised as a resumable Interrupted
-                status = "KILLED"
+        except BaseException as exc:
+            status = run_status(exc)
             raise
         finally:
             tracker.end_pipeline(status)

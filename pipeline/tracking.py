@@ -174,12 +174,8 @@ class Tracker:
         try:
             yield self.stage_id
             status = "FINISHED"
-        except KeyboardInterrupt:
-            status = "KILLED"
-            raise
-        except PipelineError as exc:
-            if exc.exit_code == 130:  # Ctrl-C in a training loop, re-raised as a resumable Interrupted
-                status = "KILLED"
+        except BaseException as exc:
+            status = run_status(exc)
             raise
         finally:
             self.client.set_terminated(self.stage_id, status=status)
@@ -208,6 +204,13 @@ class Tracker:
         if self.enabled and self.stage_id:
             for k, v in tags.items():
                 self.client.set_tag(self.stage_id, k, str(v))
+
+
+def run_status(exc: BaseException) -> str:
+    """MLflow status for a run ended by ``exc``: Ctrl-C (also re-raised as a resumable exit-130 error) is KILLED."""
+    if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, PipelineError) and exc.exit_code == 130):
+        return "KILLED"
+    return "FAILED"
 
 
 def config_hash(config_yaml: str) -> str:
