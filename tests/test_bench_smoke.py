@@ -51,8 +51,10 @@ def test_bench_json_header(quick_bench):
     assert isinstance(machine["logical_cpus"], int) and machine["logical_cpus"] >= 1
     assert machine["versions"]["torch"] and machine["versions"]["onnxruntime"]
     assert data["date"] and data["command"].startswith("python bench/run_all.py --quick")
-    assert data["precision"]["configured"] == "bf16" and data["precision"]["used"] in ("bf16", "fp32")
-    assert f"precision={data['precision']['used']}" in data["pipeline_overrides"] or data["precision"]["used"] == "bf16"
+    from pipeline.config import load_config
+
+    assert data["precision"]["configured"] == load_config("tiny").precision
+    assert data["precision"]["used"] in ("auto", "bf16", "fp32")
 
 
 def test_pipeline_section(quick_bench):

@@ -269,8 +269,11 @@ def test_sigint_during_distill_then_rerun_resumes(run_copy):
     """A real `python -m pipeline` process: while it trains, a second pipeline is
     refused (naming it) and it is not disturbed; Ctrl-C then stops it with exit
     130 and a resume hint; the same command resumes from its checkpoint."""
+    # Enough epochs that the run is still training when the second pipeline and
+    # the SIGINT arrive (a fp32 epoch of this copy takes well under a second).
+    EPOCHS = "distill.epochs=40"
     before = run_copy.snapshot()
-    command = [sys.executable, "-m", "pipeline", *args(run_copy, "distill.epochs=4", only="distill")]
+    command = [sys.executable, "-m", "pipeline", *args(run_copy, EPOCHS, only="distill")]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, **ONE_THREAD})
     checkpoints = run_copy.run_dir / "distill.partial" / "checkpoints-distill"
@@ -281,7 +284,7 @@ def test_sigint_during_distill_then_rerun_resumes(run_copy):
                 break
             time.sleep(0.05)
         assert process.poll() is None, "distill ended before it could be interrupted"
-        racer = cli(*args(run_copy, "distill.epochs=4", only="distill"))
+        racer = cli(*args(run_copy, EPOCHS, only="distill"))
         assert racer.returncode == 1 and f"pid {process.pid} on" in error_message(racer.stderr)
         assert process.poll() is None
         process.send_signal(signal.SIGINT)
@@ -298,7 +301,7 @@ def test_sigint_during_distill_then_rerun_resumes(run_copy):
     client, runs = mlflow_runs(run_copy.runs_dir)
     distill_runs = [r for r in runs if r.info.run_name == "distill"]
     assert [r.info.status for r in distill_runs] == ["KILLED"]
-    resumed = cli(*args(run_copy, "distill.epochs=4", only="distill"))
+    resumed = cli(*args(run_copy, EPOCHS, only="distill"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from checkpoint" in resumed.stderr
     assert json.loads((run_copy.run_dir / "distill" / "manifest.json").read_text())["stage"] == "distill"
