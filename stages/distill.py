@@ -20,6 +20,7 @@ import torch
 from transformers import set_seed
 
 from pipeline.cache import TeacherCache
+from pipeline.data import pad_batch
 from pipeline.inference import TokenizedSplit, accuracy, pad_id, predict_logits
 from pipeline.models import build_student, count_parameters, load_classifier, load_tokenizer, save_model
 from pipeline.objective import DistillObjective, target_plan, teacher_targets
@@ -47,8 +48,6 @@ class TrainingData:
         return int(self.offsets[-1])
 
     def batch(self, indices, pad, device):
-        from pipeline.data import pad_batch
-
         which = np.searchsorted(self.offsets, indices, side="right") - 1
         ids = [self.parts[w].input_ids[i - self.offsets[w]] for w, i in zip(which, indices)]
         labels = [int(self.parts[w].labels[i - self.offsets[w]]) for w, i in zip(which, indices)]

@@ -270,8 +270,9 @@ def test_sigint_during_distill_then_rerun_resumes(run_copy):
     refused (naming it) and it is not disturbed; Ctrl-C then stops it with exit
     130 and a resume hint; the same command resumes from its checkpoint."""
     # Enough epochs that the run is still training when the second pipeline and
-    # the SIGINT arrive (a fp32 epoch of this copy takes well under a second).
-    EPOCHS = "distill.epochs=40"
+    # the SIGINT arrive even on a loaded machine (a fp32 epoch of this copy takes ~0.3 s;
+    # the in-process racer can take tens of seconds inside the full suite).
+    EPOCHS = "distill.epochs=300"
     before = run_copy.snapshot()
     command = [sys.executable, "-m", "pipeline", *args(run_copy, EPOCHS, only="distill")]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
