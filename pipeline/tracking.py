@@ -135,8 +135,7 @@ class Tracker:
                 tags={"attention_distill.role": "pipeline", "attention_distill.config": self.experiment},
             )
             parent_id = run.info.run_id
-            params = {k: ("" if v is None else str(v))[:6000] for k, v in flat_params.items()}
-            items = list(params.items())
+            items = list(param_strings(flat_params).items())
             for i in range(0, len(items), 100):
                 self.client.log_batch(parent_id, params=[mlflow.entities.Param(k, v) for k, v in items[i:i + 100]])
             self.client.log_text(parent_id, config_yaml, "config/resolved.yaml")
@@ -167,7 +166,7 @@ class Tracker:
                   "attention_distill.stage": name, "attention_distill.fingerprint": fingerprint},
         )
         self.stage_id = run.info.run_id
-        flat = {k: ("" if v is None else str(v))[:6000] for k, v in params.items()}
+        flat = param_strings(params)
         if flat:
             self.client.log_batch(self.stage_id, params=[self.mlflow.entities.Param(k, v) for k, v in flat.items()])
         status = "FAILED"
@@ -204,6 +203,11 @@ class Tracker:
         if self.enabled and self.stage_id:
             for k, v in tags.items():
                 self.client.set_tag(self.stage_id, k, str(v))
+
+
+def param_strings(params: dict) -> dict[str, str]:
+    """MLflow param values: strings, None as empty, cut to MLflow's 6000-character limit."""
+    return {k: ("" if v is None else str(v))[:6000] for k, v in params.items()}
 
 
 def run_status(exc: BaseException) -> str:
