@@ -35,6 +35,7 @@ VARIANTS = {
     "kd_att_vr": ("ablation", "+ value relation", [LOSS.format(ce=1, kd=1, att=1, vr=1, hid=0)]),
     "kd_att_vr_hid": ("ablation", "+ hidden states (uniform map)",
                       [LOSS.format(ce=1, kd=1, att=1, vr=1, hid=1), "distill.layer_map=uniform"]),
+    "depth1": ("depth", "1 layer (teacher layer 5)", ["student.teacher_layers=[5]"]),
     "depth2": ("depth", "2 layers (teacher layers 0,5)", ["student.teacher_layers=[0,5]"]),
     "depth3": ("depth", "3 layers (teacher layers 0,3,5)", ["student.teacher_layers=[0,3,5]"]),
     "depth4": ("depth", "4 layers (teacher layers 0,2,4,5)", ["student.teacher_layers=[0,2,4,5]"]),
@@ -49,8 +50,12 @@ VARIANTS = {
 }
 
 
-def run(config: str, runs_dir: Path, overrides: list[str], log) -> float:
-    command = [sys.executable, "-m", "pipeline", "run", config, *overrides, "--to", "evaluate", "--runs-dir", str(runs_dir)]
+# Depth variants also export, for the int8 latency the depth table trades against (one length, one thread).
+EXPORT = ["export.latency_lengths=[128]", "export.latency_threads=[1]"]
+
+
+def run(config: str, runs_dir: Path, overrides: list[str], log, last_stage: str = "evaluate") -> float:
+    command = [sys.executable, "-m", "pipeline", "run", config, *overrides, "--to", last_stage, "--runs-dir", str(runs_dir)]
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
     started = time.time()
@@ -61,8 +66,10 @@ def run(config: str, runs_dir: Path, overrides: list[str], log) -> float:
 
 
 def link_upstream(source: Path, target: Path) -> None:
+    """Hard-link the base run's stages; the runner reruns exactly those whose fingerprints differ
+    (a rerun writes <stage>.partial and renames it, so the base files are never modified)."""
     target.mkdir(parents=True, exist_ok=True)
-    for stage in ("prepare", "teacher", "capture"):
+    for stage in ("prepare", "teacher", "capture", "distill", "evaluate", "export"):
         if (source / stage).is_dir() and not (target / stage).exists():
             shutil.copytree(source / stage, target / stage, copy_function=os.link)
 
@@ -74,7 +81,21 @@ def collect(run_dir: Path) -> dict:
             "accuracy": metrics["student"]["accuracy"], "macro_f1": metrics["student"]["macro_f1"],
             "retention": metrics["retention"], "agreement": metrics["agreement"],
             "layers": metrics["student"]["layers"], "parameters": metrics["student"]["parameters"],
-            "distill_seconds": distill["duration_s"]}
+            "distill_seconds": distill["duration_s"], **collect_export(run_dir)}
+
+
+def collect_export(run_dir: Path) -> dict:
+    """int8 accuracy, size and batch-1 latency at length 128 on 1 thread, when the variant exported."""
+    path = run_dir / "export" / "metrics.json"
+    if not path.exists():
+        return {}
+    export = json.loads(path.read_text())
+    ms = {r["model"]: r["median_ms"] for r in export["latency"] if r["length"] == 128 and r["threads"] == 1}
+    return {"int8_accuracy": export["onnx_int8"]["accuracy"], "int8_mb": export["onnx_int8"]["file_mb"],
+            "int8_ms": ms["student ONNX int8"], "student_pytorch_ms": ms["student PyTorch fp32"],
+            "teacher_pytorch_ms": ms["teacher PyTorch fp32"],
+            "speedup_int8": ms["teacher PyTorch fp32"] / ms["student ONNX int8"],
+            "speedup_pytorch": ms["teacher PyTorch fp32"] / ms["student PyTorch fp32"]}
 
 
 def markdown(results: dict, header: dict) -> str:
@@ -87,11 +108,19 @@ def markdown(results: dict, header: dict) -> str:
         if VARIANTS[name][0] == "ablation":
             lines.append(f"| {VARIANTS[name][1]} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} | {r['retention']:.4f} | {r['distill_seconds']:.0f} |")
     lines.append(f"| teacher (MiniLM-L6, fine-tuned) | {teacher['teacher_accuracy']:.4f} | {teacher['teacher_macro_f1']:.4f} | 1.0000 | - |")
-    lines += ["", "## Depth (default losses)", "",
-              "| student | parameters | accuracy | retention | distill time (s) |", "|---|---:|---:|---:|---:|"]
+    lines += ["", "## Depth (default losses): retention against int8 latency", "",
+              "Latency: batch 1, length 128, 1 thread, median; speed-up against the teacher in PyTorch fp32.", "",
+              "| student | parameters | accuracy | retention | int8 accuracy | int8 MB | int8 ms | speed-up int8 | "
+              "speed-up PyTorch | distill time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         if VARIANTS[name][0] == "depth":
-            lines.append(f"| {VARIANTS[name][1]} | {r['parameters'] / 1e6:.1f}M | {r['accuracy']:.4f} | {r['retention']:.4f} | {r['distill_seconds']:.0f} |")
+            lines.append(f"| {VARIANTS[name][1]} | {r['parameters'] / 1e6:.1f}M | {r['accuracy']:.4f} | {r['retention']:.4f} | "
+                         f"{r['int8_accuracy']:.4f} | {r['int8_mb']:.1f} | {r['int8_ms']:.1f} | {r['speedup_int8']:.1f}x | "
+                         f"{r['speedup_pytorch']:.1f}x | {r['distill_seconds']:.0f} |")
+    depth = [r for name, r in results.items() if VARIANTS[name][0] == "depth"]
+    if depth:
+        lines.append(f"| teacher (PyTorch fp32) | - | {teacher['teacher_accuracy']:.4f} | 1.0000 | - | - | "
+                     f"{depth[0]['teacher_pytorch_ms']:.1f} (PyTorch) | 1.0x | 1.0x | - |")
     tuning = [name for name in results if VARIANTS[name][0] == "tuning"]
     if tuning:
         lines += ["", "## Tuning (2-layer student)", "",
@@ -120,7 +149,9 @@ def main() -> None:
         for name in names:
             variant_dir = runs / name
             link_upstream(base_dir / args.config, variant_dir / args.config)
-            run(args.config, variant_dir, [*args.extra, *VARIANTS[name][2]], log)
+            depth = VARIANTS[name][0] == "depth"
+            run(args.config, variant_dir, [*args.extra, *VARIANTS[name][2], *(EXPORT if depth else [])], log,
+                last_stage="export" if depth else "evaluate")
             results[name] = collect(variant_dir / args.config)
             partial = Path(args.out) / "ablation.partial.json"
             partial.parent.mkdir(parents=True, exist_ok=True)

@@ -175,6 +175,7 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
 
     from pipeline.cache import TeacherCache, flatten_targets
     from pipeline.config import load_config
+    from pipeline.data import global_batches
     from pipeline.models import build_student, build_teacher_for_finetune, count_parameters
     from pipeline.objective import DistillObjective, target_plan, teacher_targets
     from pipeline.runner import Distributed
@@ -204,9 +205,12 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
     plan = target_plan(config, teacher.config)
     base_student = build_student(config, teacher)
 
-    order = np.random.default_rng(config.seed).permutation(len(ids))
-    batches = [make_batch(ids, labels, order[i:i + batch_size], pad, dist.device)
-               for i in range(0, len(ids) - batch_size + 1, batch_size)]  # full batches only
+    # The batches training sees (grouped by length when the config says so), full ones only.
+    lengths = np.asarray([len(x) for x in ids])
+    batches = [make_batch(ids, labels, b, pad, dist.device)
+               for b in global_batches(len(ids), batch_size, config.seed, 0,
+                                       lengths=lengths if config.distill.group_by_length else None)
+               if len(b) == batch_size]
     tokens = [int(b["attention_mask"].sum()) for b in batches]
     padded = [int(b["attention_mask"].numel()) for b in batches]
 

@@ -60,6 +60,7 @@ class TrainSettings(Section):
     grad_clip: float | None = Field(1.0, gt=0)
     grad_accum: int = Field(1, ge=1)
     gradient_checkpointing: bool = False
+    group_by_length: bool = Field(True, description="batch examples of similar length together (less padding)")
     checkpoint_every: int = Field(200, ge=1, description="optimizer steps between mid-epoch checkpoints")
     keep_checkpoints: int = Field(2, ge=1)
 

@@ -206,9 +206,45 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarr
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def global_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
+LENGTH_POOL_BATCHES = 50  # batches per pool sorted by length (as transformers' LengthGroupedSampler)
+
+
+def global_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True,
+                   lengths: np.ndarray | None = None) -> list[np.ndarray]:
+    """The global batches of one epoch, a pure function of (seed, epoch[, lengths]).
+
+    With ``lengths``, batches hold examples of similar length so little compute
+    goes to padding (on the Rotten Tomatoes sentences padding efficiency rises
+    from ~0.5 to ~0.95): the shuffled order is cut into pools of
+    LENGTH_POOL_BATCHES batches, each pool is sorted by length and cut into
+    batches, and the batch order is shuffled again, so which examples meet in a
+    batch and when it is seen stay random. The batch holding the longest
+    example goes first, so an out-of-memory batch size fails at step 1, not
+    hours in. The batch count is ceil(n / batch_size) either way.
+    """
     order = epoch_order(n, seed, epoch, shuffle)
-    return [order[i: i + batch_size] for i in range(0, n, batch_size)]
+    if lengths is None or not shuffle:
+        return [order[i: i + batch_size] for i in range(0, n, batch_size)]
+    lengths = np.asarray(lengths)
+    pool = batch_size * LENGTH_POOL_BATCHES
+    batches = []
+    for start in range(0, n, pool):
+        members = order[start: start + pool]
+        members = members[np.argsort(-lengths[members], kind="stable")]
+        batches += [members[i: i + batch_size] for i in range(0, len(members), batch_size)]
+    rng = np.random.default_rng([seed, epoch, 1])
+    batches = [batches[i] for i in rng.permutation(len(batches))]
+    longest = max(range(len(batches)), key=lambda i: lengths[batches[i]].max())
+    batches.insert(0, batches.pop(longest))
+    return batches
+
+
+def padding_efficiency(batches: list[np.ndarray], lengths: np.ndarray) -> float:
+    """Real tokens / tokens computed when each batch is padded to its longest member."""
+    lengths = np.asarray(lengths)
+    real = sum(int(lengths[b].sum()) for b in batches)
+    padded = sum(int(lengths[b].max()) * len(b) for b in batches)
+    return real / padded
 
 
 def rank_slice(batch: np.ndarray, rank: int, world: int) -> np.ndarray:

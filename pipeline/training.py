@@ -142,6 +142,7 @@ def fit(
     *,
     modules: dict[str, torch.nn.Module],
     num_examples: int,
+    lengths=None,
     make_batch: Callable,
     loss_fn: Callable,
     validate: Callable,
@@ -152,6 +153,8 @@ def fit(
 ) -> Progress:
     """Train ``modules['model']`` (plus any extra trainable modules) and keep the best epoch.
 
+    ``lengths`` (tokens per example) lets batches group similar lengths when
+    ``settings.group_by_length`` is on.
     ``make_batch(indices)`` builds a batch dict for example indices;
     ``loss_fn(batch, modules)`` returns (loss, {term: value}) and
     ``validate(modules)`` returns {"accuracy": ...} on the validation split
@@ -207,7 +210,8 @@ def fit(
             epoch = progress.epoch
             for m in prepared_modules.values():
                 m.train()
-            batches = global_batches(num_examples, settings.batch_size, seed, epoch)
+            batches = global_batches(num_examples, settings.batch_size, seed, epoch,
+                                     lengths=lengths if settings.group_by_length else None)
             bar = tqdm(total=len(batches), initial=progress.batches_done, desc=f"{tag} epoch {epoch + 1}/{settings.epochs}",
                        disable=not dist.is_main or not SHOW_BARS, dynamic_ncols=True, leave=False)
             window_start, window_samples = time.time(), 0

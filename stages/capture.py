@@ -83,9 +83,11 @@ def run(ctx) -> dict:
     bar = tqdm(total=sum(ranges[i][1] - ranges[i][0] for i in todo), desc="capture", disable=not ctx.is_main or not SHOW_BARS, leave=False)
     for shard in todo:
         first, last = ranges[shard]
-        records, logits, shard_lengths = [], [], []
-        for start in range(first, last, config.capture.batch_size):
-            global_ids = np.arange(start, min(start + config.capture.batch_size, last))
+        # Batches of similar length (less padding); results go back to example order.
+        by_length = first + np.argsort(lengths[first:last], kind="stable")
+        records, logits = [None] * (last - first), np.zeros((last - first, teacher.config.num_labels), np.float32)
+        for start in range(0, last - first, config.capture.batch_size):
+            global_ids = by_length[start:start + config.capture.batch_size]
             # Map global example ids to (split, local index): train first, then unlabeled text.
             which = np.searchsorted(offsets, global_ids, side="right") - 1
             batch_ids = [splits[w].input_ids[i - offsets[w]] for w, i in zip(which, global_ids)]
@@ -93,12 +95,12 @@ def run(ctx) -> dict:
             batch = {"input_ids": ids.to(dist.device), "attention_mask": mask.to(dist.device)}
             with dist.accelerator.autocast():
                 targets = teacher_targets(teacher, batch, plan)
-            n = [len(x) for x in batch_ids]
-            records += flatten_targets(targets, layout, n, batch["attention_mask"])
-            logits.append(targets["logits"].float().cpu().numpy())
-            shard_lengths += n
+            batch_records = flatten_targets(targets, layout, [len(x) for x in batch_ids], batch["attention_mask"])
+            for i, record in zip(global_ids - first, batch_records):
+                records[i] = record
+            logits[global_ids - first] = targets["logits"].float().cpu().numpy()
             bar.update(len(global_ids))
-        write_shard(folder, shard, records, np.concatenate(logits), shard_lengths, first)
+        write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first)
     bar.close()
     dist.barrier()
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))

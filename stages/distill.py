@@ -43,6 +43,7 @@ class TrainingData:
         if (prepare / "tokenized" / "unlabeled").exists():
             self.parts.append(TokenizedSplit(prepare, "unlabeled"))
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        self.lengths = np.concatenate([p.lengths for p in self.parts])
 
     def __len__(self):
         return int(self.offsets[-1])
@@ -96,7 +97,7 @@ def run(ctx) -> dict:
         logits = predict_logits(prepared["model"], validation, config.evaluate.batch_size, dist, pad)
         return {"accuracy": accuracy(logits, validation.labels)}
 
-    progress = fit(ctx, modules=modules, num_examples=len(train), make_batch=lambda idx: train.batch(idx, pad, dist.device),
+    progress = fit(ctx, modules=modules, num_examples=len(train), lengths=train.lengths, make_batch=lambda idx: train.batch(idx, pad, dist.device),
                    loss_fn=loss_fn, validate=validate, settings=config.distill, seed=config.seed, tag="distill",
                    # without logit KD (or with CE only on some batches) parts of the student get no gradient
                    find_unused_parameters=config.distill.loss.kd == 0)

@@ -47,7 +47,7 @@ def run(ctx) -> dict:
             loss = F.cross_entropy(logits.float(), batch["labels"])
             return loss, {"ce": loss.detach()}
 
-        progress = fit(ctx, modules={"model": model}, num_examples=len(train),
+        progress = fit(ctx, modules={"model": model}, num_examples=len(train), lengths=train.lengths,
                        make_batch=lambda idx: train.batch(idx, pad, dist.device), loss_fn=loss_fn,
                        validate=validate, settings=config.teacher, seed=config.seed, tag="teacher")
         model = dist.accelerator.unwrap_model(model)

@@ -165,10 +165,11 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_copy):
     """A NaN teacher logit in the 4th batch: the run stops at step 4 naming the term."""
     from pipeline.config import load_config
     from pipeline.data import global_batches
+    from stages.distill import TrainingData
 
     config = load_config(run_copy.config)
-    index = json.loads((run_copy.run_dir / "capture" / "cache" / "index.json").read_text())
-    batches = global_batches(index["num_examples"], config.distill.batch_size, config.seed, 0)
+    train = TrainingData(run_copy.run_dir / "prepare")
+    batches = global_batches(len(train), config.distill.batch_size, config.seed, 0, lengths=train.lengths)
     example = int(batches[3][0])
     meta_path = run_copy.run_dir / "capture" / "cache" / f"shard-{example // config.capture.shard_size:05d}.json"
     meta = json.loads(meta_path.read_text())
