@@ -85,6 +85,13 @@ def resolve_precision(configured: str, mode: str = "auto") -> dict:
         used = configured if mode == "config" else mode
         return {"configured": configured, "used": used, "mode": mode,
                 "why": "as configured" if used == configured else f"--precision {mode}"}
+    if configured == "auto":  # the pipeline resolves it per machine; the bench passes it on unchanged
+        from pipeline.runner import resolve_precision as resolve_auto
+
+        resolved = resolve_auto("auto")
+        return {"configured": configured, "used": configured, "resolved": resolved, "mode": mode,
+                "why": "auto resolves to bf16 here (native bf16: AVX512-BF16 / AMX or a CUDA GPU)" if resolved == "bf16"
+                       else "auto resolves to fp32 here (no native bf16 on this CPU)"}
     if configured != "bf16":
         return {"configured": configured, "used": configured, "mode": mode, "why": "as configured"}
     check = bf16_check()
@@ -328,7 +335,7 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
         }
 
     setup = {
-        "config": config.name, "overrides": overrides or [], "quick": quick, "precision": config.precision, "device": str(dist.device),
+        "config": config.name, "overrides": overrides or [], "quick": quick, "precision": dist.precision, "device": str(dist.device),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "examples": len(ids), "batch_size": batch_size, "batches": len(batches), "max_length": config.data.max_length,
         "mean_tokens_per_example": float(np.mean([len(x) for x in ids])),

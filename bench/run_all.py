@@ -1,6 +1,6 @@
 """`make bench`: regenerate BENCHMARKS.md and bench/results/bench.json from scratch.
 
-    python bench/run_all.py            # full: bert_small on this machine (estimated 30-35 minutes on 2 quiet CPU cores)
+    python bench/run_all.py            # full: bert_small on this machine (about 20 minutes on 2 quiet CPU cores)
     python bench/run_all.py --quick    # smoke test: tiny config, minimal repeats, about a minute;
                                        # writes under runs/bench-quick/ (never over the committed results)
 
@@ -10,7 +10,7 @@ What runs, in this order (each part's figures are measured in this run unless sa
               stage wall times from its manifests; then the same command again with nothing changed,
               timed with time.perf_counter around the subprocess (3 times; --quick: once)
 1. quality    teacher / distilled student (and its ONNX variants) of that run on the test split, plus the
-              committed loss ablation bench/results/ablation_h200_bf16.json (measured on an H200 GPU)
+              committed ablation bench/results/ablation.json (bench/ablation.py: losses, depth, tuning)
 2. inference  the export stage's batch-1 latency table of that run (bundle/latency.json) and file sizes,
               ratios against the teacher in PyTorch
 3. training   bench/micro.py: samples/s of plain CE vs distillation steps (cached / online teacher)
@@ -49,8 +49,7 @@ for path in (str(ROOT), str(BENCH)):
 
 STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
 MARKER = ".bench-runs-dir"  # only a runs folder carrying this file is ever wiped
-ABLATION_FILE = BENCH / "results" / "ablation_h200_bf16.json"
-ABLATION_MACHINE = "an NVIDIA H200 GPU, bf16, torch 2.11.0+cu130"  # bench/gpu_check.sh, bench/results/gpu_h200.txt
+ABLATION_FILE = BENCH / "results" / "ablation.json"  # written by bench/ablation.py (header + results)
 LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "student PyTorch fp32", "student ONNX fp32", "student ONNX int8"]
 REFERENCE = "teacher PyTorch fp32"
 
@@ -214,28 +213,61 @@ def run_pipeline_part(config: str, overrides: list[str], runs_dir: Path, logs: P
             "second_run_did_no_stage_work": all(did_nothing)}
 
 
+# ---------------------------------------------------------------- length grouping (training speed)
+
+
+def grouping_part(config: str, overrides: list[str], runs_dir: Path, logs: Path) -> dict:
+    """One teacher epoch with and without length-grouped batches (same seed, data, model), and the
+    padding efficiency (real tokens / tokens computed) of the train split's batches either way."""
+    import numpy as np
+
+    from pipeline.config import load_config
+    from pipeline.data import global_batches, padding_efficiency
+    from pipeline.inference import TokenizedSplit
+
+    rows = {}
+    for grouped in (True, False):
+        name = "grouped" if grouped else "ungrouped"
+        command = [sys.executable, "-m", "pipeline", "run", config, *overrides, "teacher.epochs=1",
+                   f"teacher.group_by_length={str(grouped).lower()}", "tracking.enabled=false", "--to", "teacher",
+                   "--runs-dir", str(runs_dir / f"grouping-{name}")]
+        log(f"grouping: one teacher epoch, {name} batches")
+        wall, rc, tail = timed_subprocess(command, logs / f"grouping-{name}.log")
+        if rc != 0:
+            raise RuntimeError(f"the {name} teacher epoch failed (exit {rc}):\n{tail}")
+        run_dir = runs_dir / f"grouping-{name}" / config
+        manifest, metrics = read_json(run_dir / "teacher" / "manifest.json"), read_json(run_dir / "teacher" / "metrics.json")
+        rows[name] = {"teacher_stage_s": manifest["duration_s"], "validation_accuracy": metrics["validation_accuracy"],
+                      "test_accuracy": metrics["test_accuracy"], "command": " ".join(["python", *command[1:]])}
+    settings = load_config(config, overrides)
+    lengths = TokenizedSplit(runs_dir / "grouping-grouped" / config / "prepare", "train").lengths
+    for name, grouped in (("grouped", True), ("ungrouped", False)):
+        batches = global_batches(len(lengths), settings.teacher.batch_size, settings.seed, 0,
+                                 lengths=lengths if grouped else None)
+        rows[name]["padding_efficiency"] = padding_efficiency(batches, lengths)
+    return {**rows, "speedup": rows["ungrouped"]["teacher_stage_s"] / rows["grouped"]["teacher_stage_s"],
+            "train_examples": int(len(lengths)), "mean_tokens": float(np.mean(lengths))}
+
+
 # ---------------------------------------------------------------- quality (item 1)
 
 
 def ablation_part(config: str) -> dict:
-    """The committed H200 ablation, with each variant's description and whether it is the current default."""
+    """The committed ablation (losses, depth, tuning), each variant marked when it equals the current default."""
+    from ablation import VARIANTS, markdown
+
     data = read_json(ABLATION_FILE)
-    if data is None:
+    if data is None or "results" not in data:
         raise RuntimeError(f"{ABLATION_FILE} is missing or unreadable")
-    results = data.get("results", data)  # ablation.py writes {"header", "results"}; the committed file is results only
-    header = data.get("header") if "results" in data else None
-    try:
-        from ablation import VARIANTS
-    except Exception:  # descriptions are a nicety
-        VARIANTS = {}
+    results, header = data["results"], data["header"]
     current = default_variant(config, VARIANTS, list(results))
-    rows = []
-    for name, r in results.items():
-        rows.append({"variant": name, "description": VARIANTS.get(name, ("", name))[1], **r,
-                     "current_default": name == current})
+    rows = [{"variant": name, "description": VARIANTS[name][1], "table": VARIANTS[name][0], **r,
+             "current_default": name == current} for name, r in results.items() if name in VARIANTS]
     teacher = next(iter(results.values()), {})
-    return {"source": str(ABLATION_FILE.relative_to(ROOT)), "measured_on": ABLATION_MACHINE, "config": "bert_small",
-            "header": header, "rows": rows, "current_default_variant": current,
+    tables = markdown(results, header).split("\n## ", 1)[1]  # the tables, without the title block
+    return {"source": str(ABLATION_FILE.relative_to(ROOT)), "measured_on": header["machine"], "config": header["config"],
+            "command": header["command"], "date": header["date"], "header": header, "rows": rows,
+            "current_default_variant": current, "markdown": "### " + tables.replace("\n## ", "\n### "),
             "teacher": {"accuracy": teacher.get("teacher_accuracy"), "macro_f1": teacher.get("teacher_macro_f1")}}
 
 
@@ -387,7 +419,7 @@ def render(report: dict) -> str:
     lines += ["", "## 1. Quality", ""]
     quality = sections.get("quality_run")
     if quality:
-        used = (report.get("precision") or {}).get("used", "?")
+        used = (report.get("precision") or {}).get("resolved") or (report.get("precision") or {}).get("used", "?")
         lines += [f"### This run: `{cfg}` on this machine, precision {used} (test split, {quality['examples']} examples)", "",
                   "| model | layers | parameters | accuracy | macro-F1 |", "|---|---:|---:|---:|---:|"]
         for r in quality["rows"]:
@@ -402,19 +434,17 @@ def render(report: dict) -> str:
         lines += [f"This run's quality figures are missing: {section_error(errors, 'pipeline')}."]
     ablation = sections.get("ablation")
     if ablation:
-        lines += ["", f"### Loss ablation on `bert_small` (committed, measured on {ablation['measured_on']})", "",
-                  f"Read from [`{ablation['source']}`]({ablation['source']}), made by `bench/ablation.py` through "
-                  "`bench/gpu_check.sh` (machine: `bench/results/gpu_h200.txt`); each variant a full pipeline run "
-                  "through evaluate, same data split and teacher recipe as above. Not rerun by `make bench` (about 40 "
-                  "minutes on this CPU). Distill times are H200 seconds.", "",
-                  "| student (2 layers) | accuracy | macro-F1 | retention | agreement | distill s (H200) |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for r in ablation["rows"]:
-            name = r["description"] + (" **(current `bert_small` default)**" if r["current_default"] else "")
-            lines.append(f"| {name} | {fmt(r.get('accuracy'))} | {fmt(r.get('macro_f1'))} | {fmt(r.get('retention'))} | "
-                         f"{fmt(r.get('agreement'))} | {fmt(r.get('distill_seconds'), '.1f')} |")
-        t = ablation["teacher"]
-        lines.append(f"| teacher (MiniLM-L6, fine-tuned) | {fmt(t['accuracy'])} | {fmt(t['macro_f1'])} | 1.0000 | - | - |")
+        current = next((r["description"] for r in ablation["rows"] if r["current_default"]), None)
+        lines += ["", f"### Ablation on `{ablation['config']}` (committed; measured on {ablation['measured_on']}, "
+                  f"{ablation['date']})", "",
+                  f"Read from [`{ablation['source']}`]({ablation['source']}), made by `{ablation['command']}`: each "
+                  "variant is a full pipeline run through evaluate (depth variants through export), sharing the data "
+                  "split and teacher of one base run, one seed each; with 2,557 test sentences one accuracy has a "
+                  "standard error of about 0.8 points, so differences under ~1.5 points are within noise. Not rerun "
+                  "by `make bench` (about an hour on this CPU). "
+                  + (f"The current default is the variant \"{current}\"." if current else
+                     "No variant equals the current default exactly."), "",
+                  ablation["markdown"].rstrip()]
     else:
         lines += ["", f"The committed ablation could not be read: {section_error(errors, 'ablation')}."]
 
@@ -521,6 +551,22 @@ def render(report: dict) -> str:
                   f"{'yes' if pipeline['second_run_did_no_stage_work'] else 'NO'}."]
     else:
         lines += [f"**Not measured:** {section_error(errors, 'pipeline')}."]
+    grouping = sections.get("grouping")
+    lines += ["", "### Length-grouped batches (`teacher.group_by_length`, `distill.group_by_length`)", ""]
+    if grouping:
+        g, u = grouping["grouped"], grouping["ungrouped"]
+        lines += [f"One teacher epoch on the {grouping['train_examples']} training sentences (mean "
+                  f"{grouping['mean_tokens']:.1f} tokens), same seed, once with batches of similar length (the default) "
+                  "and once with plain shuffled batches; stage time includes validation and test passes. Single "
+                  "measurements.", "",
+                  "| batches | padding efficiency | teacher stage s | validation acc | test acc |", "|---|---:|---:|---:|---:|",
+                  f"| grouped by length | {g['padding_efficiency']:.2f} | {g['teacher_stage_s']:.1f} | "
+                  f"{g['validation_accuracy']:.4f} | {g['test_accuracy']:.4f} |",
+                  f"| shuffled | {u['padding_efficiency']:.2f} | {u['teacher_stage_s']:.1f} | "
+                  f"{u['validation_accuracy']:.4f} | {u['test_accuracy']:.4f} |", "",
+                  f"Grouping makes the epoch **{grouping['speedup']:.2f}x** faster."]
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'grouping')}."]
     lines += ["", "## Reproduce", "", "```", "make bench                      # or: .venv/bin/python bench/run_all.py",
               "python bench/micro.py           # training-cost and capture micro-benchmarks alone",
               "python bench/attention_kl.py    # attention KL alone", "python bench/ablation.py        # the loss ablation (long)",
@@ -531,6 +577,8 @@ def render(report: dict) -> str:
 def precision_line(p: dict | None) -> str:
     if not p:
         return "-"
+    if p.get("resolved"):
+        return f"{p['configured']} -> **{p['resolved']}**: {p['why']}"
     if p["used"] == p["configured"]:
         return f"{p['used']}, {p['why']}"
     return f"**{p['used']}** instead of the configured {p['configured']}: {p['why']}"
@@ -597,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir()
     os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     log("quick bench (tiny config, about a minute)" if args.quick else
-        f"full bench of {config}: expect about 30-35 minutes on 2 quiet cores (pipeline run ~25, attention KL ~6, "
+        f"full bench of {config}: expect about 15-20 minutes on 2 quiet cores (pipeline run ~8, length-grouping check ~4, attention KL ~2, "
         "micro-benchmarks ~2, second runs ~1)")
 
     command = " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
@@ -634,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         if capture is not None:
             sections["capture_run"] = capture
     part("ablation", lambda: ablation_part(config))
+    part("grouping", lambda: grouping_part(config, overrides, runs_dir, logs))
 
     def micro_part():
         log(f"micro: training-cost and capture micro-benchmarks ({'quick, ' if args.quick else ''}config {config})")

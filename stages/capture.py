@@ -37,10 +37,13 @@ VERSION = 1
 
 
 def inputs(config) -> dict:
-    """Fingerprint inputs: which targets are needed, not the loss weights' values."""
+    """Fingerprint inputs: which teacher targets are needed (not the loss weights' values, not which
+    student layer each is matched to, so students of another depth reuse the cache)."""
     plan = target_plan(config)
-    capture = config.capture.model_dump()
-    return {"plan": plan.__dict__, "capture": capture, "precision": config.precision, "unlabeled": config.data.unlabeled_text}
+    needed = {"teacher_layers": plan.teacher_layers, "relation_heads": plan.relation_heads, "kinds": plan.kinds(),
+              "hidden": plan.hidden, "kd": plan.kd}
+    return {"targets": needed, "capture": config.capture.model_dump(), "precision": config.precision,
+            "unlabeled": config.data.unlabeled_text}
 
 
 def run(ctx) -> dict:

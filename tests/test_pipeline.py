@@ -70,6 +70,12 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
     assert [s for s in STAGES if base[s] != teacher_change[s]] == ["teacher", "capture", "distill", "evaluate", "export"]
     loss_weight = fingerprints(load_config("tiny", ["distill.loss.attention=2.0"]))
     assert [s for s in STAGES if base[s] != loss_weight[s]] == ["distill", "evaluate", "export"]
+    # A deeper student matched to the same teacher layer reuses the teacher cache ...
+    deeper = fingerprints(load_config("tiny", ["student.teacher_layers=[0,1]"]))
+    assert [s for s in STAGES if base[s] != deeper[s]] == ["distill", "evaluate", "export"]
+    # ... while matching another teacher layer needs other targets.
+    other_layer = fingerprints(load_config("tiny", ["distill.layer_map=[[0,0]]"]))
+    assert [s for s in STAGES if base[s] != other_layer[s]] == ["capture", "distill", "evaluate", "export"]
 
 
 def test_status_lists_every_stage(tiny_run):
