@@ -75,23 +75,24 @@ def link_upstream(source: Path, target: Path) -> None:
             shutil.copytree(source / stage, target / stage, copy_function=os.link)
 
 
-def collect(run_dir: Path) -> dict:
+def collect(run_dir: Path, exported: bool) -> dict:
     metrics = json.loads((run_dir / "evaluate" / "metrics.json").read_text())
     distill = json.loads((run_dir / "distill" / "manifest.json").read_text())
     return {"teacher_accuracy": metrics["teacher"]["accuracy"], "teacher_macro_f1": metrics["teacher"]["macro_f1"],
             "accuracy": metrics["student"]["accuracy"], "macro_f1": metrics["student"]["macro_f1"],
             "retention": metrics["retention"], "agreement": metrics["agreement"],
             "layers": metrics["student"]["layers"], "parameters": metrics["student"]["parameters"],
-            "distill_seconds": distill["duration_s"], **collect_export(run_dir)}
+            "distill_seconds": distill["duration_s"], **(collect_export(run_dir) if exported else {})}
 
 
 def collect_export(run_dir: Path) -> dict:
-    """int8 accuracy, size and batch-1 latency at length 128 on 1 thread, when the variant exported."""
-    path = run_dir / "export" / "metrics.json"
-    if not path.exists():
-        return {}
-    export = json.loads(path.read_text())
+    """int8 accuracy, size and batch-1 latency at length 128 on 1 thread (empty when int8 or that row is missing:
+    export.quantize off, or a model with fewer than 128 positions)."""
+    export = json.loads((run_dir / "export" / "metrics.json").read_text())
     ms = {r["model"]: r["median_ms"] for r in export["latency"] if r["length"] == 128 and r["threads"] == 1}
+    needed = ("student ONNX int8", "student PyTorch fp32", "teacher PyTorch fp32")
+    if "onnx_int8" not in export or any(name not in ms for name in needed):
+        return {}
     return {"int8_accuracy": export["onnx_int8"]["accuracy"], "int8_mb": export["onnx_int8"]["file_mb"],
             "int8_ms": ms["student ONNX int8"], "student_pytorch_ms": ms["student PyTorch fp32"],
             "teacher_pytorch_ms": ms["teacher PyTorch fp32"],
@@ -142,10 +143,14 @@ def markdown(results: dict, header: dict) -> str:
               "speed-up PyTorch | distill time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         if VARIANTS[name][0] == "depth":
+            if "int8_ms" not in r:
+                lines.append(f"| {VARIANTS[name][1]} | {r['parameters'] / 1e6:.1f}M | {r['accuracy']:.4f} | "
+                             f"{r['retention']:.4f} | - | - | - | - | - | {r['distill_seconds']:.0f} |")
+                continue
             lines.append(f"| {VARIANTS[name][1]} | {r['parameters'] / 1e6:.1f}M | {r['accuracy']:.4f} | {r['retention']:.4f} | "
                          f"{r['int8_accuracy']:.4f} | {r['int8_mb']:.1f} | {r['int8_ms']:.1f} | {r['speedup_int8']:.1f}x | "
                          f"{r['speedup_pytorch']:.1f}x | {r['distill_seconds']:.0f} |")
-    depth = [r for name, r in results.items() if VARIANTS[name][0] == "depth"]
+    depth = [r for name, r in results.items() if VARIANTS[name][0] == "depth" and "int8_ms" in r]
     if depth:
         lines.append(f"| teacher (PyTorch fp32) | - | {teacher['teacher_accuracy']:.4f} | 1.0000 | - | - | "
                      f"{depth[0]['teacher_pytorch_ms']:.1f} (PyTorch) | 1.0x | 1.0x | - |")
@@ -180,7 +185,7 @@ def main() -> None:
             depth = VARIANTS[name][0] == "depth"
             run(args.config, variant_dir, [*args.extra, *VARIANTS[name][2], *(EXPORT if depth else [])], log,
                 last_stage="export" if depth else "evaluate")
-            results[name] = collect(variant_dir / args.config)
+            results[name] = collect(variant_dir / args.config, exported=depth)
             partial = Path(args.out) / "ablation.partial.json"
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps(results, indent=2))

@@ -261,8 +261,9 @@ def ablation_part(config: str) -> dict:
         raise RuntimeError(f"{ABLATION_FILE} is missing or unreadable")
     results, header = data["results"], data["header"]
     current = default_variant(config, VARIANTS, list(results))
+    results = {name: r for name, r in results.items() if name in VARIANTS}  # a variant since renamed is left out
     rows = [{"variant": name, "description": VARIANTS[name][1], "table": VARIANTS[name][0], **r,
-             "current_default": name == current} for name, r in results.items() if name in VARIANTS]
+             "current_default": name == current} for name, r in results.items()]
     teacher = next(iter(results.values()), {})
     tables = markdown(results, header).split("\n## ", 1)[1]  # the tables, without the title block
     return {"source": str(ABLATION_FILE.relative_to(ROOT)), "measured_on": header["machine"], "config": header["config"],

@@ -85,3 +85,41 @@ def test_status_lists_every_stage(tiny_run):
         assert any(line.startswith(stage) and " done " in line for line in result.stdout.splitlines()), result.stdout
     stale = run_cli("status", "tiny", "distill.epochs=1", runs_dir=tiny_run["runs_dir"])
     assert any(line.startswith("distill") and "stale" in line for line in stale.stdout.splitlines())
+
+
+def test_capture_stores_every_example_at_its_own_index(tiny_run):
+    """Capture runs its batches sorted by length; the cache must still hold example i at index i."""
+    import numpy as np
+    import torch
+
+    from pipeline.cache import TeacherCache
+    from pipeline.config import load_config
+    from pipeline.inference import pad_id
+    from pipeline.models import load_classifier
+    from pipeline.objective import target_plan, teacher_targets, vectors_to_probs
+    from pipeline.runner import Distributed
+    from stages.distill import TrainingData
+
+    run_dir = tiny_run["run_dir"]
+    train = TrainingData(run_dir / "prepare")
+    cache = TeacherCache(run_dir / "capture" / "cache")
+    stored = [cache.shards[shard][1]["lengths"][position] for shard, position in (cache.where[i] for i in range(len(train)))]
+    assert stored == train.lengths.tolist()
+    # Recompute a shuffled batch's targets directly (same precision as the run) and compare with the cache.
+    config = load_config("tiny")
+    teacher = load_classifier(str(run_dir / "teacher" / "model")).eval()
+    plan = target_plan(config, teacher.config)
+    picked = np.random.default_rng(0).permutation(len(train))[:40]
+    batch = train.batch(picked, pad_id(run_dir / "prepare"), "cpu")
+    with Distributed(config).accelerator.autocast():
+        direct = teacher_targets(teacher, batch, plan)
+    cached = cache.batch(picked, batch["input_ids"].shape[1], "cpu")
+    error = (cached["logits"] - direct["logits"]).abs().max().item()
+    shifted = (cached["logits"] - direct["logits"].roll(1, 0)).abs().max().item()
+    assert error < 0.05 and error < shifted / 10, (error, shifted)
+    # The attention relation too, whichever form (probabilities or Q/K vectors) the cache chose.
+    t = plan.teacher_layers[0]
+    kind, value = cached[f"attn.{t}"]
+    probs = value if kind == "probs" else vectors_to_probs(value, batch["attention_mask"], plan.relation_heads)
+    expected = vectors_to_probs(direct[f"attn.{t}"][1], batch["attention_mask"], plan.relation_heads)
+    assert (probs.float() - expected.float()).abs().max().item() < 0.02
