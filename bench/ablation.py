@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -105,15 +104,9 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()}-core CPU ({model})"
+    from run_all import machine_facts
+
+    return f"{os.cpu_count()}-core CPU ({machine_facts()['cpu_model']})"
 
 
 def precision(run_dir: Path) -> str:

@@ -338,7 +338,7 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
         "config": config.name, "overrides": overrides or [], "quick": quick, "precision": dist.precision, "device": str(dist.device),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "examples": len(ids), "batch_size": batch_size, "batches": len(batches), "max_length": config.data.max_length,
-        "mean_tokens_per_example": float(np.mean([len(x) for x in ids])),
+        "mean_tokens_per_example": float(lengths.mean()),
         "padding_efficiency": sum(tokens) / sum(padded),
         "warmup_steps": warmup, "repeats": repeats, "steps_per_repeat": steps, "capture_repeats": capture_repeats,
         "teacher": f"{config.teacher.model} ({teacher.config.num_hidden_layers} layers, hidden {teacher.config.hidden_size}, "
@@ -363,7 +363,7 @@ def _s(d: dict, fmt: str = "{:.1f}") -> str:
 
 
 def markdown(result: dict) -> str:
-    setup, training, capture = result["setup"], result["training"], result["capture"]
+    setup, training = result["setup"], result["training"]
     lines = [
         f"Config `{setup['config']}`{' with ' + ' '.join(setup['overrides']) if setup.get('overrides') else ''}, "
         f"precision {setup['precision']}{' (Accelerate autocast)' if setup['precision'] != 'fp32' else ''}, {setup['device']}, "

@@ -513,7 +513,7 @@ def render(report: dict) -> str:
     if capture:
         stage = (pipeline or {}).get("stages", {}).get("capture", {})
         if capture.get("mode") == "online":
-            lines += [f"This run's capture stage: capture.mode online, nothing cached."]
+            lines += ["This run's capture stage: capture.mode online, nothing cached."]
         else:
             lines += [f"This run's cache (`capture.json`): **{capture['bytes_per_example']:.0f} bytes per example**, "
                       f"{capture['examples']} examples, {capture['cache_bytes'] / 1e6:.1f} MB in {capture.get('shards')} "

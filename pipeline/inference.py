@@ -35,6 +35,28 @@ class TokenizedSplit:
         }
 
 
+class TrainingData:
+    """Train split plus optional unlabeled text (label -1: KD targets only), one index space."""
+
+    def __init__(self, prepare: Path):
+        self.parts = [TokenizedSplit(prepare, "train")]
+        if (Path(prepare) / "tokenized" / "unlabeled").exists():
+            self.parts.append(TokenizedSplit(prepare, "unlabeled"))
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        self.lengths = np.concatenate([p.lengths for p in self.parts])
+
+    def __len__(self):
+        return int(self.offsets[-1])
+
+    def batch(self, indices, pad, device):
+        which = np.searchsorted(self.offsets, indices, side="right") - 1
+        ids = [self.parts[w].input_ids[i - self.offsets[w]] for w, i in zip(which, indices)]
+        labels = [int(self.parts[w].labels[i - self.offsets[w]]) for w, i in zip(which, indices)]
+        input_ids, mask = pad_batch(ids, pad)
+        return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
+                "labels": torch.tensor(labels, device=device), "indices": np.asarray(indices)}
+
+
 def label_names(prepare_dir: Path) -> list[str]:
     labels = json.loads((Path(prepare_dir) / "labels.json").read_text())
     return [labels[str(i)] for i in range(len(labels))]

@@ -141,8 +141,7 @@ def fit(
     ctx,
     *,
     modules: dict[str, torch.nn.Module],
-    num_examples: int,
-    lengths=None,
+    lengths,
     make_batch: Callable,
     loss_fn: Callable,
     validate: Callable,
@@ -153,8 +152,8 @@ def fit(
 ) -> Progress:
     """Train ``modules['model']`` (plus any extra trainable modules) and keep the best epoch.
 
-    ``lengths`` (tokens per example) lets batches group similar lengths when
-    ``settings.group_by_length`` is on.
+    ``lengths`` holds the token count of every training example (batches group
+    similar lengths when ``settings.group_by_length`` is on).
     ``make_batch(indices)`` builds a batch dict for example indices;
     ``loss_fn(batch, modules)`` returns (loss, {term: value}) and
     ``validate(modules)`` returns {"accuracy": ...} on the validation split
@@ -174,6 +173,7 @@ def fit(
     ]
     assert sum(len(g["params"]) for g in groups) == len(params)
     optimizer = torch.optim.AdamW(groups, lr=settings.lr)
+    num_examples = len(lengths)
     batches_per_epoch = math.ceil(num_examples / settings.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / settings.grad_accum)
     total_steps = max(1, steps_per_epoch * settings.epochs)

@@ -13,17 +13,15 @@ Outputs: cache/shard-*.bin + shard-*.json, cache/index.json, capture.json.
 
 from __future__ import annotations
 
-import json
 import logging
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from pipeline.data import pad_batch
 from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_complete, shard_ranges,
                             write_index, write_shard)
 from pipeline.errors import CacheError
-from pipeline.inference import TokenizedSplit, pad_id
+from pipeline.inference import TrainingData, pad_id
 from pipeline.models import load_classifier
 from pipeline.objective import teacher_targets, target_plan
 from pipeline.runner import write_json
@@ -57,10 +55,8 @@ def run(ctx) -> dict:
 
     teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
     plan = target_plan(config, teacher.config)
-    splits = [TokenizedSplit(prepare, "train")]
-    if (prepare / "tokenized" / "unlabeled").exists():
-        splits.append(TokenizedSplit(prepare, "unlabeled"))
-    lengths = np.concatenate([s.lengths for s in splits])
+    train = TrainingData(prepare)  # train split, then unlabeled text if configured
+    lengths = train.lengths
     layout = CacheLayout(plan, teacher.config.num_labels, teacher.config.hidden_size,
                          choose_stores(plan, lengths, teacher.config.hidden_size, config.capture.store), config.capture.dtype)
     estimate = estimate_bytes(layout, lengths)
@@ -78,7 +74,6 @@ def run(ctx) -> dict:
     folder.mkdir(exist_ok=True)
     pad = pad_id(prepare)
     ranges = shard_ranges(len(lengths), config.capture.shard_size)
-    offsets = np.cumsum([0] + [len(s) for s in splits])
     mine = [i for i in range(len(ranges)) if i % dist.world == dist.rank]
     todo = [i for i in mine if not shard_complete(folder, i)]
     if len(todo) < len(mine):
@@ -91,14 +86,10 @@ def run(ctx) -> dict:
         records, logits = [None] * (last - first), np.zeros((last - first, teacher.config.num_labels), np.float32)
         for start in range(0, last - first, config.capture.batch_size):
             global_ids = by_length[start:start + config.capture.batch_size]
-            # Map global example ids to (split, local index): train first, then unlabeled text.
-            which = np.searchsorted(offsets, global_ids, side="right") - 1
-            batch_ids = [splits[w].input_ids[i - offsets[w]] for w, i in zip(which, global_ids)]
-            ids, mask = pad_batch(batch_ids, pad)
-            batch = {"input_ids": ids.to(dist.device), "attention_mask": mask.to(dist.device)}
+            batch = train.batch(global_ids, pad, dist.device)
             with dist.accelerator.autocast():
                 targets = teacher_targets(teacher, batch, plan)
-            batch_records = flatten_targets(targets, layout, [len(x) for x in batch_ids], batch["attention_mask"])
+            batch_records = flatten_targets(targets, layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"])
             for i, record in zip(global_ids - first, batch_records):
                 records[i] = record
             logits[global_ids - first] = targets["logits"].float().cpu().numpy()

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 from transformers import set_seed
 
 from pipeline.cache import TeacherCache
-from pipeline.data import pad_batch
-from pipeline.inference import TokenizedSplit, accuracy, pad_id, predict_logits
+from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits
 from pipeline.models import build_student, count_parameters, load_classifier, load_tokenizer, save_model
 from pipeline.objective import DistillObjective, target_plan, teacher_targets
 from pipeline.plots import plot_history
@@ -33,28 +31,6 @@ log = logging.getLogger("pipeline")
 READS = ["seed", "precision", "student", "distill", "capture.mode"]
 AFTER = ["prepare", "teacher", "capture"]
 VERSION = 1
-
-
-class TrainingData:
-    """Train split plus optional unlabeled text (label -1: KD targets only), one index space."""
-
-    def __init__(self, prepare):
-        self.parts = [TokenizedSplit(prepare, "train")]
-        if (prepare / "tokenized" / "unlabeled").exists():
-            self.parts.append(TokenizedSplit(prepare, "unlabeled"))
-        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
-        self.lengths = np.concatenate([p.lengths for p in self.parts])
-
-    def __len__(self):
-        return int(self.offsets[-1])
-
-    def batch(self, indices, pad, device):
-        which = np.searchsorted(self.offsets, indices, side="right") - 1
-        ids = [self.parts[w].input_ids[i - self.offsets[w]] for w, i in zip(which, indices)]
-        labels = [int(self.parts[w].labels[i - self.offsets[w]]) for w, i in zip(which, indices)]
-        input_ids, mask = pad_batch(ids, pad)
-        return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
-                "labels": torch.tensor(labels, device=device), "indices": np.asarray(indices)}
 
 
 def run(ctx) -> dict:
@@ -97,7 +73,7 @@ def run(ctx) -> dict:
         logits = predict_logits(prepared["model"], validation, config.evaluate.batch_size, dist, pad)
         return {"accuracy": accuracy(logits, validation.labels)}
 
-    progress = fit(ctx, modules=modules, num_examples=len(train), lengths=train.lengths, make_batch=lambda idx: train.batch(idx, pad, dist.device),
+    progress = fit(ctx, modules=modules, lengths=train.lengths, make_batch=lambda idx: train.batch(idx, pad, dist.device),
                    loss_fn=loss_fn, validate=validate, settings=config.distill, seed=config.seed, tag="distill",
                    # without logit KD (or with CE only on some batches) parts of the student get no gradient
                    find_unused_parameters=config.distill.loss.kd == 0)

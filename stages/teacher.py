@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
 import torch.nn.functional as F
 from transformers import set_seed
 
@@ -47,7 +46,7 @@ def run(ctx) -> dict:
             loss = F.cross_entropy(logits.float(), batch["labels"])
             return loss, {"ce": loss.detach()}
 
-        progress = fit(ctx, modules={"model": model}, num_examples=len(train), lengths=train.lengths,
+        progress = fit(ctx, modules={"model": model}, lengths=train.lengths,
                        make_batch=lambda idx: train.batch(idx, pad, dist.device), loss_fn=loss_fn,
                        validate=validate, settings=config.teacher, seed=config.seed, tag="teacher")
         model = dist.accelerator.unwrap_model(model)

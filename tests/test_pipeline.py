@@ -90,7 +90,6 @@ def test_status_lists_every_stage(tiny_run):
 def test_capture_stores_every_example_at_its_own_index(tiny_run):
     """Capture runs its batches sorted by length; the cache must still hold example i at index i."""
     import numpy as np
-    import torch
 
     from pipeline.cache import TeacherCache
     from pipeline.config import load_config
@@ -98,7 +97,7 @@ def test_capture_stores_every_example_at_its_own_index(tiny_run):
     from pipeline.models import load_classifier
     from pipeline.objective import target_plan, teacher_targets, vectors_to_probs
     from pipeline.runner import Distributed
-    from stages.distill import TrainingData
+    from pipeline.inference import TrainingData
 
     run_dir = tiny_run["run_dir"]
     train = TrainingData(run_dir / "prepare")

@@ -165,7 +165,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_copy):
     """A NaN teacher logit in the 4th batch: the run stops at step 4 naming the term."""
     from pipeline.config import load_config
     from pipeline.data import global_batches
-    from stages.distill import TrainingData
+    from pipeline.inference import TrainingData
 
     config = load_config(run_copy.config)
     train = TrainingData(run_copy.run_dir / "prepare")
