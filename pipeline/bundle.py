@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import re
 import shutil
 import statistics
@@ -295,28 +296,60 @@ def latency_inputs(length: int, vocab_size: int, cls_id: int, sep_id: int, seed:
     return {"input_ids": ids, "attention_mask": np.ones((1, length), dtype=np.int64)}
 
 
-def ort_latency(path: Path, inputs: dict, threads: int, runs: int, warmup: int) -> dict:
+def ort_runner(path: Path, threads: int):
+    """A zero-argument-per-input callable: one batch-1 run of the ONNX graph at ``path``."""
     session = ort_session(path, threads)
-    return _timings(lambda: session.run(OUTPUT_NAMES, inputs), runs, warmup)
+    return lambda inputs: session.run(OUTPUT_NAMES, inputs)
 
 
-def torch_latency(model, inputs: dict, threads: int, runs: int, warmup: int) -> dict:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    ids, mask = torch.from_numpy(inputs["input_ids"]), torch.from_numpy(inputs["attention_mask"])
-    try:
-        with torch.inference_mode():
-            return _timings(lambda: model(input_ids=ids, attention_mask=mask), runs, warmup)
-    finally:
-        torch.set_num_threads(previous)
+def torch_runner(model, threads: int):
+    def run(inputs):
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with torch.inference_mode():
+                model(input_ids=torch.from_numpy(inputs["input_ids"]), attention_mask=torch.from_numpy(inputs["attention_mask"]))
+        finally:
+            torch.set_num_threads(previous)
+    return run
 
 
-def add_speedups(rows: list[dict], reference: str) -> None:
-    """speedup_vs_<reference>: reference median / row median at the same length and threads."""
-    base = {(r["length"], r["threads"]): r["median_ms"] for r in rows if r["model"] == reference}
-    for row in rows:
-        ref = base.get((row["length"], row["threads"]))
-        row["speedup_vs_teacher_pytorch"] = round(ref / row["median_ms"], 3) if ref else None
+def interleaved_latency(runners: dict, inputs: dict, runs: int, warmup: int, rounds: int) -> dict:
+    """Batch-1 latency of several models measured side by side.
+
+    ``runners[name]`` runs one input dict; ``inputs[name]`` is the list of input
+    dicts for that model (one fixed-length sequence, or real sentences in that
+    model's own vocabulary). Each round times every model once, in a rotated
+    order, over ``runs`` passes of its inputs split across rounds, so drift in
+    machine load hits all models alike. A timing is the mean per input of one
+    pass; the summary is median / min / max over passes.
+    """
+    names = list(runners)
+    for name in names:
+        for _ in range(warmup):
+            for item in inputs[name]:
+                runners[name](item)
+    times = {name: [] for name in names}
+    per_round = max(1, math.ceil(runs / rounds))
+    for round_index in range(rounds):
+        order = names[round_index % len(names):] + names[: round_index % len(names)]
+        for name in order:
+            for _ in range(per_round):
+                start = time.perf_counter()
+                for item in inputs[name]:
+                    runners[name](item)
+                times[name].append((time.perf_counter() - start) * 1000 / len(inputs[name]))
+    return {name: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "runs": len(t), "warmup": warmup}
+            for name, t in times.items()}
+
+
+def add_speedups(rows: list[dict], references: dict[str, str]) -> None:
+    """``speedup_vs_<key>``: the reference model's median / the row's median, on the same input and threads."""
+    for key, reference in references.items():
+        base = {(r["input"], r["threads"]): r["median_ms"] for r in rows if r["model"] == reference}
+        for row in rows:
+            ref = base.get((row["input"], row["threads"]))
+            row[f"speedup_vs_{key}"] = round(ref / row["median_ms"], 3) if ref else None
 
 
 def latency_markdown(rows: list[dict], machine: str, load: dict | None = None) -> str:
@@ -327,15 +360,21 @@ def latency_markdown(rows: list[dict], machine: str, load: dict | None = None) -
                 "pessimistic; compare rows measured together, and rerun the export on an idle machine for absolute figures.")
     lines = [
         "# Latency (batch 1)", "",
-        f"Measured on the export machine ({machine}); median of the timed runs after warm-up, "
-        f"min and max alongside. Phones differ: use this table for ratios, not absolute figures.{busy}", "",
-        "| model | runtime | length | threads | median ms | min ms | max ms | speed-up vs teacher PyTorch |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        f"Measured on the export machine ({machine}); all models of one input and thread count were timed side by side, "
+        "interleaved round by round. `L=n`: one sequence of exactly n tokens; `sentences`: real test sentences one at a "
+        "time, ms per sentence (length = their mean token count). Median over timed passes, min and max alongside. "
+        f"Phones differ: use this table for ratios, not absolute figures.{busy}", "",
+        "| model | runtime | input | tokens | threads | median ms | min ms | max ms | speed-up vs teacher int8 | vs teacher PyTorch |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def speed(value):
+        return f"{value:.2f}x" if value else "-"
+
     for r in rows:
-        speed = f"{r['speedup_vs_teacher_pytorch']:.2f}x" if r.get("speedup_vs_teacher_pytorch") else "-"
-        lines.append(f"| {r['model']} | {r['runtime']} | {r['length']} | {r['threads']} | {r['median_ms']:.2f} | "
-                     f"{r['min_ms']:.2f} | {r['max_ms']:.2f} | {speed} |")
+        lines.append(f"| {r['model']} | {r['runtime']} | {r['input']} | {r['length']} | {r['threads']} | {r['median_ms']:.3f} | "
+                     f"{r['min_ms']:.3f} | {r['max_ms']:.3f} | {speed(r.get('speedup_vs_teacher_int8'))} | "
+                     f"{speed(r.get('speedup_vs_teacher_pytorch'))} |")
     return "\n".join(lines) + "\n"
 
 

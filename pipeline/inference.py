@@ -36,25 +36,35 @@ class TokenizedSplit:
 
 
 class TrainingData:
-    """Train split plus optional unlabeled text (label -1: KD targets only), one index space."""
+    """Everything the student trains on, in one index space: the train split, then unlabeled
+    in-domain text, then teacher-labelled augmented variants (both label -1: KD targets only).
+
+    Rows below ``relational`` (train + unlabeled) get every configured teacher
+    target; augmented rows get the teacher's logits only, so the cache stays small.
+    """
+
+    PARTS = ("train", "unlabeled", "augmented")
 
     def __init__(self, prepare: Path):
-        self.parts = [TokenizedSplit(prepare, "train")]
-        if (Path(prepare) / "tokenized" / "unlabeled").exists():
-            self.parts.append(TokenizedSplit(prepare, "unlabeled"))
+        folder = Path(prepare) / "tokenized"
+        self.names = [p for p in self.PARTS if p == "train" or (folder / p).exists()]
+        self.parts = [TokenizedSplit(prepare, name) for name in self.names]
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
         self.lengths = np.concatenate([p.lengths for p in self.parts])
+        self.relational = int(sum(len(p) for name, p in zip(self.names, self.parts) if name != "augmented"))
 
     def __len__(self):
         return int(self.offsets[-1])
 
     def batch(self, indices, pad, device):
+        indices = np.asarray(indices)
         which = np.searchsorted(self.offsets, indices, side="right") - 1
         ids = [self.parts[w].input_ids[i - self.offsets[w]] for w, i in zip(which, indices)]
         labels = [int(self.parts[w].labels[i - self.offsets[w]]) for w, i in zip(which, indices)]
         input_ids, mask = pad_batch(ids, pad)
         return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
-                "labels": torch.tensor(labels, device=device), "indices": np.asarray(indices)}
+                "labels": torch.tensor(labels, device=device), "indices": indices,
+                "relation_rows": torch.as_tensor(indices < self.relational, device=device)}
 
 
 def label_names(prepare_dir: Path) -> list[str]:

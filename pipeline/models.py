@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
 from .errors import ConfigError, ModelError
+from .pruning import prune_ffn, top_neurons
 
 
 def package_folder(package: str) -> Path:
@@ -99,6 +100,20 @@ def teacher_model_config(config: PipelineConfig, vocab_size: int | None = None):
         ) from exc
 
 
+def input_embeddings(config: PipelineConfig) -> torch.Tensor | None:
+    """The teacher checkpoint's input (word) embedding table, or None for a random teacher."""
+    if config.teacher.model == "random":
+        return None
+    from transformers import AutoModel
+
+    reference = resolve_reference(config.teacher.model)
+    try:
+        model = AutoModel.from_pretrained(reference, trust_remote_code=config.teacher.trust_remote_code, use_safetensors=True)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"Could not load the teacher '{config.teacher.model}' for its embedding table: {exc}") from exc
+    return model.get_input_embeddings().weight.detach()
+
+
 def layer_map(config: PipelineConfig, teacher_depth: int) -> list[tuple[int, int]]:
     """(student layer, teacher layer) pairs whose attention is distilled."""
     student_depth = config.student_depth() or teacher_depth
@@ -125,6 +140,9 @@ def check_against_models(config: PipelineConfig) -> None:
         bad = [i for i in student.teacher_layers if not 0 <= i < depth]
         if bad:
             problems.append(f"student.teacher_layers: layer(s) {bad} do not exist; the teacher has {depth} layers (0..{depth - 1}).")
+        ffn = getattr(teacher_cfg, "intermediate_size", None)
+        if student.ffn_size is not None and ffn is not None and student.ffn_size > ffn:
+            problems.append(f"student.ffn_size: {student.ffn_size} is above the teacher's {ffn} feed-forward neurons per layer.")
     student_depth = config.student_depth() or depth
     if isinstance(config.distill.layer_map, list):
         for s, t in config.distill.layer_map:
@@ -210,8 +228,12 @@ def encoder_layers(model) -> torch.nn.ModuleList:
         raise ModelError(f"{type(model).__name__} is not a BERT-style encoder (no encoder.layer list); supported: BERT, RoBERTa, MiniLM, ELECTRA-style models.") from None
 
 
-def build_student(config: PipelineConfig, teacher) -> torch.nn.Module:
-    """The student classifier, initialised as configured."""
+def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = None) -> torch.nn.Module:
+    """The student classifier, initialised as configured.
+
+    With ``student.ffn_size`` each copied layer keeps the feed-forward neurons
+    with the highest ``ffn_scores[teacher layer]`` (pipeline/pruning.py).
+    """
     student = config.student
     if student.init == "teacher_layers":
         # DistilBERT-style: same width, a subset of the teacher's layers copied in.
@@ -228,6 +250,12 @@ def build_student(config: PipelineConfig, teacher) -> torch.nn.Module:
                 src_key = f"{layer_prefix}{student.teacher_layers[int(index)]}.{rest}"
             target[key] = source[src_key].clone()
         model.load_state_dict(target)
+        if student.ffn_size is not None and student.ffn_size < cfg.intermediate_size:
+            if ffn_scores is None:
+                raise ModelError("student.ffn_size needs FFN importance scores from the teacher (pipeline.pruning.ffn_importance)")
+            for layer, source_index in zip(encoder_layers(model), student.teacher_layers):
+                prune_ffn(layer, top_neurons(ffn_scores[source_index], student.ffn_size))
+            model.config.intermediate_size = student.ffn_size
     elif student.init == "pretrained":
         model = load_classifier(resolve_reference(student.pretrained), _labels(teacher), attn_implementation=student.attn_implementation)
         if student.num_layers:

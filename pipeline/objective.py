@@ -55,6 +55,11 @@ class TargetPlan:
     def student_layers(self) -> list[int]:
         return sorted({s for s, _ in self.pairs})
 
+    def logits_only(self) -> "TargetPlan":
+        """The same plan without relation or hidden-state targets (augmented rows)."""
+        return TargetPlan(pairs=[], relation_heads=self.relation_heads, attention=False, value_relation=False,
+                          hidden=False, kd=self.kd)
+
     def kinds(self) -> tuple[str, ...]:
         kinds = []
         if self.attention:
@@ -123,6 +128,16 @@ class DistillObjective(torch.nn.Module):
         if w.kd > 0:
             terms["kd"] = logit_kd(logits, targets["logits"].float(), self.temperature)
         heads = plan.relation_heads
+        # Rows with relation / hidden targets (augmented rows carry logits only).
+        rows = batch.get("relation_rows")
+        every_row = rows is None or bool(rows.all())
+        if not every_row and not rows.any():
+            w = w.model_copy(update={"attention": 0.0, "value_relation": 0.0, "hidden": 0.0})
+
+        def pick(x):
+            return x if every_row else x[rows]
+
+        r_mask = pick(mask)
         for key, kind, weight, student_kinds in (
             ("attn", "attention", w.attention, ("query", "key")),
             ("vrel", "value_relation", w.value_relation, ("value", "value")),
@@ -131,18 +146,19 @@ class DistillObjective(torch.nn.Module):
                 continue
             values = []
             for s, t in plan.pairs:
-                s_a, s_b = (captured[s][k] for k in student_kinds)
+                s_a, s_b = (pick(captured[s][k]) for k in student_kinds)
                 form, target = targets[f"{key}.{t}"]
                 if form == "probs":
-                    values.append(relation_kl_from_probs(target, s_a, s_b, mask, heads, self.chunk))
+                    values.append(relation_kl_from_probs(pick(target), s_a, s_b, r_mask, heads, self.chunk))
                 else:
-                    values.append(relation_kl(*target, s_a, s_b, mask, heads, self.chunk))
+                    values.append(relation_kl(*(pick(x) for x in target), s_a, s_b, r_mask, heads, self.chunk))
             terms[kind] = torch.stack(values).mean()
         if w.hidden > 0:
             values = []
             for s, t in plan.pairs:
                 projection = self.projections[f"{s}_{t}"] if f"{s}_{t}" in self.projections else None
-                values.append(hidden_mse(out.hidden_states[s + 1].float(), targets[f"hidden.{t}"].float(), mask, projection))
+                values.append(hidden_mse(pick(out.hidden_states[s + 1]).float(), pick(targets[f"hidden.{t}"]).float(), r_mask,
+                                         projection))
             terms["hidden"] = torch.stack(values).mean()
         total = sum(getattr(w, name) * value for name, value in terms.items())
         return total, {k: v.detach() for k, v in terms.items()}

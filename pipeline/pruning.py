@@ -1,0 +1,74 @@
+"""Structured FFN pruning: keep the feed-forward neurons that matter to the teacher's task loss.
+
+Two thirds of a BERT layer's weights and MatMul work sit in its feed-forward
+block (hidden -> 4*hidden -> hidden). A student built from teacher layers can
+keep only ``student.ffn_size`` of those neurons per layer; which ones is
+decided by first-order (Taylor) importance on the fine-tuned teacher
+(Molchanov et al. 2017; Michel et al. 2019 do the same for heads):
+
+    importance_j = sum over real tokens |a_j * dL/da_j|
+
+where a_j is the neuron's activation (after GELU) and L the teacher's
+cross-entropy on training examples: the estimated loss change if the neuron
+were removed. The kept rows of ``intermediate.dense`` and columns of
+``output.dense`` are copied unchanged, so the pruned layer computes exactly
+the full layer minus the dropped neurons' contributions; distillation then
+recovers what they carried.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.pytorch_utils import prune_linear_layer
+
+
+def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
+    """Taylor importance of every FFN neuron of ``layers`` (indices into ``layers``' encoder list), summed over ``batches``.
+
+    ``batches`` yields dicts with input_ids, attention_mask and labels; the
+    model is used in eval mode (no dropout) and its gradients are cleared after.
+    """
+    model.eval()
+    scores = {i: torch.zeros(layer.intermediate.dense.out_features) for i, layer in enumerate(layers)}
+    handles, mask_holder = [], {}
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:  # a frozen teacher builds no graph; gradients are needed here only
+        p.requires_grad_(True)
+
+    def watch(index):
+        def hook(module, inputs, output):
+            def on_grad(grad):
+                contribution = (output.detach() * grad).abs() * mask_holder["mask"]
+                scores[index] += contribution.sum(dim=(0, 1)).float().cpu()
+            output.register_hook(on_grad)
+        return hook
+
+    for index, layer in enumerate(layers):
+        handles.append(layer.intermediate.register_forward_hook(watch(index)))
+    try:
+        for batch in batches:
+            mask_holder["mask"] = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+            loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.zero_grad(set_to_none=True)
+        for p in frozen:
+            p.requires_grad_(False)
+    return scores
+
+
+def prune_ffn(layer, keep: torch.Tensor) -> None:
+    """Keep only the FFN neurons ``keep`` (sorted indices) of one BERT-style layer, in place."""
+    keep = torch.sort(keep).values
+    layer.intermediate.dense = prune_linear_layer(layer.intermediate.dense, keep, dim=0)
+    layer.output.dense = prune_linear_layer(layer.output.dense, keep, dim=1)
+
+
+def top_neurons(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the ``count`` most important neurons (ties broken by index: deterministic)."""
+    order = torch.argsort(-scores, stable=True)
+    return order[:count]

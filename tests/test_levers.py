@@ -1,0 +1,194 @@
+"""The levers that make the student beat the int8 teacher: FFN pruning by importance,
+teacher-labelled augmentation, and relation losses restricted to the rows that carry targets."""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from pipeline.augment import augment, nearest_words, word_spans
+from pipeline.config import LossWeights
+from pipeline.data import pad_batch
+from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
+from pipeline.pruning import ffn_importance, prune_ffn, top_neurons
+
+
+def bert(seed=0, layers=2, hidden=32, ffn=64):
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=100, hidden_size=hidden, num_attention_heads=4, num_hidden_layers=layers,
+                     intermediate_size=ffn, max_position_embeddings=64, num_labels=3,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return BertForSequenceClassification(copy.deepcopy(cfg)).eval()
+
+
+def batch_of(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    ids, mask = pad_batch([list(rng.integers(5, 100, n)) for n in lengths], 0)
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([i % 3 for i in range(len(lengths))]),
+            "indices": np.arange(len(lengths))}
+
+
+# ---------------------------------------------------------------- FFN pruning
+
+
+def test_pruned_layer_equals_full_layer_without_the_dropped_neurons():
+    model = bert()
+    layer = model.bert.encoder.layer[0]
+    x = torch.randn(2, 5, 32)
+    keep = torch.tensor([3, 0, 10, 40, 63])  # unsorted on purpose
+    reference = copy.deepcopy(layer)
+    dropped = torch.ones(64, dtype=torch.bool)
+    dropped[keep] = False
+    with torch.no_grad():
+        reference.output.dense.weight[:, dropped] = 0.0  # the dropped neurons contribute nothing
+    prune_ffn(layer, keep)
+    assert layer.intermediate.dense.out_features == 5 and layer.output.dense.in_features == 5
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x)[0], reference(x)[0], atol=1e-6, rtol=1e-5)
+
+
+def test_importance_is_zero_for_neurons_that_cannot_change_the_loss_and_top_neurons_skip_them():
+    model = bert()
+    dead = [1, 5, 7, 30]
+    with torch.no_grad():
+        for layer in model.bert.encoder.layer:
+            layer.output.dense.weight[:, dead] = 0.0
+    for p in model.parameters():
+        p.requires_grad_(False)  # a frozen teacher, as in the distill stage
+    scores = ffn_importance(model, [batch_of([6, 9, 3]), batch_of([4, 8], seed=1)], model.bert.encoder.layer)
+    assert all(p.grad is None and not p.requires_grad for p in model.parameters())  # left as found
+    for layer_scores in scores.values():
+        assert layer_scores.shape == (64,)
+        assert torch.all(layer_scores[dead] == 0) and (np.delete(layer_scores.numpy(), dead) > 0).all()
+        assert not set(top_neurons(layer_scores, 60).tolist()) & set(dead)
+
+
+def test_importance_ignores_padding():
+    model = bert()
+    batch = batch_of([4, 9])
+    padded = dict(batch)
+    ids, mask = pad_batch([batch["input_ids"][0, :4].tolist(), batch["input_ids"][1, :9].tolist()], 0)
+    wider_ids = torch.cat([ids, torch.zeros(2, 5, dtype=torch.long)], 1)
+    padded.update(input_ids=wider_ids, attention_mask=torch.cat([mask, torch.zeros(2, 5, dtype=torch.long)], 1))
+    a = ffn_importance(model, [batch], model.bert.encoder.layer)
+    b = ffn_importance(model, [padded], model.bert.encoder.layer)
+    for i in a:
+        torch.testing.assert_close(a[i], b[i], rtol=1e-4, atol=1e-7)
+
+
+def test_student_from_pruned_teacher_layers_saves_and_loads(tmp_path):
+    from pipeline.config import load_config
+    from pipeline.models import build_student
+
+    teacher = bert(layers=3)
+    config = load_config("tiny", ["student.teacher_layers=[0,2]", "student.ffn_size=16"])
+    scores = {i: torch.arange(64, dtype=torch.float32) for i in range(3)}  # the highest indices win
+    student = build_student(config, teacher, scores)
+    assert student.config.intermediate_size == 16
+    kept = torch.arange(48, 64)
+    for s_layer, t_index in zip(student.bert.encoder.layer, [0, 2]):
+        t_layer = teacher.bert.encoder.layer[t_index]
+        torch.testing.assert_close(s_layer.intermediate.dense.weight, t_layer.intermediate.dense.weight[kept])
+        torch.testing.assert_close(s_layer.output.dense.weight, t_layer.output.dense.weight[:, kept])
+    student.save_pretrained(tmp_path)
+    again = BertForSequenceClassification.from_pretrained(tmp_path)
+    batch = batch_of([5, 7])
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                                   student.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits)
+
+
+def test_ffn_size_needs_teacher_layers_and_fits_the_teacher():
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+    from pipeline.models import check_against_models
+
+    with pytest.raises(ConfigError, match="ffn_size"):
+        load_config("tiny", ["student.init=random", "student.random={num_layers: 1}", "student.ffn_size=8"])
+    with pytest.raises(ConfigError, match="student.ffn_size: 4096 is above the teacher's 64"):
+        check_against_models(load_config("tiny", ["student.ffn_size=4096"]))
+
+
+# ---------------------------------------------------------------- augmentation
+
+
+CONTINUATION = np.zeros(100, dtype=bool)
+CONTINUATION[90:] = True  # ids 90..99 are '##' pieces
+
+
+def test_word_spans_join_continuation_pieces():
+    assert word_spans([1, 10, 91, 92, 11, 12, 93, 2], CONTINUATION) == [(1, 4), (4, 5), (5, 7)]
+    assert word_spans([1, 2], CONTINUATION) == []
+
+
+def test_augment_is_deterministic_and_keeps_the_sentence_frame():
+    sentences = [[1, 10, 91, 11, 12, 13, 14, 15, 2], [1, 20, 21, 2]]
+    neighbours = {11: np.array([50, 51]), 20: np.array([60])}
+    kwargs = dict(mask_id=3, continuation=CONTINUATION, neighbours=neighbours, mask_prob=0.3, replace_prob=0.3,
+                  ngram_prob=0.3, cls_id=1, sep_id=2)
+    first = augment(sentences, 20, seed=5, **kwargs)
+    assert first == augment(sentences, 20, seed=5, **kwargs)
+    assert first != augment(sentences, 20, seed=6, **kwargs)
+    assert 0 < len(first) <= 40
+    allowed = set(range(100))
+    for variant in first:
+        assert variant[0] == 1 and variant[-1] == 2 and len(variant) >= 3
+        assert set(variant) <= allowed
+        assert variant not in sentences
+    tokens = {t for v in first for t in v}
+    assert 3 in tokens and {50, 51, 60} & tokens  # masking and neighbour replacement both happen
+    # a '##' piece is never replaced on its own: 91 only ever follows 10 (or the word became one [MASK])
+    for variant in first:
+        for i, t in enumerate(variant):
+            if t == 91:
+                assert variant[i - 1] == 10
+
+
+def test_ngram_sampling_keeps_one_to_five_words():
+    sentence = [1] + list(range(10, 30)) + [2]
+    variants = augment([sentence], 50, seed=0, mask_id=3, continuation=CONTINUATION, neighbours={}, mask_prob=0.0,
+                       replace_prob=0.0, ngram_prob=1.0, cls_id=1, sep_id=2)
+    assert variants and all(1 <= len(v) - 2 <= 5 for v in variants)
+    for v in variants:  # a contiguous span of the original words
+        start = sentence.index(v[1])
+        assert v[1:-1] == sentence[start:start + len(v) - 2]
+
+
+def test_nearest_words_are_the_most_similar_other_candidates():
+    embeddings = torch.zeros(10, 3)
+    embeddings[4] = torch.tensor([1.0, 0.0, 0.0])
+    embeddings[5] = torch.tensor([0.9, 0.1, 0.0])
+    embeddings[6] = torch.tensor([0.0, 1.0, 0.0])
+    embeddings[7] = torch.tensor([0.0, 0.0, 1.0])
+    found = nearest_words(embeddings, np.array([4, 5, 6, 7]), k=1, chunk=3)
+    assert found[4].tolist() == [5] and found[5].tolist() == [4]
+    assert set(nearest_words(embeddings, np.array([4, 5, 6, 7]), k=3)[4].tolist()) == {5, 6, 7}
+
+
+# ---------------------------------------------------------------- objective on mixed batches
+
+
+def test_relation_terms_use_only_rows_with_relation_targets():
+    teacher, student = bert(0, layers=3), bert(1, layers=2)
+    weights = LossWeights(ce=1.0, kd=1.0, attention=1.0, value_relation=1.0, hidden=1.0)
+    plan = TargetPlan(pairs=[(0, 1), (1, 2)], relation_heads=4, attention=True, value_relation=True, hidden=True, kd=True)
+    config = types.SimpleNamespace(distill=types.SimpleNamespace(loss=weights, temperature=2.0, attention_chunk=3))
+    objective = DistillObjective(config, plan, 32, 32)
+    mixed = batch_of([7, 4, 9, 2])
+    mixed["relation_rows"] = torch.tensor([True, False, True, False])
+    _, mixed_terms = objective(student, mixed, teacher_targets(teacher, mixed, plan))
+
+    kept = {k: (v[[0, 2]] if k != "relation_rows" else v) for k, v in mixed.items() if k != "relation_rows"}
+    kept["input_ids"], kept["attention_mask"] = kept["input_ids"][:, :9], kept["attention_mask"][:, :9]
+    _, kept_terms = objective(student, kept, teacher_targets(teacher, kept, plan))
+    for term in ("attention", "value_relation", "hidden"):
+        torch.testing.assert_close(mixed_terms[term], kept_terms[term], atol=1e-5, rtol=1e-4)
+
+    none = dict(mixed, relation_rows=torch.zeros(4, dtype=torch.bool))
+    _, none_terms = objective(student, none, teacher_targets(teacher, none, plan))
+    assert set(none_terms) == {"ce", "kd"}
