@@ -2,6 +2,7 @@
 
     python bench/levers.py --only ffn768_3l aug4_ffn768_3l --seeds 42 43 44 --jobs 2
     python bench/levers.py --table            # rewrite bench/results/levers.md from levers.json
+    python bench/levers.py --config debates --upstream runs/debates --only default --seeds 42 43 44 --export
 
 Every variant is `python -m pipeline run bert_small <overrides>` sharing the
 prepare / teacher / capture stages of one upstream run (hard-linked: their
@@ -36,18 +37,35 @@ RESULTS = ROOT / "bench" / "results"
 
 # name -> (description, overrides). The pruned/deeper students all start from teacher layers.
 VARIANTS = {
+    "default": ("the config as committed", []),
     "old_default_2l": ("2 layers [0,5], full FFN, full vocabulary (the previous default)",
                        ["student.teacher_layers=[0,5]", "export.trim_vocab=false"]),
     "2l": ("2 layers [0,5], full FFN", ["student.teacher_layers=[0,5]"]),
     "3l_ffn768": ("3 layers [0,3,5], FFN 768 of 1536", ["student.teacher_layers=[0,3,5]", "student.ffn_size=768"]),
     "3l_ffn512": ("3 layers [0,3,5], FFN 512", ["student.teacher_layers=[0,3,5]", "student.ffn_size=512"]),
     "3l_ffn384": ("3 layers [0,3,5], FFN 384", ["student.teacher_layers=[0,3,5]", "student.ffn_size=384"]),
+    "3l_ffn256": ("3 layers [0,3,5], FFN 256", ["student.teacher_layers=[0,3,5]", "student.ffn_size=256"]),
+    "2l_ffn768": ("2 layers [0,5], FFN 768", ["student.teacher_layers=[0,5]", "student.ffn_size=768"]),
+    "3l_ffn384_aug1_e2": ("3 layers, FFN 384, + 1 augmented copy, 2 epochs (same steps as 4 epochs without)",
+                          ["student.teacher_layers=[0,3,5]", "student.ffn_size=384", "capture.augment.copies=1", "distill.epochs=2"]),
+    "3l_ffn384_aug3_e1": ("3 layers, FFN 384, + 3 augmented copies, 1 epoch (same steps as 4 epochs without)",
+                          ["student.teacher_layers=[0,3,5]", "student.ffn_size=384", "capture.augment.copies=3", "distill.epochs=1"]),
+    "3l_ffn256_aug1_e2": ("3 layers, FFN 256, + 1 augmented copy, 2 epochs (same steps as 4 epochs without)",
+                          ["student.teacher_layers=[0,3,5]", "student.ffn_size=256", "capture.augment.copies=1", "distill.epochs=2"]),
+    "3l_ffn256_aug3_e1": ("3 layers, FFN 256, + 3 augmented copies, 1 epoch (same steps as 4 epochs without)",
+                          ["student.teacher_layers=[0,3,5]", "student.ffn_size=256", "capture.augment.copies=3", "distill.epochs=1"]),
+    "3l_ffn256_aug3_e2": ("3 layers, FFN 256, + 3 augmented copies, 2 epochs (2x the steps)",
+                          ["student.teacher_layers=[0,3,5]", "student.ffn_size=256", "capture.augment.copies=3", "distill.epochs=2"]),
+    "3l_ffn256_aug1_e2_uniform": ("3 layers, FFN 256, + 1 augmented copy, 2 epochs, relations on every layer (uniform map)",
+                                  ["student.teacher_layers=[0,3,5]", "student.ffn_size=256", "capture.augment.copies=1",
+                                   "distill.epochs=2", "distill.layer_map=uniform"]),
+    "3l_ffn128": ("3 layers [0,3,5], FFN 128", ["student.teacher_layers=[0,3,5]", "student.ffn_size=128"]),
     "4l_ffn384": ("4 layers [0,2,4,5], FFN 384", ["student.teacher_layers=[0,2,4,5]", "student.ffn_size=384"]),
     "4l_ffn256": ("4 layers [0,2,4,5], FFN 256", ["student.teacher_layers=[0,2,4,5]", "student.ffn_size=256"]),
     "3l_ffn384_aug4": ("3 layers, FFN 384, + 4 augmented copies (2 epochs)",
-                       ["student.teacher_layers=[0,3,5]", "student.ffn_size=384", "data.augment.copies=4", "distill.epochs=2"]),
+                       ["student.teacher_layers=[0,3,5]", "student.ffn_size=384", "capture.augment.copies=4", "distill.epochs=2"]),
     "3l_ffn512_aug4": ("3 layers, FFN 512, + 4 augmented copies (2 epochs)",
-                       ["student.teacher_layers=[0,3,5]", "student.ffn_size=512", "data.augment.copies=4", "distill.epochs=2"]),
+                       ["student.teacher_layers=[0,3,5]", "student.ffn_size=512", "capture.augment.copies=4", "distill.epochs=2"]),
     "3l_ffn512_kd": ("3 layers, FFN 512, logit KD only (no relation losses)",
                      ["student.teacher_layers=[0,3,5]", "student.ffn_size=512",
                       "distill.loss={ce: 1, kd: 1, attention: 0, value_relation: 0, hidden: 0}"]),
@@ -56,11 +74,12 @@ VARIANTS = {
 }
 
 
-def run_variant(name: str, seed: int, upstream: Path, runs: Path, export: bool, threads: int, extra: list[str]) -> dict:
+def run_variant(config: str, name: str, seed: int, upstream: Path, runs: Path, export: bool, threads: int,
+                extra: list[str]) -> dict:
     variant_dir = runs / f"{name}-s{seed}"
-    link_upstream(upstream, variant_dir / "bert_small")
+    link_upstream(upstream, variant_dir / config)
     overrides = [*VARIANTS[name][1], f"distill.seed={seed}", "tracking.enabled=false", *extra]
-    command = [sys.executable, "-m", "pipeline", "run", "bert_small", *overrides, "--to", "export" if export else "evaluate",
+    command = [sys.executable, "-m", "pipeline", "run", config, *overrides, "--to", "export" if export else "evaluate",
                "--runs-dir", str(variant_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     started = time.time()
@@ -70,7 +89,7 @@ def run_variant(name: str, seed: int, upstream: Path, runs: Path, export: bool, 
         result = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     if result.returncode != 0:
         raise SystemExit(f"variant {name} seed {seed} failed; see {variant_dir / 'run.log'}")
-    return collect(variant_dir / "bert_small", export, time.time() - started, threads)
+    return collect(variant_dir / config, export, time.time() - started, threads)
 
 
 def collect(run_dir: Path, exported: bool, wall: float, threads: int) -> dict:
@@ -104,11 +123,11 @@ def spread(values: list[float]) -> str:
 
 
 def markdown(results: dict, header: dict) -> str:
-    lines = ["# Levers against the int8 teacher (`bert_small`)", "",
+    lines = [f"# Levers against the int8 teacher (`{header.get('config', 'bert_small')}`)", "",
              f"Made by `python bench/levers.py` (see its docstring); machine: {header['machine']}; last update {header['date']}.",
              "Every row is a full pipeline run sharing one teacher and split; seeds vary the student's training only "
-             "(`distill.seed`). Accuracy: PyTorch student on the 2,557 test sentences, mean ± standard deviation over "
-             "the seeds listed; a single run's standard error is about 0.8 points. Shipped columns come from the export "
+             "(`distill.seed`). Accuracy: PyTorch student on the test split, mean ± standard deviation over "
+             "the seeds listed (bert_small: 2,557 test sentences, a single run's standard error about 0.8 points). Shipped columns come from the export "
              "stage (int8 file, vocabulary trimmed unless the row says otherwise) measured against the int8 teacher "
              "in the same process, batch 1, 1 thread.", "",
              "| variant | seeds | params | accuracy | retention | shipped accuracy | accuracy kept | shipped MB | size vs int8 teacher | speed-up L=128 | speed-up sentences | distill s (threads) |",
@@ -140,6 +159,7 @@ def markdown(results: dict, header: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="bert_small", help="config every variant starts from")
     parser.add_argument("--only", nargs="*", choices=list(VARIANTS), default=[])
     parser.add_argument("--seeds", nargs="*", type=int, default=[42])
     parser.add_argument("--upstream", default="runs/bert_small", help="a finished run whose prepare/teacher/capture are reused")
@@ -149,7 +169,8 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every variant")
     parser.add_argument("--table", action="store_true", help="only rewrite levers.md from levers.json")
     args = parser.parse_args()
-    store = RESULTS / "levers.json"
+    stem = "levers" if args.config == "bert_small" else f"levers_{args.config}"
+    store = RESULTS / f"{stem}.json"
     data = json.loads(store.read_text()) if store.exists() else {"header": {}, "results": {}}
     if not args.table:
         upstream, runs = Path(args.upstream), Path(args.runs_dir)
@@ -160,7 +181,7 @@ def main() -> None:
 
         def one(job):
             name, seed = job
-            figures = run_variant(name, seed, upstream, runs, args.export, threads, args.extra)
+            figures = run_variant(args.config, name, seed, upstream, runs, args.export, threads, args.extra)
             print(f"{name} seed {seed}: accuracy {figures['accuracy']:.4f}"
                   + (f", kept {figures['accuracy_kept']:.3f}, speed-up {figures['speedup_vs_int8_teacher']}, "
                      f"size {figures['size_vs_int8_teacher']:.2f}" if figures.get("accuracy_kept") else ""), flush=True)
@@ -168,10 +189,14 @@ def main() -> None:
 
         with ThreadPoolExecutor(args.jobs) as pool:
             for (name, seed), figures in pool.map(one, jobs):
+                before = data["results"].get(name, {}).get(str(seed))
+                if before and before["distill_seconds"] == figures["distill_seconds"]:  # distill reused: keep its threads
+                    figures["torch_threads"] = before["torch_threads"]
                 data["results"].setdefault(name, {})[str(seed)] = figures
                 data["header"] = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}
                 store.write_text(json.dumps(data, indent=1))
-    (RESULTS / "levers.md").write_text(markdown(data["results"], data["header"]))
+    data["header"]["config"] = args.config
+    (RESULTS / f"{stem}.md").write_text(markdown(data["results"], data["header"]))
     print(markdown(data["results"], data["header"]))
 
 

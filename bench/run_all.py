@@ -50,15 +50,16 @@ for path in (str(ROOT), str(BENCH)):
 STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
 MARKER = ".bench-runs-dir"  # only a runs folder carrying this file is ever wiped
 ABLATION_FILE = BENCH / "results" / "ablation.json"  # written by bench/ablation.py (header + results)
-LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "student PyTorch fp32", "student ONNX fp32", "student ONNX int8"]
+LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student PyTorch fp32", "student ONNX fp32",
+                  "student ONNX int8"]
 REFERENCE = "teacher PyTorch fp32"
 
-FULL = {"config": "bert_small", "overrides": [], "second_runs": 3, "attention_kl": [], "threads": None}
+FULL = {"config": "bert_small", "overrides": [], "second_runs": 3, "attention_kl": [], "threads": None, "extra_seeds": [43, 44]}
 # --quick: the tiny config without MLflow (the tracking store costs seconds per stage), one repeat of everything,
 # attention KL at N=128 / head dim 32 only, one torch thread everywhere (on a shared 2-core machine two threads
 # spin at barriers and take several times longer). The figures are not meaningful; the structure is the full one.
 QUICK = {"config": "tiny", "overrides": ["tracking.enabled=false"], "second_runs": 1,
-         "attention_kl": ["--quick", "--head-dims", "32"], "threads": 1}
+         "attention_kl": ["--quick", "--head-dims", "32"], "threads": 1, "extra_seeds": [43]}
 
 
 def log(message: str) -> None:
@@ -249,6 +250,80 @@ def grouping_part(config: str, overrides: list[str], runs_dir: Path, logs: Path)
             "train_examples": int(len(lengths)), "mean_tokens": float(np.mean(lengths))}
 
 
+# ---------------------------------------------------------------- against the int8 teacher, 3 seeds
+
+
+def versus_part(config: str, overrides: list[str], run_dir: Path, runs_dir: Path, logs: Path, seeds: list[int]) -> dict:
+    """The shipped student against the int8 teacher for the fresh run (its own seed) and for more distillation
+    seeds (`distill.seed`: the teacher, split and cache are the fresh run's, hard-linked, so only distill,
+    evaluate and export rerun)."""
+    from ablation import link_upstream
+
+    def figures(folder: Path, seed) -> dict:
+        evaluate, export = read_json(folder / "evaluate" / "metrics.json"), read_json(folder / "export" / "metrics.json")
+        versus = (export or {}).get("versus_int8_teacher")
+        if not versus:
+            raise RuntimeError(f"{folder / 'export' / 'metrics.json'} has no int8-teacher comparison")
+        return {"seed": seed, "student_accuracy": evaluate["student"]["accuracy"], "teacher_accuracy": evaluate["teacher"]["accuracy"],
+                "shipped": versus["shipped"], "baseline": versus["baseline"], "accuracy_kept": versus["accuracy_kept"],
+                "speedup_vs_int8_teacher": versus["speedup_vs_int8_teacher"], "size_vs_int8_teacher": versus["size_vs_int8_teacher"],
+                "meets": versus["meets"], "distill_s": read_json(folder / "distill" / "manifest.json")["duration_s"]}
+
+    rows = [figures(run_dir, "config")]
+    for seed in seeds:
+        target = runs_dir / f"seed-{seed}" / config
+        link_upstream(run_dir, target)
+        for stage in ("distill", "evaluate", "export"):
+            shutil.rmtree(target / stage, ignore_errors=True)
+        command = [sys.executable, "-m", "pipeline", "run", config, *overrides, f"distill.seed={seed}",
+                   "--runs-dir", str(target.parent)]
+        log(f"versus: distillation seed {seed} through export")
+        wall, rc, tail = timed_subprocess(command, logs / f"seed-{seed}.log")
+        if rc != 0:
+            raise RuntimeError(f"the seed-{seed} run failed (exit {rc}):\n{tail}")
+        rows.append(figures(target, seed))
+
+    def mean(get):
+        values = [get(r) for r in rows]
+        values = [v for v in values if v is not None]
+        return {"mean": statistics.mean(values), "stdev": statistics.stdev(values) if len(values) > 1 else 0.0} if values else None
+
+    return {"rows": rows, "targets": read_json(run_dir / "export" / "metrics.json")["versus_int8_teacher"]["targets"],
+            "mean": {"shipped_accuracy": mean(lambda r: r["shipped"]["accuracy"]), "accuracy_kept": mean(lambda r: r["accuracy_kept"]),
+                     "speedup_L128": mean(lambda r: r["speedup_vs_int8_teacher"].get("L=128")),
+                     "speedup_sentences": mean(lambda r: r["speedup_vs_int8_teacher"].get("sentences")),
+                     "size_vs_int8_teacher": mean(lambda r: r["size_vs_int8_teacher"])}}
+
+
+def versus_markdown(versus: dict) -> list[str]:
+    t = versus["targets"]
+    first = versus["rows"][0]
+    lines = [f"The baseline is what a user ships without distillation: the fine-tuned teacher exported to ONNX and "
+             f"quantized with the student's int8 setting ({first['baseline']['setting']}): test accuracy "
+             f"{first['baseline']['accuracy']:.4f}, {first['baseline']['file_mb']:.1f} MB. Targets: accuracy kept >= "
+             f"{t['min_accuracy_kept']} of the fp32 teacher, speed-up >= {t['min_speedup']}x (batch 1, 1 thread, at L=128 "
+             f"and on real test sentences), size <= {t['max_size_ratio']} of the int8 teacher. Seeds vary the student's "
+             "training only (`distill.seed`); the teacher, split and cache are shared. Latency ratios are measured "
+             "side by side within each run.", "",
+             "| distillation seed | student accuracy (PyTorch) | shipped accuracy | accuracy kept | speed-up L=128 | "
+             "speed-up sentences | size vs int8 teacher | shipped MB | distill s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in versus["rows"]:
+        sp = r["speedup_vs_int8_teacher"]
+        lines.append(f"| {r['seed']} | {r['student_accuracy']:.4f} | {r['shipped']['accuracy']:.4f} | {r['accuracy_kept']:.3f} | "
+                     f"{fmt(sp.get('L=128'), '.2f')}x | {fmt(sp.get('sentences'), '.2f')}x | {r['size_vs_int8_teacher']:.2f} | "
+                     f"{r['shipped']['file_mb']:.1f} | {r['distill_s']:.0f} |")
+    m = versus["mean"]
+
+    def cell(key, spec, suffix=""):
+        v = m.get(key)
+        return f"{v['mean']:{spec}}{suffix} ± {v['stdev']:{spec}}" if v else "-"
+
+    lines.append(f"| **mean ± sd** | | {cell('shipped_accuracy', '.4f')} | {cell('accuracy_kept', '.3f')} | "
+                 f"{cell('speedup_L128', '.2f', 'x')} | {cell('speedup_sentences', '.2f', 'x')} | "
+                 f"{cell('size_vs_int8_teacher', '.2f')} | | |")
+    return lines
+
+
 # ---------------------------------------------------------------- quality (item 1)
 
 
@@ -321,25 +396,25 @@ def inference_part(run_dir: Path) -> dict:
         "student ONNX fp32": file_mb(bundle / "model.onnx"),
         "student ONNX int8": file_mb(bundle / "model.int8.onnx"),
         "teacher ONNX fp32": None,
+        "teacher ONNX int8": ((read_json(run_dir / "export" / "metrics.json") or {}).get("versus_int8_teacher") or {})
+                             .get("baseline", {}).get("file_mb"),
     }
     size_source = {"teacher PyTorch fp32": "teacher/model/model.safetensors",
                    "student PyTorch fp32": "distill/student/model.safetensors",
-                   "student ONNX fp32": "export/bundle/model.onnx", "student ONNX int8": "export/bundle/model.int8.onnx"}
+                   "student ONNX fp32": "export/bundle/model.onnx", "student ONNX int8": "export/bundle/model.int8.onnx",
+                   "teacher ONNX int8": "export/metrics.json (measured, not kept)"}
     rows = []
     for r in latency.get("rows", []):
-        row = {k: r.get(k) for k in ("model", "runtime", "batch", "length", "threads", "min_ms", "median_ms", "max_ms",
-                                       "runs", "warmup")}
+        row = {k: r.get(k) for k in ("model", "runtime", "batch", "input", "length", "threads", "min_ms", "median_ms",
+                                       "max_ms", "runs", "warmup", "speedup_vs_teacher_int8", "speedup_vs_teacher_pytorch")}
         for key in ("file_mb", "size_mb"):  # a size recorded by the export stage wins over the file lookup
             if r.get(key) is not None:
                 sizes[r["model"]] = r[key]
                 size_source[r["model"]] = "latency.json"
         rows.append(row)
-    reference = {(r["length"], r["threads"]): r["median_ms"] for r in rows if r["model"] == REFERENCE}
-    for row in rows:
-        ref = reference.get((row["length"], row["threads"]))
-        row["speedup_vs_teacher_pytorch"] = ref / row["median_ms"] if ref and row["median_ms"] else None
     order = {m: i for i, m in enumerate(LATENCY_MODELS)}
-    rows.sort(key=lambda r: (r["length"], r["threads"], order.get(r["model"], 99), r["model"]))
+    inputs = list(dict.fromkeys(r["input"] for r in rows))  # in measuring order: L=32, L=128, sentences
+    rows.sort(key=lambda r: (inputs.index(r["input"]), r["threads"], order.get(r["model"], 99), r["model"]))
     ref_size = sizes.get(REFERENCE)
     size_rows = [{"model": m, "file_mb": sizes.get(m), "source": size_source.get(m),
                   "size_vs_teacher_pytorch": (sizes[m] / ref_size) if sizes.get(m) and ref_size else None}
@@ -417,6 +492,12 @@ def render(report: dict) -> str:
     cfg = report["config"]
 
     # 1. quality
+    lines += ["", "## 0. The shipped student against the int8 teacher", ""]
+    versus = sections.get("versus")
+    if versus:
+        lines += versus_markdown(versus)
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'versus')}."]
     lines += ["", "## 1. Quality", ""]
     quality = sections.get("quality_run")
     if quality:
@@ -459,28 +540,29 @@ def render(report: dict) -> str:
         if meta.get("load_average_1m_before") is not None:
             load = (f" 1-minute load average {meta['load_average_1m_before']} before / "
                     f"{meta.get('load_average_1m_after')} after the measurement.")
-        lines += [f"Measured by the export stage of this run ([`latency.json`]({rel(inference['source'])})): one sequence "
-                  f"of exactly L tokens, {', '.join(str(r) for r in sorted(x for x in runs if x))} timed runs after "
-                  f"warm-up per row, all rows in the same process one after another.{load} Speed-up = teacher PyTorch "
-                  "median / row median at the same length and threads.", "",
-                  "| model | runtime | L | threads | ms min / median / max | speed-up vs teacher PyTorch |",
-                  "|---|---|---:|---:|---:|---:|"]
+        lines += [f"Measured by the export stage of this run ([`latency.json`]({rel(inference['source'])})): batch 1; "
+                  "`L=n` is one sequence of exactly n tokens, `sentences` real test sentences one at a time (ms per "
+                  "sentence; tokens = their mean length); every model of one input and thread count timed side by side, "
+                  f"interleaved round by round.{load} Speed-ups: the reference's median / the row's median, same input "
+                  "and threads. The teacher ONNX int8 row is the baseline a user gets without distillation.", "",
+                  "| model | runtime | input | tokens | threads | ms min / median / max | speed-up vs teacher int8 | vs teacher PyTorch |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
         for r in inference["rows"]:
-            lines.append(f"| {r['model']} | {r['runtime']} | {r['length']} | {r['threads']} | "
+            lines.append(f"| {r['model']} | {r['runtime']} | {r['input']} | {r['length']} | {r['threads']} | "
                          f"{r['min_ms']:.2f} / {r['median_ms']:.2f} / {r['max_ms']:.2f} | "
-                         f"{fmt(r['speedup_vs_teacher_pytorch'], '.2f')}x |")
-        settings = sorted({(r["length"], r["threads"]) for r in inference["rows"]})
-        by = {(r["model"], r["length"], r["threads"]): r for r in inference["rows"]}
+                         f"{fmt(r.get('speedup_vs_teacher_int8'), '.2f')}x | {fmt(r.get('speedup_vs_teacher_pytorch'), '.2f')}x |")
+        settings = list(dict.fromkeys((r["input"], r["threads"]) for r in inference["rows"]))
+        by = {(r["model"], r["input"], r["threads"]): r for r in inference["rows"]}
         present = [m for m in LATENCY_MODELS if any(r["model"] == m for r in inference["rows"])]
         present += sorted({r["model"] for r in inference["rows"]} - set(present))
-        lines += ["", "The same medians side by side (ms, and speed-up vs teacher PyTorch):", "",
-                  "| model | " + " | ".join(f"L={l}, {t} thread{'s' if t > 1 else ''}" for l, t in settings) + " |",
+        lines += ["", "The same medians side by side (ms, and speed-up vs the int8 teacher):", "",
+                  "| model | " + " | ".join(f"{i}, {t} thread{'s' if t > 1 else ''}" for i, t in settings) + " |",
                   "|---|" + "---:|" * len(settings)]
         for model in present:
             cells = []
-            for l, t in settings:
-                r = by.get((model, l, t))
-                cells.append(f"{r['median_ms']:.2f} ({fmt(r['speedup_vs_teacher_pytorch'], '.2f')}x)" if r else "-")
+            for i, t in settings:
+                r = by.get((model, i, t))
+                cells.append(f"{r['median_ms']:.2f} ({fmt(r.get('speedup_vs_teacher_int8'), '.2f')}x)" if r else "-")
             lines.append(f"| {model} | " + " | ".join(cells) + " |")
         lines += ["", "| model | file | size MB | vs teacher PyTorch |", "|---|---|---:|---:|"]
         for s in inference["sizes"]:
@@ -682,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         capture = read_json(run_dir / "capture" / "capture.json")
         if capture is not None:
             sections["capture_run"] = capture
+        part("versus", lambda: versus_part(config, overrides, run_dir, runs_dir, logs, preset["extra_seeds"]))
     part("ablation", lambda: ablation_part(config))
     part("grouping", lambda: grouping_part(config, overrides, runs_dir, logs))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -38,6 +39,7 @@ SHAPES = {
     "3L ffn768 vocab 12k": (3, 768, 12000),
     "3L ffn512 vocab 12k": (3, 512, 12000),
     "3L ffn384 vocab 12k": (3, 384, 12000),
+    "3L ffn256 vocab 12k (new default shape)": (3, 256, 12000),
     "4L ffn512 vocab 12k": (4, 512, 12000),
     "4L ffn384 vocab 12k": (4, 384, 12000),
     "4L ffn256 vocab 12k": (4, 256, 12000),
@@ -66,6 +68,16 @@ def real_lengths(count: int, seed: int = 0) -> list[int]:
         return [len(ids) for ids in tokenizer(texts, truncation=True, max_length=64)["input_ids"]]
     except Exception:  # noqa: BLE001 - the corpus is optional for this probe
         return [27] * count
+
+
+def cpu_flags() -> str:
+    """Which int8 / bf16 instructions the CPU has (they change the ratios: VNNI speeds int8 MatMuls)."""
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return "flags unknown"
+    found = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8") if f in flags]
+    return ", ".join(found) or "no AVX2"
 
 
 def main() -> None:
@@ -112,7 +124,12 @@ def main() -> None:
         row["speedup_len128"] = results[base]["ms_len128"] / row["ms_len128"]
         row["speedup_sentences"] = results[base]["ms_sentences"] / row["ms_sentences"]
         row["size_ratio"] = row["int8_mb"] / results[base]["int8_mb"]
-    lines = [f"Int8 students vs the int8 teacher: batch 1, 1 thread, ONNX Runtime, {args.rounds} interleaved rounds "
+    import platform
+
+    command = "python bench/student_shapes.py " + " ".join(sys.argv[1:])
+    lines = [f"Made by `{command.strip()}` on {platform.machine()} ({os.cpu_count()} CPUs, {cpu_flags()}), "
+             f"{time.strftime('%Y-%m-%d')}.", "",
+             f"Int8 students vs the int8 teacher: batch 1, 1 thread, ONNX Runtime, {args.rounds} interleaved rounds "
              f"(median), length 128 and {len(lengths)} real sentence lengths (mean {np.mean(lengths):.1f} tokens).", "",
              "| shape | int8 MB | ms L=128 | speed-up | ms sentences | speed-up | size vs int8 teacher |",
              "|---|---:|---:|---:|---:|---:|---:|"]

@@ -66,7 +66,7 @@ class TrainSettings(Section):
 
 
 class AugmentConfig(Section):
-    """Teacher-labelled augmentation of the training sentences (pipeline/augment.py)."""
+    """Teacher-labelled augmentation of the training sentences (pipeline/augment.py), made and labelled by capture."""
 
     copies: int = Field(0, ge=0, le=100, description="augmented variants per training sentence; 0 turns augmentation off")
     mask_prob: float = Field(0.1, ge=0, le=1, description="chance a word becomes [MASK]")
@@ -97,12 +97,9 @@ class DataConfig(Section):
     max_examples: int | None = Field(None, ge=10)
     max_length: int = Field(64, ge=8, le=8192)
     unlabeled_text: bool = False
-    augment: AugmentConfig = AugmentConfig()
 
     @model_validator(mode="after")
     def _source_needs(self):
-        if self.augment.copies and self.text_pair_column:
-            raise ValueError("data.augment works on single sentences; turn it off (copies: 0) for text pairs")
         if self.source in ("csv", "jsonl", "parquet") and not self.path:
             raise ValueError(f"data.source '{self.source}' needs data.path (a local file)")
         if self.source == "hub" and not self.hub_name:
@@ -131,7 +128,7 @@ class StudentConfig(Section):
     dropout: float | None = Field(None, ge=0, lt=1, description="hidden dropout; None keeps the teacher's")
     ffn_size: int | None = Field(None, ge=1, description="feed-forward neurons kept per layer (init teacher_layers), "
                                  "chosen by the teacher's Taylor importance; None keeps all")
-    ffn_importance_examples: int = Field(1024, ge=1, description="training examples scored for FFN importance")
+    ffn_importance_examples: int = Field(512, ge=1, description="training examples scored for FFN importance")
 
 
 class LossWeights(Section):
@@ -160,6 +157,7 @@ class CaptureConfig(Section):
     shard_size: int = Field(2048, ge=1)
     batch_size: int = Field(64, ge=1)
     dtype: Literal["float16", "float32"] = "float16"
+    augment: AugmentConfig = AugmentConfig()
 
 
 class EvaluateConfig(Section):
@@ -227,6 +225,8 @@ class PipelineConfig(Section):
             raise ValueError("student.init 'random' needs a student.random section (num_layers, hidden_size, ...)")
         if s.init == "pretrained" and not s.pretrained:
             raise ValueError("student.init 'pretrained' needs student.pretrained (a model folder or name)")
+        if self.capture.augment.copies and self.data.text_pair_column:
+            raise ValueError("capture.augment works on single sentences; set capture.augment.copies: 0 for text pairs")
         if self.teacher.model == "random" and self.teacher.random is None:
             raise ValueError("teacher.model 'random' needs a teacher.random section")
         return self

@@ -14,10 +14,10 @@ from .data import pad_batch
 class TokenizedSplit:
     """One split as written by the prepare stage (Arrow via `datasets`, memory-mapped)."""
 
-    def __init__(self, prepare_dir: Path, split: str):
+    def __init__(self, prepare_dir: Path, split: str, folder: Path | None = None):
         import datasets
 
-        self.dataset = datasets.load_from_disk(str(Path(prepare_dir) / "tokenized" / split))
+        self.dataset = datasets.load_from_disk(str(folder or Path(prepare_dir) / "tokenized" / split))
         self.input_ids: list[list[int]] = self.dataset["input_ids"]
         self.labels = np.asarray(self.dataset["label"], dtype=np.int64)
         self.lengths = np.asarray([len(x) for x in self.input_ids])
@@ -37,18 +37,20 @@ class TokenizedSplit:
 
 class TrainingData:
     """Everything the student trains on, in one index space: the train split, then unlabeled
-    in-domain text, then teacher-labelled augmented variants (both label -1: KD targets only).
+    in-domain text (prepare), then teacher-labelled augmented variants (capture); both label -1: KD targets only.
 
     Rows below ``relational`` (train + unlabeled) get every configured teacher
     target; augmented rows get the teacher's logits only, so the cache stays small.
     """
 
-    PARTS = ("train", "unlabeled", "augmented")
-
-    def __init__(self, prepare: Path):
-        folder = Path(prepare) / "tokenized"
-        self.names = [p for p in self.PARTS if p == "train" or (folder / p).exists()]
-        self.parts = [TokenizedSplit(prepare, name) for name in self.names]
+    def __init__(self, prepare: Path, capture: Path | None = None):
+        self.names, self.parts = ["train"], [TokenizedSplit(prepare, "train")]
+        if (Path(prepare) / "tokenized" / "unlabeled").exists():
+            self.names.append("unlabeled")
+            self.parts.append(TokenizedSplit(prepare, "unlabeled"))
+        if capture is not None and (Path(capture) / "augmented").exists():  # written by the capture stage
+            self.names.append("augmented")
+            self.parts.append(TokenizedSplit(prepare, "augmented", Path(capture) / "augmented"))
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
         self.lengths = np.concatenate([p.lengths for p in self.parts])
         self.relational = int(sum(len(p) for name, p in zip(self.names, self.parts) if name != "augmented"))

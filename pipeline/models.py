@@ -100,20 +100,6 @@ def teacher_model_config(config: PipelineConfig, vocab_size: int | None = None):
         ) from exc
 
 
-def input_embeddings(config: PipelineConfig) -> torch.Tensor | None:
-    """The teacher checkpoint's input (word) embedding table, or None for a random teacher."""
-    if config.teacher.model == "random":
-        return None
-    from transformers import AutoModel
-
-    reference = resolve_reference(config.teacher.model)
-    try:
-        model = AutoModel.from_pretrained(reference, trust_remote_code=config.teacher.trust_remote_code, use_safetensors=True)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"Could not load the teacher '{config.teacher.model}' for its embedding table: {exc}") from exc
-    return model.get_input_embeddings().weight.detach()
-
-
 def layer_map(config: PipelineConfig, teacher_depth: int) -> list[tuple[int, int]]:
     """(student layer, teacher layer) pairs whose attention is distilled."""
     student_depth = config.student_depth() or teacher_depth

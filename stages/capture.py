@@ -8,7 +8,13 @@ capture.max_cache_gb the stage stops and points to capture.mode: online.
 Completed shards survive an interruption and are verified, not recomputed.
 With several processes, shards are divided between ranks.
 
-Outputs: cache/shard-*.bin + shard-*.json, cache/index.json, capture.json.
+With capture.augment.copies the stage first writes teacher-labelled variants of
+the training sentences (pipeline/augment.py: masking, embedding-neighbour
+replacement, n-gram spans) to augmented/; the teacher labels them here with
+logits only (or online, inside each step), so the cache stays small.
+
+Outputs: cache/shard-*.bin + shard-*.json, cache/index.json, capture.json,
+augmented/ (Arrow, when augmenting).
 """
 
 from __future__ import annotations
@@ -21,15 +27,16 @@ from tqdm.auto import tqdm
 from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_complete, shard_ranges,
                             write_index, write_shard)
 from pipeline.errors import CacheError
-from pipeline.inference import TrainingData, pad_id
-from pipeline.models import load_classifier
+from pipeline.augment import augment, continuation_mask, nearest_words, word_candidates
+from pipeline.inference import TokenizedSplit, TrainingData, pad_id
+from pipeline.models import load_classifier, load_tokenizer
 from pipeline.objective import teacher_targets, target_plan
 from pipeline.runner import write_json
 from pipeline.training import SHOW_BARS
 
 log = logging.getLogger("pipeline")
 
-READS = ["precision", "capture", "distill.layer_map", "distill.relation_heads", "distill.loss", "student", "data.unlabeled_text"]
+READS = ["precision", "capture", "distill.layer_map", "distill.relation_heads", "distill.loss", "student", "data.unlabeled_text", "seed"]
 AFTER = ["prepare", "teacher"]
 VERSION = 1
 
@@ -41,21 +48,26 @@ def inputs(config) -> dict:
     needed = {"teacher_layers": plan.teacher_layers, "relation_heads": plan.relation_heads, "kinds": plan.kinds(),
               "hidden": plan.hidden, "kd": plan.kd}
     return {"targets": needed, "capture": config.capture.model_dump(), "precision": config.precision,
-            "unlabeled": config.data.unlabeled_text}
+            "unlabeled": config.data.unlabeled_text, **({"seed": config.seed} if config.capture.augment.copies else {})}
 
 
 def run(ctx) -> dict:
     config, dist = ctx.config, ctx.dist
     prepare, teacher_dir = ctx.input("prepare"), ctx.input("teacher")
+    teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
+    augmented = 0
+    if config.capture.augment.copies:
+        if ctx.is_main:
+            augmented = write_augmented(config, teacher, teacher_dir, prepare, ctx.out / "augmented")
+        dist.barrier()
     if config.capture.mode == "online":
         if ctx.is_main:
-            write_json(ctx.out / "capture.json", {"mode": "online", "cache_bytes": 0})
+            write_json(ctx.out / "capture.json", {"mode": "online", "cache_bytes": 0, "augmented_examples": augmented})
             log.info("[capture] capture.mode is online: the teacher runs inside each distillation step; nothing stored")
-        return {"mode": "online", "cache_bytes": 0}
+        return {"mode": "online", "cache_bytes": 0, "augmented_examples": augmented}
 
-    teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
     plan = target_plan(config, teacher.config)
-    train = TrainingData(prepare)  # train split, then unlabeled text, then augmented variants (logits only)
+    train = TrainingData(prepare, ctx.out)  # train split, unlabeled text, then augmented variants (logits only)
     lengths, relational = train.lengths, train.relational
     layout = CacheLayout(plan, teacher.config.num_labels, teacher.config.hidden_size,
                          choose_stores(plan, lengths[:relational], teacher.config.hidden_size, config.capture.store),
@@ -107,10 +119,35 @@ def run(ctx) -> dict:
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
     summary = {"mode": "cached", "examples": int(len(lengths)), "cache_bytes": int(total),
                "bytes_per_example": total / len(lengths), "estimated_bytes": estimate, "shards": len(ranges),
-               "stores": layout.stores, "dtype": layout.dtype, "logits_only_examples": int(len(lengths) - relational)}
+               "stores": layout.stores, "dtype": layout.dtype, "logits_only_examples": int(len(lengths) - relational),
+               "augmented_examples": augmented}
     if ctx.is_main:
         write_index(folder, len(ranges), int(len(lengths)), layout)
         write_json(ctx.out / "capture.json", summary)
         ctx.tracker.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths)})
         log.info("[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths))
     return {k: v for k, v in summary.items() if not isinstance(v, dict)}
+
+
+def write_augmented(config, teacher, teacher_dir, prepare, folder) -> int:
+    """capture.augment.copies teacher-labelled variants of every training sentence (pipeline/augment.py), as Arrow."""
+    import datasets
+
+    cfg = config.capture.augment
+    tokenizer = load_tokenizer(str(teacher_dir / "model"))
+    train_ids = TokenizedSplit(prepare, "train").input_ids
+    neighbours = {}
+    if cfg.replace_prob > 0 and cfg.neighbours > 0:
+        if config.teacher.model == "random":
+            log.info("[capture] augment: a random teacher's embeddings have no neighbours worth using; words are masked, never replaced")
+        else:
+            neighbours = nearest_words(teacher.get_input_embeddings().weight.detach().cpu(),
+                                       word_candidates(tokenizer, train_ids), cfg.neighbours)
+    variants = augment(train_ids, cfg.copies, config.seed, mask_id=tokenizer.mask_token_id,
+                       continuation=continuation_mask(tokenizer), neighbours=neighbours, mask_prob=cfg.mask_prob,
+                       replace_prob=cfg.replace_prob, ngram_prob=cfg.ngram_prob,
+                       cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id)
+    datasets.Dataset.from_dict({"input_ids": variants, "label": [-1] * len(variants)}).save_to_disk(str(folder))
+    log.info("[capture] augment: %d variants of %d training sentences (mean %.1f tokens; %d words with embedding neighbours)",
+             len(variants), len(train_ids), np.mean([len(v) for v in variants]) if variants else 0.0, len(neighbours))
+    return len(variants)

@@ -57,7 +57,7 @@ def run(ctx) -> dict:
     objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
     online = config.capture.mode == "online"
     cache = None if online else TeacherCache(capture_dir / "cache")
-    train = TrainingData(prepare)
+    train = TrainingData(prepare, capture_dir)  # + augmented variants written by capture
     validation = TokenizedSplit(prepare, "validation")
     if ctx.is_main:
         log.info("[distill] student: %d layers, %.1fM parameters (teacher %.1fM); layer map (student, teacher) %s; "

@@ -379,8 +379,9 @@ def measure_latency(cfg, models: dict, sentence_ids: dict) -> dict:
     for label, length, inputs in settings:
         for threads in cfg.latency_threads:
             runners = {name: m[1](threads) for name, m in models.items()}
-            runs = cfg.latency_runs if label != "sentences" else max(cfg.latency_rounds, cfg.latency_runs // 10)
-            timed = B.interleaved_latency(runners, inputs, runs, cfg.latency_warmup, cfg.latency_rounds)
+            # A sentence pass is latency_sentences runs: one pass per round, one warm-up pass.
+            runs, warmup = (cfg.latency_runs, cfg.latency_warmup) if label != "sentences" else (cfg.latency_rounds, 1)
+            timed = B.interleaved_latency(runners, inputs, runs, warmup, cfg.latency_rounds)
             for name, figures in timed.items():
                 rows.append({"model": name, "runtime": models[name][0], "batch": 1, "input": label, "length": length,
                              "threads": threads, **({"sentences": len(inputs[name])} if label == "sentences" else {}),

@@ -15,9 +15,8 @@ import logging
 
 import datasets
 
-from pipeline.augment import augment, continuation_mask, nearest_words, word_candidates
 from pipeline.data import SPLITS, load_frame, split_frame, tokenize_split
-from pipeline.models import input_embeddings, load_tokenizer, tokenizer_reference
+from pipeline.models import load_tokenizer, tokenizer_reference
 from pipeline.runner import write_json
 
 log = logging.getLogger("pipeline")
@@ -58,14 +57,6 @@ def run(ctx) -> dict:
             "class_counts": {name: int((part["label"] == name).sum()) for name in label_names},
             "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
         }
-    if cfg.augment.copies:
-        train_ids = datasets.load_from_disk(str(ctx.out / "tokenized" / "train"))["input_ids"]
-        variants = augmented_sentences(ctx.config, tokenizer, train_ids)
-        datasets.Dataset.from_dict({"input_ids": variants, "label": [-1] * len(variants)}).save_to_disk(
-            str(ctx.out / "tokenized" / "augmented"))
-        stats["splits"]["augmented"] = {"examples": len(variants), "mean_tokens": sum(map(len, variants)) / max(len(variants), 1)}
-        log.info("[prepare] augmented: %d teacher-labelled variants of the %d training sentences (mean %.1f tokens)",
-                 len(variants), len(train_ids), stats["splits"]["augmented"]["mean_tokens"])
     if unlabeled is not None and len(unlabeled):
         ids, _ = tokenize_split(tokenizer, unlabeled["text"].tolist(), None, cfg.max_length)
         datasets.Dataset.from_dict({"input_ids": ids, "label": [-1] * len(ids)}).save_to_disk(str(ctx.out / "tokenized" / "unlabeled"))
@@ -83,16 +74,3 @@ def run(ctx) -> dict:
         log.info("[prepare] %s: %d examples, classes %s", split, stats["splits"][split]["examples"], stats["splits"][split]["class_counts"])
     return summary
 
-
-def augmented_sentences(config, tokenizer, train_ids: list[list[int]]) -> list[list[int]]:
-    """data.augment.copies variants of every training sentence (pipeline/augment.py)."""
-    cfg = config.data.augment
-    neighbours = {}
-    embeddings = input_embeddings(config) if cfg.replace_prob > 0 and cfg.neighbours > 0 else None
-    if embeddings is not None:
-        neighbours = nearest_words(embeddings, word_candidates(tokenizer, train_ids), cfg.neighbours)
-    elif cfg.replace_prob > 0:
-        log.info("[prepare] augment: the teacher has no pretrained embeddings (random); words are masked, never replaced")
-    return augment(train_ids, cfg.copies, config.seed, mask_id=tokenizer.mask_token_id, continuation=continuation_mask(tokenizer),
-                   neighbours=neighbours, mask_prob=cfg.mask_prob, replace_prob=cfg.replace_prob, ngram_prob=cfg.ngram_prob,
-                   cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id)

@@ -93,14 +93,29 @@ def test_inference_section(quick_bench):
     assert inference["available"] is True
     rows = inference["rows"]
     models = {r["model"] for r in rows}
-    assert {"teacher PyTorch fp32", "teacher ONNX fp32", "student ONNX fp32", "student ONNX int8"} <= models
+    assert {"teacher PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student ONNX fp32", "student ONNX int8"} <= models
+    assert {r["input"] for r in rows} == {"L=16", "sentences"}
     for r in rows:
         assert r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["batch"] == 1
-        assert r["speedup_vs_teacher_pytorch"] > 0
+        assert r["speedup_vs_teacher_pytorch"] > 0 and r["speedup_vs_teacher_int8"] > 0
     assert all(r["speedup_vs_teacher_pytorch"] == 1.0 for r in rows if r["model"] == "teacher PyTorch fp32")
+    assert all(r["speedup_vs_teacher_int8"] == 1.0 for r in rows if r["model"] == "teacher ONNX int8")
     sizes = {s["model"]: s for s in inference["sizes"]}
     assert sizes["teacher PyTorch fp32"]["file_mb"] > 0 and sizes["student ONNX int8"]["file_mb"] > 0
     assert sizes["student ONNX int8"]["size_vs_teacher_pytorch"] < sizes["student ONNX fp32"]["size_vs_teacher_pytorch"]
+
+
+def test_versus_section_has_every_seed(quick_bench):
+    """The comparison with the int8 teacher: the fresh run plus --quick's one extra distillation seed, and a mean."""
+    versus = quick_bench["json"]["sections"]["versus"]
+    assert [r["seed"] for r in versus["rows"]] == ["config", 43]
+    for r in versus["rows"]:
+        assert 0 < r["accuracy_kept"] and 0 < r["size_vs_int8_teacher"] and set(r["speedup_vs_int8_teacher"]) == {"L=16", "sentences"}
+        assert r["baseline"]["model"] == "teacher ONNX int8"
+    kept = [r["accuracy_kept"] for r in versus["rows"]]
+    assert versus["mean"]["accuracy_kept"]["mean"] == pytest.approx(sum(kept) / len(kept))
+    md = quick_bench["md"]
+    assert "## 0. The shipped student against the int8 teacher" in md and "| **mean ± sd** |" in md
 
 
 def test_micro_sections(quick_bench):
@@ -154,7 +169,7 @@ def test_benchmarks_md_has_every_table(quick_bench):
     for header in ("| model | layers | parameters | accuracy | macro-F1 |",
                    "| student | accuracy | macro-F1 | retention | distill time (s) |",
                    "| student | parameters | accuracy | retention | int8 accuracy | int8 MB | int8 ms |",
-                   "| model | runtime | L | threads | ms min / median / max | speed-up vs teacher PyTorch |",
+                   "| model | runtime | input | tokens | threads | ms min / median / max | speed-up vs teacher int8 | vs teacher PyTorch |",
                    "| model | file | size MB | vs teacher PyTorch |",
                    "| step | samples/s min / median / max |",
                    "| pass | examples/s min / median / max |",

@@ -23,7 +23,8 @@ BUNDLE_FILES = {
     "model.onnx", "model.int8.onnx", "model.int8.ort", "required_operators.config", "tokenizer.json", "vocab.txt",
     "labels.json", "metadata.json", "README.md", "predict.py", "latency.json", "latency.md",
 }
-LATENCY_MODELS = {"teacher PyTorch fp32", "student PyTorch fp32", "teacher ONNX fp32", "student ONNX fp32", "student ONNX int8"}
+LATENCY_MODELS = {"teacher PyTorch fp32", "student PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student ONNX fp32",
+                  "student ONNX int8"}
 
 # Run predict.py as a script (its own __main__) and then prove it pulled in no training stack.
 ISOLATED_PREDICT = """
@@ -103,7 +104,7 @@ def test_export_metrics_match_evaluate_keys_and_summary_table(tiny_run):
     out = tiny_run["first"].stdout
     for row in ("teacher (PyTorch)", "student (PyTorch)", "student ONNX fp32", "student ONNX int8"):
         assert row in out, out
-    assert "ms b1/L16/1t" in out  # tiny measures length 16 only: the column says which setting it shows
+    assert "ms b1/L=16/1t" in out  # tiny measures length 16 only: the column says which setting it shows
 
 
 def test_predict_py_reproduces_onnx_accuracy_without_torch(bundle, tiny_run, tmp_path):
@@ -171,13 +172,62 @@ def test_latency_table_has_every_row(bundle):
     config = load_config("tiny").export
     latency = read_json(bundle / "latency.json")
     rows = latency["rows"]
-    expected = {(m, n, t) for m in LATENCY_MODELS for n in config.latency_lengths for t in config.latency_threads}
-    assert {(r["model"], r["length"], r["threads"]) for r in rows} == expected and len(rows) == len(expected)
+    inputs = [f"L={n}" for n in config.latency_lengths] + ["sentences"]
+    expected = {(m, i, t) for m in LATENCY_MODELS for i in inputs for t in config.latency_threads}
+    assert {(r["model"], r["input"], r["threads"]) for r in rows} == expected and len(rows) == len(expected)
     for row in rows:
-        assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"] and row["runs"] == config.latency_runs
-        assert row["batch"] == 1 and row["speedup_vs_teacher_pytorch"] > 0
+        assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"] and row["runs"] >= config.latency_rounds
+        assert row["batch"] == 1 and row["speedup_vs_teacher_pytorch"] > 0 and row["speedup_vs_teacher_int8"] > 0
     assert all(r["speedup_vs_teacher_pytorch"] == 1.0 for r in rows if r["model"] == "teacher PyTorch fp32")
-    assert "| student ONNX int8 |" in (bundle / "latency.md").read_text()
+    assert all(r["speedup_vs_teacher_int8"] == 1.0 for r in rows if r["model"] == "teacher ONNX int8")
+    sentences = [r for r in rows if r["input"] == "sentences"]
+    assert all(r["sentences"] == config.latency_sentences for r in sentences)
+    assert 2 < sentences[0]["length"] <= load_config("tiny").data.max_length  # mean tokens of real test sentences
+    table = (bundle / "latency.md").read_text()
+    assert "| student ONNX int8 | onnxruntime | sentences |" in table and "| teacher ONNX int8 |" in table
+
+
+def test_the_int8_teacher_baseline_and_three_ratios(bundle, tiny_run, tmp_path_factory):
+    """The shipped student is compared with the teacher quantized the same way, in metadata, metrics, README and summary."""
+    metadata = read_json(bundle / "metadata.json")
+    export = read_json(tiny_run["run_dir"] / "export" / "metrics.json")
+    versus = metadata["versus_int8_teacher"]
+    assert versus == export["versus_int8_teacher"]
+    baseline, shipped = versus["baseline"], versus["shipped"]
+    assert baseline["setting"] == metadata["quantization"]["setting"]  # same quantizer setting as the student
+    teacher = read_json(tiny_run["run_dir"] / "teacher" / "metrics.json")
+    assert versus["teacher_fp32_accuracy"] == teacher["test_accuracy"]
+    assert shipped["variant"] == metadata["recommended"]
+    assert shipped["accuracy"] == metadata["variants"][shipped["variant"]]["accuracy"]
+    assert versus["accuracy_kept"] == pytest.approx(shipped["accuracy"] / teacher["test_accuracy"])
+    assert versus["size_vs_int8_teacher"] == pytest.approx(shipped["file_mb"] / baseline["file_mb"])
+    rows = {(r["model"], r["input"]): r for r in read_json(bundle / "latency.json")["rows"] if r["threads"] == 1}
+    for name, speedup in versus["speedup_vs_int8_teacher"].items():
+        expected = rows[("teacher ONNX int8", name)]["median_ms"] / rows[(f"student ONNX {shipped['variant']}", name)]["median_ms"]
+        assert speedup == pytest.approx(expected, rel=2e-3)
+    assert set(versus["speedup_vs_int8_teacher"]) == {"L=16", "sentences"}
+    targets = load_config("tiny").export.targets
+    assert versus["meets"]["accuracy_kept"] == (versus["accuracy_kept"] >= targets.min_accuracy_kept)
+    assert versus["meets"]["size"] == (versus["size_vs_int8_teacher"] <= targets.max_size_ratio)
+    assert versus["all_met"] == all(versus["meets"].values())
+    # the int8 teacher's accuracy is real: recompute it from a fresh export and quantization of the teacher
+    from pipeline.inference import TokenizedSplit, pad_id
+    from pipeline.models import load_classifier
+
+    run_dir, work = tiny_run["run_dir"], tmp_path_factory.mktemp("baseline")
+    teacher_model = load_classifier(str(run_dir / "teacher" / "model"), attn_implementation="eager").eval()
+    B.export_onnx(B.LogitsOnly(teacher_model), work / "teacher.onnx", 18)
+    B.quantize_int8(work / "teacher.onnx", work / "teacher.int8.onnx", {
+        "name": baseline["setting"], "per_channel": True, "reduce_range": False, "exclude": [],
+        "op_types": metadata["quantization"]["op_types"]})
+    test = TokenizedSplit(run_dir / "prepare", "test")
+    logits = B.onnx_logits(work / "teacher.int8.onnx", test, pad_id(run_dir / "prepare"))
+    assert baseline["accuracy"] == pytest.approx(float((logits.argmax(-1) == test.labels).mean()))
+    assert baseline["file_mb"] == pytest.approx((work / "teacher.int8.onnx").stat().st_size / 1e6, rel=1e-3)
+    readme = (bundle / "README.md").read_text()
+    assert "teacher ONNX int8" in readme and "speed-up vs int8 teacher" in readme
+    out = tiny_run["first"].stdout
+    assert "teacher ONNX int8 (baseline)" in out and "against the int8 teacher" in out and "size vs int8 teacher" in out
 
 
 class OneProcess:

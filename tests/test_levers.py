@@ -192,3 +192,53 @@ def test_relation_terms_use_only_rows_with_relation_targets():
     none = dict(mixed, relation_rows=torch.zeros(4, dtype=torch.bool))
     _, none_terms = objective(student, none, teacher_targets(teacher, none, plan))
     assert set(none_terms) == {"ce", "kd"}
+
+
+# ---------------------------------------------------------------- through the pipeline
+
+
+@pytest.fixture(scope="module")
+def augmented_run(tiny_run, tmp_path_factory):
+    """The tiny run's prepare and teacher, then capture with 2 augmented copies and a pruned 2-layer student."""
+    import os
+    import shutil
+
+    from tests.conftest import run_cli
+
+    runs_dir = tmp_path_factory.mktemp("augmented")
+    for stage in ("prepare", "teacher"):  # shared upstream: the runner skips them (same fingerprints)
+        shutil.copytree(tiny_run["run_dir"] / stage, runs_dir / "tiny" / stage, copy_function=os.link)
+    result = run_cli("run", "tiny", "capture.augment.copies=2", "student.teacher_layers=[0,1]", "student.ffn_size=16",
+                     "tracking.enabled=false", "--to", "evaluate", runs_dir=runs_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return runs_dir / "tiny", result
+
+
+def test_augmentation_leaves_the_teacher_alone_and_labels_variants_with_logits_only(augmented_run):
+    from pipeline.cache import TeacherCache
+    from pipeline.config import load_config
+    from pipeline.inference import TrainingData, pad_id
+    from pipeline.models import load_classifier
+    from pipeline.runner import Distributed
+    from tests.conftest import read_json
+
+    run_dir, result = augmented_run
+    assert "[prepare] up to date" in result.stderr + result.stdout and "[teacher] up to date" in result.stderr + result.stdout
+    capture = read_json(run_dir / "capture" / "capture.json")
+    train = TrainingData(run_dir / "prepare", run_dir / "capture")
+    assert train.names == ["train", "augmented"] and capture["augmented_examples"] == len(train.parts[1]) > 0
+    assert capture["logits_only_examples"] == len(train.parts[1]) and train.relational == len(train.parts[0])
+    cache = TeacherCache(run_dir / "capture" / "cache")
+    augmented = np.arange(train.relational, len(train))[:24]
+    batch = train.batch(augmented, pad_id(run_dir / "prepare"), "cpu")
+    assert not batch["relation_rows"].any()
+    teacher = load_classifier(str(run_dir / "teacher" / "model")).eval()
+    with torch.no_grad(), Distributed(load_config("tiny")).accelerator.autocast():
+        direct = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    cached = cache.batch(augmented, batch["input_ids"].shape[1], "cpu")
+    assert (cached["logits"] - direct).abs().max().item() < 0.05
+    assert not any(key.startswith(("attn.", "vrel.")) for key in cached)  # no relation targets stored for these rows
+    student = read_json(run_dir / "distill" / "student" / "config.json")
+    assert student["intermediate_size"] == 16 and student["num_hidden_layers"] == 2
+    history = read_json(run_dir / "distill" / "history.json")
+    assert history and all(np.isfinite(h["val_accuracy"]) for h in history)
