@@ -77,7 +77,8 @@ def comparison_lines(comparison: dict) -> list[str]:
         f"shipped student ({s['variant']}): accuracy {s['accuracy']:.4f}, {s['file_mb']:.1f} MB",
         f"accuracy kept {comparison['accuracy_kept']:.3f} of the fp32 teacher's {comparison['teacher_fp32_accuracy']:.4f} "
         f"(target >= {t['min_accuracy_kept']}: {mark[meets['accuracy_kept']]})",
-        f"speed-up vs int8 teacher (batch 1, 1 thread): {speed} (target >= {t['min_speedup']}x: {mark[speed_ok]})",
+        f"speed-up vs int8 teacher (batch 1, {comparison.get('threads', 1)} thread{'s' if comparison.get('threads', 1) > 1 else ''}): "
+        f"{speed} (target >= {t['min_speedup']}x: {mark[speed_ok]})",
         f"size vs int8 teacher: {comparison['size_vs_int8_teacher']:.2f} (target <= {t['max_size_ratio']}: {mark[meets['size']]})",
     ]
 

@@ -371,3 +371,22 @@ def test_vocabulary_trimming_keeps_training_text_exact(tiny_run, tmp_path):
     assert torch.allclose(a, b, atol=1e-6)
     unseen = B.tokenize_texts(tmp_path / "tokenizer.json", ["zyzzyva quokkas"], 32)[0]
     assert unseen[0] == kept.index(101) and unseen[-1] == kept.index(102)  # unseen words still encode (pieces or [UNK])
+
+
+def test_baseline_comparison_marks_each_target_and_never_passes_untimed_speed():
+    from stages.export import baseline_comparison
+
+    cfg = load_config("tiny", ["export.latency_threads=[2, 1]"]).export
+    baseline = {"accuracy": 0.80, "file_mb": 20.0}
+    shipped = {"variant": "int8", "accuracy": 0.79, "file_mb": 8.0}
+    rows = [{"model": "student ONNX int8", "input": "L=16", "threads": 1, "speedup_vs_teacher_int8": 3.5},
+            {"model": "student ONNX int8", "input": "sentences", "threads": 1, "speedup_vs_teacher_int8": 2.9},
+            {"model": "student ONNX int8", "input": "L=16", "threads": 2, "speedup_vs_teacher_int8": 9.0},
+            {"model": "student ONNX fp32", "input": "L=16", "threads": 1, "speedup_vs_teacher_int8": 1.5}]
+    result = baseline_comparison(cfg, 0.80, baseline, shipped, rows)
+    assert result["threads"] == 1 and result["speedup_vs_int8_teacher"] == {"L=16": 3.5, "sentences": 2.9}
+    assert result["accuracy_kept"] == pytest.approx(0.9875) and result["size_vs_int8_teacher"] == pytest.approx(0.4)
+    assert result["meets"] == {"accuracy_kept": True, "size": True, "speedup L=16": True, "speedup sentences": False}
+    assert result["all_met"] is False
+    untimed = baseline_comparison(cfg, 0.80, baseline, shipped, [])
+    assert untimed["meets"]["speedup"] is False and untimed["all_met"] is False
