@@ -276,17 +276,6 @@ def convert_to_ort(models: list[Path], out_dir: Path, target_platform: str = "ar
 # ---------------------------------------------------------------- latency
 
 
-def _timings(call, runs: int, warmup: int) -> dict:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1000)
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": runs, "warmup": warmup}
-
-
 def latency_inputs(length: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0) -> dict:
     """One sequence of exactly ``length`` tokens ([CLS] ... [SEP]), batch 1, int64."""
     rng = np.random.default_rng(seed)

@@ -66,7 +66,7 @@ def run(ctx) -> dict:
     prepare, teacher_dir, distill_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("distill")
     names, pad = label_names(prepare), pad_id(prepare)
     max_length = json.loads((prepare / "stats.json").read_text())["max_length"]
-    test = TokenizedSplit(prepare, "test")
+    test = full_test = TokenizedSplit(prepare, "test")  # full_test: the teacher's own (untrimmed) vocabulary
     out = ctx.out / "bundle"
     work = ctx.out / "work"  # teacher graph and rejected int8 attempts; removed before the rename
     for folder in (out, work):
@@ -122,7 +122,6 @@ def run(ctx) -> dict:
     teacher_onnx, teacher_int8 = work / "teacher.onnx", work / "teacher.int8.onnx"  # measured, never shipped
     B.export_onnx(B.LogitsOnly(teacher_eager), teacher_onnx, cfg.opset)
     del teacher_eager
-    full_test = TokenizedSplit(prepare, "test")  # the teacher's own (untrimmed) vocabulary
     baseline = int8_teacher_baseline(teacher_onnx, teacher_int8, quant, full_test, pad_id(prepare), names)
     teacher_pt = load_classifier(str(teacher_dir / "model")).eval()  # default attention backend, as users run it
     student_pt = load_classifier(str(distill_dir / "student")).eval()

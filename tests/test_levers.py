@@ -135,10 +135,8 @@ def test_augment_is_deterministic_and_keeps_the_sentence_frame():
     assert first == augment(sentences, 20, seed=5, **kwargs)
     assert first != augment(sentences, 20, seed=6, **kwargs)
     assert 0 < len(first) <= 40
-    allowed = set(range(100))
     for variant in first:
         assert variant[0] == 1 and variant[-1] == 2 and len(variant) >= 3
-        assert set(variant) <= allowed
         assert variant not in sentences
     tokens = {t for v in first for t in v}
     assert 3 in tokens and {50, 51, 60} & tokens  # masking and neighbour replacement both happen
