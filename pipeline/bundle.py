@@ -80,6 +80,19 @@ def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: l
                           external_data=False, optimize=True, verbose=False)
     if Path(str(path) + ".data").exists():
         raise RuntimeError(f"ONNX export of {path} wrote an external data file; the bundle needs a single file")
+    # Below its native opset the exporter converts down and, when that fails, keeps
+    # its own opset with only a log line: never ship a graph labelled with an opset it does not have.
+    import onnx
+
+    from .errors import ModelError
+
+    imports = {entry.domain: entry.version for entry in onnx.load(str(path), load_external_data=False).opset_import}
+    written = imports.get("", imports.get("ai.onnx"))
+    if written != opset:
+        raise ModelError(
+            f"ONNX export of {Path(path).name} wrote opset {written}, not the requested export.opset {opset} "
+            f"(torch {torch.__version__} cannot write opset {opset} for this model). Set export.opset to {written} "
+            "or another opset the exporter writes (18..23).")
 
 
 _LAYER = re.compile(r"encoder\.layer\.(\d+)(?:\.|$)")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from .errors import PipelineError
+from .errors import ConfigError, PipelineError
 
 log = logging.getLogger("pipeline")
 
@@ -24,7 +26,8 @@ examples:
 Stages: prepare -> teacher -> capture -> distill -> evaluate -> export.
 Outputs go to RUNS_DIR/<config>/<stage>/ (default runs/); MLflow data to
 $MLFLOW_TRACKING_URI or sqlite RUNS_DIR/mlflow.db. Configs live in configs/<name>.yaml.
-Exit codes: 0 ok, 1 run error, 2 config error, 130 interrupted (rerun to resume).
+Exit codes: 0 ok, 1 run error, 2 config error, 130 interrupted by Ctrl-C or SIGTERM (rerun to resume).
+status states: done, stale (inputs changed), damaged (an output file changed on disk), pending.
 """
 
 
@@ -82,29 +85,29 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(args.debug, rank)
+    # Schedulers and containers stop jobs with SIGTERM: treat it as Ctrl-C (checkpoint, clear message, exit 130).
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:
         return _dispatch(args)
-    except PipelineError as exc:
-        if args.debug:
-            log.exception("error")
-        from .tracking import redact
-
-        print(f"\nerror: {redact(str(exc))}\n", file=sys.stderr)
-        return exc.exit_code
     except KeyboardInterrupt:
         print("\nInterrupted. Completed stages are kept; rerun the same command to resume.", file=sys.stderr)
         return 130
-    except Exception as exc:  # a full disk outside a stage (config.yaml, MLflow's sqlite store...)
-        from .errors import disk_full_error
+    except Exception as exc:  # every failure ends as one paragraph; --debug adds the (redacted) traceback
+        from .errors import explain
         from .tracking import redact
 
-        full = disk_full_error(exc, Path(args.runs_dir), "the pipeline")
-        if full is None:
-            raise
+        error = exc if isinstance(exc, PipelineError) else explain(exc, Path(args.runs_dir))
         if args.debug:
             log.exception("error")
-        print(f"\nerror: {redact(str(full))}\n", file=sys.stderr)
-        return full.exit_code
+        print(f"\nerror: {redact(str(error))}\n", file=sys.stderr)
+        return error.exit_code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _dispatch(args) -> int:
@@ -113,6 +116,10 @@ def _dispatch(args) -> int:
 
     from .runner import resolve_precision
 
+    runs_dir = Path(args.runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise ConfigError(f"--runs-dir {runs_dir} is a file, not a folder. Give a folder (it is created if missing), "
+                          "e.g. --runs-dir runs.")
     config = load_config(args.config, args.overrides)
     if config.precision == "auto":  # resolved once, so the run folder and MLflow record what really ran
         config = config.model_copy(update={"precision": resolve_precision("auto")})
@@ -131,7 +138,10 @@ def _dispatch(args) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         from .summary import print_summary
 
-        print_summary(Path(args.runs_dir) / config.name, result["ran"])
+        from .runner import stage_status
+
+        states = {row["stage"]: row["state"] for row in stage_status(config, Path(args.runs_dir))}
+        print_summary(Path(args.runs_dir) / config.name, result["ran"], states)
     return 0
 
 
@@ -146,3 +156,5 @@ def print_status(config, runs_dir: Path) -> None:
         figure = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in list((m.get("summary") or {}).items())[:2] if not isinstance(v, (dict, list)))
         print(f"{row['stage']:<10} {row['state']:<20} {m.get('completed_at', '-'):<20} {m.get('duration_s', '-'):>8}  {figure}")
+        for problem in row["problems"][:5]:
+            print(f"{'':<10} ! {problem} (the next run reruns this stage and what depends on it)")

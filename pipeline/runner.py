@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .config import PipelineConfig, to_yaml
 from .errors import LockedError, PipelineError, disk_full_error
+from .integrity import DigestCache, damaged_outputs, output_listing, path_digest
 from .tracking import Tracker, config_hash, run_status
 
 log = logging.getLogger("pipeline")
@@ -44,7 +45,47 @@ def stage_module(name: str):
     return importlib.import_module(f"stages.{name}")
 
 
-def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str]) -> str:
+def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
+    """The local files and folders behind the config keys a stage reads: their contents are inputs too.
+
+    A hub name has no local files (its revision is not known offline); a reference that does not
+    resolve is left to the stage, which fails with its own clear error.
+    """
+    from .data import data_file, rotten_tomatoes_path
+    from .models import resolve_reference
+
+    def data_path():
+        if config.data.source == "rotten_tomatoes":
+            return rotten_tomatoes_path()
+        return data_file(config.data.path) if config.data.path else None
+
+    def model_folder(reference):
+        if not reference or reference == "random":
+            return None
+        resolved = Path(resolve_reference(reference))
+        return resolved if resolved.exists() else None
+
+    student = config.student
+    candidates = {
+        "data.path": data_path,
+        "teacher.model": lambda: model_folder(config.teacher.model),
+        "teacher.tokenizer": lambda: model_folder(config.teacher.tokenizer),
+        "student.pretrained": lambda: model_folder(student.pretrained) if student.init == "pretrained" else None,
+    }
+    found = {}
+    for key, locate in candidates.items():
+        if not any(key == r or key.startswith(r + ".") for r in reads):
+            continue
+        try:
+            path = locate()
+        except PipelineError:
+            continue
+        if path is not None and Path(path).exists():
+            found[key] = Path(path)
+    return found
+
+
+def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cache: DigestCache | None = None) -> str:
     module = stage_module(name)
     payload = {
         "stage": name,
@@ -52,24 +93,44 @@ def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str]) -> 
         "reads": module.inputs(config) if hasattr(module, "inputs") else {key: config.section(key) for key in module.READS},
         "after": {dep: upstream[dep] for dep in module.AFTER},
     }
+    files = local_inputs(config, module.READS)
+    if files:
+        cache = cache or DigestCache()
+        payload["files"] = {key: path_digest(path, cache) for key, path in files.items()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def fingerprints(config: PipelineConfig) -> dict[str, str]:
+def fingerprints(config: PipelineConfig, runs_dir: Path | None = None) -> dict[str, str]:
+    """Every stage's fingerprint; with ``runs_dir``, input digests are remembered there between runs."""
+    cache = DigestCache(Path(runs_dir) / ".digests.json" if runs_dir and Path(runs_dir).is_dir() else None)
     result: dict[str, str] = {}
     for name in STAGES:
-        result[name] = fingerprint(config, name, result)
+        result[name] = fingerprint(config, name, result, cache)
+    cache.save()
     return result
 
 
+def dependents(name: str) -> list[str]:
+    """Stages that read ``name``'s output, directly or through others."""
+    found: list[str] = []
+    for later in STAGES[STAGES.index(name) + 1:]:
+        if set(stage_module(later).AFTER) & {name, *found}:
+            found.append(later)
+    return found
+
+
+MANIFEST_NAME = "manifest.json"
+
+
 def read_manifest(folder: Path) -> dict | None:
-    path = folder / "manifest.json"
+    path = folder / MANIFEST_NAME
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
         return None
+    return manifest if isinstance(manifest, dict) and "fingerprint" in manifest else None
 
 
 def write_json(path: Path, data) -> None:
@@ -198,31 +259,49 @@ def run_lock(run_dir: Path):
         handle.close()
 
 
+def check_stage(run_dir: Path, name: str, fingerprint: str) -> tuple[str, dict | None, list[str]]:
+    """(state, manifest, problems): done, stale (other inputs), damaged (outputs changed on disk), pending."""
+    folder = run_dir / name
+    manifest = read_manifest(folder)
+    if manifest is None:
+        state = "running/interrupted" if (run_dir / f"{name}.partial").exists() else "pending"
+        if folder.exists():  # a folder without a readable manifest: it was damaged, not never run
+            return "damaged", None, [f"{name}/{MANIFEST_NAME} is missing or unreadable"]
+        return state, None, []
+    if manifest.get("fingerprint") != fingerprint:
+        return "stale", manifest, []
+    problems = [f"{name}/{p}" for p in damaged_outputs(folder, manifest.get("outputs"))]
+    return ("damaged" if problems else "done"), manifest, problems
+
+
 def stage_status(config: PipelineConfig, runs_dir: Path) -> list[dict]:
-    """done / stale / pending for every stage (used by `make status`)."""
+    """done / stale / damaged / pending for every stage (used by `make status`)."""
     run_dir = Path(runs_dir) / config.name
-    current = fingerprints(config)
+    current = fingerprints(config, runs_dir)
     rows = []
     for name in STAGES:
-        manifest = read_manifest(run_dir / name)
-        if manifest is None:
-            state = "running/interrupted" if (run_dir / f"{name}.partial").exists() else "pending"
-        else:
-            state = "done" if manifest["fingerprint"] == current[name] else "stale"
-        rows.append({"stage": name, "state": state, "manifest": manifest})
+        state, manifest, problems = check_stage(run_dir, name, current[name])
+        rows.append({"stage": name, "state": state, "manifest": manifest, "problems": problems})
     return rows
 
 
 def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | None, only: str | None,
-         to_stage: str | None = None) -> dict[str, bool]:
-    """Which stages must run (True) and which are complete and current (False)."""
-    current = fingerprints(config)
-    to_run = {}
+         to_stage: str | None = None, current: dict[str, str] | None = None) -> dict[str, bool]:
+    """Which stages must run (True) and which are complete and current (False).
+
+    A stage whose outputs were damaged on disk reruns, and so does everything that read them.
+    """
+    current = current or fingerprints(config, run_dir.parent)
+    to_run = {name: False for name in STAGES}
     for name in STAGES:
-        manifest = read_manifest(run_dir / name)
-        up_to_date = manifest is not None and manifest["fingerprint"] == current[name]
+        state, _, problems = check_stage(run_dir, name, current[name])
         forced = force or (from_stage is not None and STAGES.index(name) >= STAGES.index(from_stage))
-        to_run[name] = forced or not up_to_date
+        to_run[name] = to_run[name] or forced or state != "done"
+        if state == "damaged":  # what read the damaged output reruns too, though its inputs' fingerprints did not move
+            after = dependents(name)
+            log.warning("[%s] output damaged (%s); rerunning %s", name, "; ".join(problems[:3]),
+                        ", ".join([name, *after]))
+            to_run.update({later: True for later in after})
     if only:
         to_run = {name: name == only for name in STAGES}  # --only always runs that one stage
     if to_stage:
@@ -241,11 +320,10 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
         config_yaml = to_yaml(config)
         tracker = Tracker(runs_dir, run_dir, config.tracking.experiment or config.name,
                           enabled=dist.is_main and config.tracking.enabled)
-        tracker.check_reachable()
         if dist.is_main:
             (run_dir / "config.yaml").write_text(config_yaml)
-        current = fingerprints(config)
-        to_run = plan(config, run_dir, force, from_stage, only, to_stage)
+        current = fingerprints(config, runs_dir)
+        to_run = plan(config, run_dir, force, from_stage, only, to_stage, current)
         if not any(to_run.values()):
             if dist.is_main:
                 log.info("All stages are complete and current; nothing to do (use --force to rerun).")
@@ -263,6 +341,8 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
                 except Exception as exc:  # a full disk surfaces as many exception types
                     full = None if isinstance(exc, PipelineError) else disk_full_error(exc, run_dir / f"{name}.partial", f"the {name} stage")
                     if full is None:
+                        with contextlib.suppress(AttributeError):
+                            exc.pipeline_stage = name  # for the CLI's one-paragraph error
                         raise
                     raise full from exc
                 ran.append(name)
@@ -302,6 +382,7 @@ def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracke
                 "stage": name, "fingerprint": fp, "version": module.VERSION,
                 "completed_at": dt.datetime.now().isoformat(timespec="seconds"),
                 "duration_s": round(duration, 2), "summary": summary, "mlflow_run_id": stage_run_id,
+                "outputs": output_listing(partial),
             }
             write_json(partial / "manifest.json", manifest)
             (partial / ".fingerprint").unlink(missing_ok=True)

@@ -32,11 +32,14 @@ def latency_setting(rows: list[dict]) -> tuple[str, int] | None:
     return min(settings, key=lambda s: (s[1] != 1, abs(int(s[0][2:]) - 128), s))
 
 
-def summary_rows(run_dir: Path) -> tuple[list[dict], tuple[int, int] | None, dict, dict]:
-    """One dict per model (name, accuracy, macro_f1, parameters, size_mb, latency_ms), plus the latency setting."""
+def summary_rows(run_dir: Path, current: set[str] | None = None) -> tuple[list[dict], tuple[int, int] | None, dict, dict]:
+    """One dict per model (name, accuracy, macro_f1, parameters, size_mb, latency_ms), plus the latency setting.
+
+    ``current``: the stages whose outputs are current; figures of the others are left out, never shown as today's.
+    """
     run_dir = Path(run_dir)
-    evaluate = _read(run_dir / "evaluate" / "metrics.json") or {}
-    export = _read(run_dir / "export" / "metrics.json") or {}
+    evaluate = (_read(run_dir / "evaluate" / "metrics.json") or {}) if current is None or "evaluate" in current else {}
+    export = (_read(run_dir / "export" / "metrics.json") or {}) if current is None or "export" in current else {}
     rows = []
     sizes = {"teacher": _mb(run_dir / "teacher" / "model" / "model.safetensors"),
              "student": _mb(run_dir / "distill" / "student" / "model.safetensors")}
@@ -83,11 +86,22 @@ def comparison_lines(comparison: dict) -> list[str]:
     ]
 
 
-def print_summary(run_dir: Path, ran: list[str]) -> None:
+def print_summary(run_dir: Path, ran: list[str], states: dict[str, str] | None = None) -> None:
+    """The closing table; ``states`` (stage -> done/stale/...) keeps outdated figures out of it."""
     run_dir = Path(run_dir)
     print()
     print(f"run folder: {run_dir}   stages run now: {', '.join(ran) or 'none (all current)'}")
-    rows, setting, evaluate, export = summary_rows(run_dir)
+    current = None if states is None else {stage for stage, state in states.items() if state == "done"}
+    for stage in ("evaluate", "export"):
+        if states is not None and states.get(stage) not in ("done", "pending"):
+            print(f"note: {stage} figures are left out: its output is {states[stage]} (older than its inputs or changed "
+                  f"on disk). Run without --to/--only to bring it up to date.")
+    rows, setting, evaluate, export = summary_rows(run_dir, current)
+    for stage in ("evaluate", "export"):  # never drop rows silently: say which file could not be read
+        path = run_dir / stage / "metrics.json"
+        if (current is None or stage in current) and path.exists() and _read(path) is None:
+            print(f"warning: {path} is unreadable (damaged?); its rows are missing. "
+                  "The next run notices the damage and reruns that stage.")
     if not rows:
         return
     latency_head = f"ms b1/{setting[0]}/{setting[1]}t" if setting else "latency ms"

@@ -20,6 +20,7 @@ from .errors import PipelineError
 
 log = logging.getLogger("pipeline")
 
+RUN_FOLDER_TAG = "attention_distill.run_folder"
 SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.I)
 
 
@@ -67,6 +68,76 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+def store_error(exc: BaseException, uri: str, before_work: bool = True) -> PipelineError:
+    """One paragraph for an MLflow store that cannot be used, by cause; the URI's password never shown."""
+    shown = redact_uri(uri)
+    text = redact(f"{type(exc).__name__}: {exc}").lower()
+    local = uri.startswith("sqlite:")
+    where = uri.removeprefix("sqlite:///") if local else shown
+    if "unsupported uri" in text or "scheme" in text and "supported" in text:
+        scheme = uri.split(":", 1)[0]
+        cause = (f"has a scheme, '{scheme}', that MLflow does not know. Use http(s)://host:port for a tracking server, "
+                 "postgresql:// or mysql:// for a database, sqlite:///path or a folder")
+    elif isinstance(exc, ModuleNotFoundError) or "no module named" in text:
+        module = getattr(exc, "name", None) or text.split("no module named", 1)[1].strip(" '\"")
+        driver = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "pymysql": "pymysql"}.get(module, module)
+        cause = f"needs a Python driver that is not installed (module '{module}'). Install it: .venv/bin/pip install {driver}"
+    elif "file is not a database" in text or "malformed" in text:
+        cause = (f"is not a readable sqlite database ({where} is damaged or not a database). Move it aside "
+                 f"(mv {where} {where}.bad) to start a fresh store; stage outputs under the runs folder are not affected")
+    elif "database is locked" in text:
+        cause = f"is locked by another process (an MLflow UI or pipeline in the middle of a write). Wait and rerun"
+    elif "unable to open database" in text or "readonly database" in text or "permission denied" in text:
+        cause = (f"cannot be opened for writing ({where}: permissions or a read-only folder). Make it writable "
+                 "or point --runs-dir at a writable folder")
+    else:
+        cause = (f"is unreachable or refused the request ({type(exc).__name__}). Start the server (make server) or "
+                 "unset MLFLOW_TRACKING_URI to use the local sqlite store under the runs folder")
+    return PipelineError(f"MLflow tracking store {shown} {cause}. Or set tracking.enabled=false "
+                         f"to run without MLflow.{' Nothing was run.' if before_work else ''}")
+
+
+# Columns of MLflow's sqlite schema that hold artifact locations (MLflow 3.x).
+ARTIFACT_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("logged_models", "artifact_location"),
+                    ("model_versions", "source"), ("model_versions", "storage_location"))
+
+
+def relocate_artifacts(runs_dir: Path) -> None:
+    """Point the local store's artifact locations at <runs_dir>/mlartifacts after the runs folder moved.
+
+    MLflow stores absolute file:// locations and has no API to change an
+    experiment's; without this, a moved runs folder shows runs whose artifacts
+    are missing (or still read from the old copy).
+    """
+    import sqlite3
+
+    db = Path(runs_dir) / "mlflow.db"
+    if not db.is_file():
+        return
+    here = (Path(runs_dir).resolve() / "mlartifacts").as_uri()
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "experiments" not in tables:
+                return
+            olds = {row[0] for row in conn.execute("SELECT artifact_location FROM experiments") if row[0]
+                    and row[0].startswith("file://") and row[0].endswith("/mlartifacts") and row[0] != here}
+        except sqlite3.DatabaseError:
+            return  # a damaged store is reported by the first real MLflow call
+        for old in olds:
+            with conn:
+                for table, column in ARTIFACT_COLUMNS:
+                    if table in tables:
+                        conn.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {column} = ? "
+                                     f"OR {column} LIKE ? ESCAPE '\\'",
+                                     (here, len(old) + 1, old, _like_prefix(old + "/")))
+            log.info("MLflow: the runs folder moved; artifact locations %s -> %s", old, here)
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
 def tracking_uri(runs_dir: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(runs_dir).resolve() / 'mlflow.db'}"
 
@@ -92,22 +163,41 @@ class Tracker:
         # Fail fast on an unreachable server instead of retrying for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        mlflow.set_tracking_uri(self.uri)
-        self.client = mlflow.MlflowClient(self.uri)
-
-    # ------------------------------------------------------------------ setup
-    def check_reachable(self) -> None:
-        if not self.enabled:
-            return
-        try:
+        with self._store_errors(), self._setup_lock():
+            if self.local_store:
+                relocate_artifacts(self.runs_dir)
+            mlflow.set_tracking_uri(self.uri)
+            self.client = mlflow.MlflowClient(self.uri)
+            # The first use creates (or migrates) the sqlite schema: done here, under the lock.
             self.client.search_experiments(max_results=1)
-        except Exception as exc:  # connection errors come wrapped in several types
-            raise PipelineError(
-                f"MLflow tracking store {redact_uri(self.uri)} is unreachable ({type(exc).__name__}). "
-                "Start the server (make server) or unset MLFLOW_TRACKING_URI to use the local sqlite store "
-                "under runs/. Nothing was run."
-            ) from None
 
+    @contextlib.contextmanager
+    def _setup_lock(self):
+        """Serialise store set-up between pipelines sharing a runs folder: two configs started at
+        once on a fresh folder would otherwise race in MLflow's schema creation and one would crash."""
+        if not self.local_store:
+            yield
+            return
+        import fcntl
+
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.runs_dir / ".mlflow-setup.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _store_errors(self):
+        try:
+            yield
+        except PipelineError:
+            raise
+        except Exception as exc:
+            raise store_error(exc, self.uri) from exc
+
+    # ------------------------------------------------------------------ runs
     def start_pipeline(self, config_yaml: str, flat_params: dict, config_hash: str) -> None:
         """Create or re-attach the parent run (same resolved config -> same parent)."""
         if not self.enabled:
@@ -121,6 +211,8 @@ class Tracker:
             experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
         else:
             experiment_id = experiment.experiment_id
+        self.experiment_id = experiment_id
+        self._end_orphaned_runs()
         record = self.run_dir / "mlflow_run.json"
         previous = json.loads(record.read_text()) if record.is_file() else {}
         parent_id = None
@@ -132,7 +224,8 @@ class Tracker:
         if parent_id is None:
             run = self.client.create_run(
                 experiment_id, run_name=f"{self.experiment}-pipeline",
-                tags={"attention_distill.role": "pipeline", "attention_distill.config": self.experiment},
+                tags={"attention_distill.role": "pipeline", "attention_distill.config": self.experiment,
+                      RUN_FOLDER_TAG: self.run_folder},
             )
             parent_id = run.info.run_id
             items = list(param_strings(flat_params).items())
@@ -144,11 +237,29 @@ class Tracker:
             self.client.update_run(parent_id, status="RUNNING")
             log.info("MLflow: re-attached to parent run %s", parent_id)
         self.parent_id = parent_id
-        self.experiment_id = experiment_id
         tmp = record.with_suffix(".tmp")
         tmp.write_text(json.dumps({"parent_run_id": parent_id, "config_hash": config_hash,
                                    "tracking_uri": redact_uri(self.uri), "experiment_id": experiment_id}))
         tmp.replace(record)
+
+    @property
+    def run_folder(self) -> str:
+        """Which run folder (on which machine) a run belongs to: tagged on every run."""
+        import socket
+
+        return f"{socket.gethostname()}:{self.run_dir.resolve()}"
+
+    def _end_orphaned_runs(self) -> None:
+        """Mark KILLED the runs of this run folder still RUNNING: their process died (kill -9, power loss).
+
+        The caller holds the run folder's lock, so no live pipeline owns them.
+        """
+        runs = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
+        for run in runs:
+            if run.data.tags.get(RUN_FOLDER_TAG) == self.run_folder:
+                self.client.set_terminated(run.info.run_id, status="KILLED")
+                log.info("MLflow: run %s (%s) was left RUNNING by a process that died; marked KILLED",
+                         run.info.run_id, run.info.run_name)
 
     def end_pipeline(self, status: str = "FINISHED") -> None:
         if self.enabled and self.parent_id:
@@ -163,7 +274,8 @@ class Tracker:
         run = self.client.create_run(
             self.experiment_id, run_name=name,
             tags={"mlflow.parentRunId": self.parent_id, "attention_distill.role": "stage",
-                  "attention_distill.stage": name, "attention_distill.fingerprint": fingerprint},
+                  "attention_distill.stage": name, "attention_distill.fingerprint": fingerprint,
+                  RUN_FOLDER_TAG: self.run_folder},
         )
         self.stage_id = run.info.run_id
         flat = param_strings(params)

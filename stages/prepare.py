@@ -5,7 +5,8 @@ Outputs (runs/<config>/prepare/):
   unlabeled.jsonl                            in-domain text without labels (if data.unlabeled_text)
   tokenized/<split>/                         token ids (unpadded) + label ids, Arrow
   labels.json                                {"0": "<name>", ...}
-  stats.json                                 sizes, class balance, truncation count, tokenizer facts
+  stats.json                                 sizes, class balance, truncation count, tokenizer facts,
+                                             rows dropped (missing label, empty text, duplicate), texts cut
 """
 
 from __future__ import annotations
@@ -23,21 +24,33 @@ log = logging.getLogger("pipeline")
 
 READS = ["seed", "data", "teacher.model", "teacher.tokenizer", "teacher.trust_remote_code"]
 AFTER: list[str] = []
-VERSION = 1
+VERSION = 2  # 2: missing-label tokens dropped, label_names for integer labels, texts cut to max_text_chars
 
 
 def run(ctx) -> dict:
     if not ctx.is_main:  # cheap, single-process work; other ranks wait at the barrier
         return {}
     cfg = ctx.config.data
-    frame, unlabeled = load_frame(cfg)
+    cleaning: dict = {}
+    frame, unlabeled = load_frame(cfg, report=cleaning)
+    if cleaning["missing_labels"]:
+        values = ", ".join(f"{value} x{count}" for value, count in cleaning["missing_label_values"].items())
+        log.info("[prepare] %d of %d rows have no label (%s) and were dropped; data.missing_labels lists the values read as 'no label'",
+                 cleaning["missing_labels"], cleaning["rows_read"], values)
+    if cleaning["cut_texts"]:
+        log.info("[prepare] %d texts were longer than data.max_text_chars=%d characters and were cut before tokenization",
+                 cleaning["cut_texts"], cleaning["max_text_chars"])
     splits = split_frame(frame, cfg, ctx.config.seed)
-    label_names = sorted(splits["train"]["label"].unique())
+    present = set(splits["train"]["label"])
+    # label_names fixes the ids (id i is label_names[i], as in a teacher fine-tuned on them); else alphabetical.
+    label_names = [n for n in cfg.label_names if n in present] if cfg.label_names else sorted(present)
     label_ids = {name: i for i, name in enumerate(label_names)}
     tokenizer = load_tokenizer(tokenizer_reference(ctx.config), ctx.config.teacher.trust_remote_code)
 
     stats = {"label_names": label_names, "pad_token_id": tokenizer.pad_token_id, "max_length": cfg.max_length,
-             "source": cfg.source, "splits": {}}
+             "source": cfg.source, "rows": {k: cleaning[k] for k in ("rows_read", "missing_labels", "empty_texts", "duplicates")},
+             "missing_label_values": cleaning["missing_label_values"], "max_text_chars": cleaning["max_text_chars"],
+             "cut_texts": cleaning["cut_texts"], "splits": {}}
     total_truncated = 0
     for split in SPLITS:
         part = splits[split]
@@ -69,6 +82,8 @@ def run(ctx) -> dict:
     ctx.tracker.log_artifact(ctx.out / "stats.json")
     summary = {f"{s}_examples": stats["splits"][s]["examples"] for s in SPLITS}
     summary["truncated"] = total_truncated
+    summary["missing_labels"] = cleaning["missing_labels"]
+    summary["cut_texts"] = cleaning["cut_texts"]
     ctx.tracker.log_metrics({k: v for k, v in summary.items()})
     for split in SPLITS:
         log.info("[prepare] %s: %d examples, classes %s", split, stats["splits"][split]["examples"], stats["splits"][split]["class_counts"])

@@ -10,13 +10,21 @@ logits. Port this file, not the training code.
     python predict.py "a gripping, beautifully acted film" "a tedious mess"
     python predict.py --model model.int8.onnx --eval test.jsonl      # accuracy on {"text", "label"} records
     python predict.py --model model.int8.ort "works with the ORT format file too"
+    python predict.py --verify "..."    # refuse a model whose sha256 differs from metadata.json
 
-Exit codes: 0 ok, 2 bad arguments or bundle files.
+An empty text is valid: it is classified as "[CLS] [SEP]".
+The model file's sha256 is checked against metadata.json on every run: a
+mismatch is a warning, or an error with --verify.
+
+Exit codes: 0 ok; 2 bad arguments, bundle files, --eval file, or (with
+--verify) a model whose sha256 is not the one in metadata.json. Errors are
+one "error: ..." message on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -26,29 +34,87 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 HERE = Path(__file__).resolve().parent
+REBUILD = "re-download or re-export the bundle"
+
+
+class PredictError(ValueError):
+    """A bad bundle file or input file; the message names it and says what is expected."""
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: bad UTF-8 or bad JSON
+        raise PredictError(f"{path} is not readable JSON ({exc}); {REBUILD}") from None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class BundleClassifier:
-    """Tokenizer + ONNX Runtime session + label names, all read from the bundle folder."""
+    """Tokenizer + ONNX Runtime session + label names, all read from the bundle folder.
+
+    Raises PredictError (a ValueError) naming the file when the bundle or model cannot be used.
+    ``sha256`` / ``recorded_sha256`` are the model file's digest and the one metadata.json records
+    for it (None for a file metadata.json does not list, such as a model outside the bundle).
+    """
 
     def __init__(self, bundle: Path = HERE, model: str | None = None, threads: int | None = None):
         bundle = Path(bundle)
-        self.metadata = json.loads((bundle / "metadata.json").read_text(encoding="utf-8"))
-        labels = json.loads((bundle / "labels.json").read_text(encoding="utf-8"))
-        self.labels = [labels[str(i)] for i in range(len(labels))]
-        self.max_length = int(self.metadata["max_length"])
-        self.pad_id = int(self.metadata["tokenizer"]["special_token_ids"]["[PAD]"])
-        self.tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+        if not bundle.is_dir():
+            problem = "is not a folder" if bundle.exists() else "does not exist"
+            raise PredictError(f"bundle folder {bundle} {problem} (expected the folder holding metadata.json)")
+        for name in ("metadata.json", "labels.json", "tokenizer.json"):
+            if not (bundle / name).is_file():
+                raise PredictError(f"{bundle / name} is missing: a bundle folder holds metadata.json, labels.json, "
+                                   f"tokenizer.json and the model files; {REBUILD}")
+        self.metadata = read_json(bundle / "metadata.json")
+        labels = read_json(bundle / "labels.json")
+        try:
+            self.labels = [labels[str(i)] for i in range(len(labels))]
+        except (KeyError, TypeError):
+            raise PredictError(f'{bundle / "labels.json"} must map "0", "1", ... to label names; {REBUILD}') from None
+        try:
+            self.max_length = int(self.metadata["max_length"])
+            self.pad_id = int(self.metadata["tokenizer"]["special_token_ids"]["[PAD]"])
+            variants = self.metadata["variants"]
+            model = model or variants[self.metadata["recommended"]]["file"]
+            path = Path(model) if Path(model).is_absolute() or Path(model).exists() else bundle / model
+            inside = path.resolve().parent == bundle.resolve()  # a digest describes the bundle's own file only
+            self.recorded_sha256 = self.metadata.get("files", {}).get(path.name, {}).get("sha256") if inside else None
+            shipped = sorted({v[k] for v in variants.values() for k in ("file", "ort_file") if v.get(k)})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PredictError(f"{bundle / 'metadata.json'} is incomplete ({type(exc).__name__}: {exc}); {REBUILD}") from None
+        try:
+            self.tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises a bare Exception
+            raise PredictError(f"{bundle / 'tokenizer.json'} is not a tokenizers file ({exc}); {REBUILD}") from None
         self.tokenizer.enable_truncation(self.max_length)  # same cut as training: [CLS] + tokens + [SEP] <= max_length
         self.tokenizer.no_padding()  # padding is done per batch below, only up to the longest text
-        model = model or self.metadata["variants"][self.metadata["recommended"]]["file"]
-        path = Path(model) if Path(model).is_absolute() or Path(model).exists() else bundle / model
+        if not path.is_file():
+            raise PredictError(f"model file {path} does not exist; this bundle's models: {', '.join(shipped)}")
+        self.model_path = path
+        self.sha256 = sha256_file(path)
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
-        self.model_path = path
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own Exception subclasses (InvalidProtobuf, Fail, ...)
+            damaged = f"; its sha256 differs from metadata.json, so the file is damaged: {REBUILD}" \
+                if self.recorded_sha256 not in (None, self.sha256) else ""
+            raise PredictError(f"{path} is not an ONNX or ORT-format model onnxruntime {ort.__version__} can load "
+                               f"({str(exc).strip()}){damaged}") from None
+        inputs = [i.name for i in self.session.get_inputs()]
+        if inputs != ["input_ids", "attention_mask"] or "logits" not in [o.name for o in self.session.get_outputs()]:
+            raise PredictError(f"{path} is not this bundle's classifier: inputs {inputs}, outputs "
+                               f"{[o.name for o in self.session.get_outputs()]} (expected input_ids, attention_mask -> logits)")
 
     def encode(self, texts: list[str], pairs: list[str] | None = None) -> dict:
         """int64 input_ids / attention_mask, right-padded with [PAD] to the longest text of the batch."""
@@ -63,6 +129,8 @@ class BundleClassifier:
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
     def logits(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 64) -> np.ndarray:
+        if batch_size < 1:  # a negative step would silently classify nothing
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
         parts = []
         for start in range(0, len(texts), batch_size):
             batch_pairs = pairs[start:start + batch_size] if pairs is not None else None
@@ -77,23 +145,83 @@ class BundleClassifier:
                 for p in probs]
 
 
+JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+              type(None): "null"}
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """Records {"text": str, "label": str[, "text_pair": str]}, one JSON object a line (blank lines skipped)."""
+    expected = 'one JSON object a line, {"text": <string>, "label": <label name>} (optionally "text_pair": <string>)'
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise PredictError(f"--eval file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise PredictError(f"--eval file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise PredictError(f"cannot read --eval file {path}: {exc.strerror or exc}") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"--eval file {path} line {number}"
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise PredictError(f"{where} is not JSON ({exc}); expected {expected}") from None
+        if not isinstance(record, dict):
+            raise PredictError(f"{where} is a JSON {JSON_TYPES[type(record)]}; expected {expected}")
+        for key in ("text", "label"):
+            if not isinstance(record.get(key), str):
+                problem = "has no" if key not in record else f"has a {JSON_TYPES[type(record[key])]} as"
+                raise PredictError(f'{where} {problem} "{key}"; expected {expected}')
+        if "text_pair" in record and not isinstance(record["text_pair"], str):
+            raise PredictError(f'{where} has a non-string "text_pair"; expected {expected}')
+        if records and ("text_pair" in record) != ("text_pair" in records[0]):  # pairs are all or nothing
+            raise PredictError(f'{where} {"has" if "text_pair" in record else "lacks"} "text_pair", unlike the first '
+                               f"record: give it on every line or none")
+        records.append(record)
+    if not records:
+        raise PredictError(f"--eval file {path} has no records; expected {expected}")
+    return records
 
 
 def evaluate(classifier: BundleClassifier, records: list[dict], batch_size: int) -> dict:
-    texts = [r["text"] for r in records]
-    pairs = [r["text_pair"] for r in records] if records and "text_pair" in records[0] else None
-    predicted = classifier.logits(texts, pairs, batch_size).argmax(-1)
     index = {name: i for i, name in enumerate(classifier.labels)}
     unknown = sorted({r["label"] for r in records} - set(index))
     if unknown:
-        raise SystemExit(f"error: labels {unknown} are not in labels.json ({classifier.labels})")
+        raise PredictError(f"labels {unknown} in the --eval file are not in labels.json (expected one of {classifier.labels})")
+    texts = [r["text"] for r in records]
+    pairs = [r["text_pair"] for r in records] if "text_pair" in records[0] else None
+    predicted = classifier.logits(texts, pairs, batch_size).argmax(-1)
     gold = np.array([index[r["label"]] for r in records])
     return {"model": classifier.model_path.name, "examples": len(records),
-            "accuracy": float((predicted == gold).mean()) if len(records) else float("nan"),
-            "correct": int((predicted == gold).sum())}
+            "accuracy": float((predicted == gold).mean()), "correct": int((predicted == gold).sum())}
+
+
+def check_sha256(classifier: BundleClassifier, verify: bool) -> None:
+    """A model that is not the exported one must not run unnoticed: warn, or with --verify stop."""
+    name = classifier.model_path.name
+    if classifier.recorded_sha256 is None:
+        if verify:
+            raise PredictError(f"--verify: metadata.json records no sha256 for {classifier.model_path} "
+                               f"(only files inside the bundle folder that the export wrote are listed)")
+    elif classifier.sha256 != classifier.recorded_sha256:
+        message = (f"{name} has sha256 {classifier.sha256}, but metadata.json records {classifier.recorded_sha256}: "
+                   f"the file changed after export")
+        if verify:
+            raise PredictError(f"--verify: {message}; {REBUILD}")
+        print(f"warning: {message} (--verify makes this an error)", file=sys.stderr)
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,18 +230,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="model file in the bundle (default: the recommended variant in metadata.json)")
     parser.add_argument("--bundle", default=str(HERE), help="bundle folder (default: this file's folder)")
     parser.add_argument("--eval", metavar="FILE.jsonl", help='accuracy on records {"text": ..., "label": <label name>}')
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--threads", type=positive_int, default=None, help="onnxruntime intra-op threads (default: its own)")
+    parser.add_argument("--verify", action="store_true",
+                        help="exit 2 unless the model file's sha256 is the one recorded in metadata.json")
     args = parser.parse_args(argv)
     if not args.texts and not args.eval:
         parser.error("give texts to classify or --eval FILE.jsonl")
     try:
+        records = read_jsonl(Path(args.eval)) if args.eval else None  # bad input fails before the model loads
         classifier = BundleClassifier(Path(args.bundle), args.model, args.threads)
-    except (OSError, KeyError, ValueError) as exc:
-        print(f"error: cannot load the bundle at {args.bundle}: {exc}", file=sys.stderr)
+        check_sha256(classifier, args.verify)
+        if records is not None:
+            print(json.dumps(evaluate(classifier, records, args.batch_size)))
+    except PredictError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.eval:
-        print(json.dumps(evaluate(classifier, read_jsonl(Path(args.eval)), args.batch_size)))
     for text, result in zip(args.texts, classifier.predict(args.texts, batch_size=args.batch_size)):
         print(json.dumps({"text": text, **result}, ensure_ascii=False))
     return 0
