@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .cache import sha256_file
+from .integrity import sha256_file
 
 log = logging.getLogger("pipeline")
 

@@ -18,7 +18,6 @@ reported by name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from .errors import CacheError
+from .integrity import sha256_file
 from .objective import TargetPlan, vectors_to_probs
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -82,14 +82,6 @@ def choose_stores(plan: TargetPlan, lengths: np.ndarray, hidden: int, store: str
 def estimate_bytes(layout: CacheLayout, lengths: np.ndarray) -> int:
     item = np.dtype(DTYPES[layout.dtype]).itemsize
     return int(sum(layout.record_size(int(n)) * item + layout.num_labels * 4 for n in lengths))
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def shard_ranges(num_examples: int, shard_size: int) -> list[tuple[int, int]]:

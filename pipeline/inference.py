@@ -84,7 +84,8 @@ def predict_logits(model, split: TokenizedSplit, batch_size: int, dist, pad: int
 
     Examples are sorted by length (less padding), each rank takes a strided
     share, and the shares are gathered as Python objects with their indices,
-    so an uneven last batch is neither duplicated nor dropped.
+    so an uneven last batch is neither duplicated nor dropped. ``dist`` is
+    anything with rank, world, device and autocast(): a StageContext or the runner's Distributed.
     """
     model.eval()
     order = np.argsort(split.lengths, kind="stable")
@@ -93,7 +94,7 @@ def predict_logits(model, split: TokenizedSplit, batch_size: int, dist, pad: int
     for start in range(0, len(mine), batch_size):
         indices = mine[start:start + batch_size]
         batch = split.batch(indices, pad, dist.device)
-        with dist.accelerator.autocast():
+        with dist.autocast():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         outputs.append((indices, logits.float().cpu().numpy()))
     if dist.world > 1:

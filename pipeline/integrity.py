@@ -32,7 +32,7 @@ _SKIP_NAMES = {MANIFEST, "__pycache__", ".fingerprint"}
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
+        for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
 

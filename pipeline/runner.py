@@ -2,13 +2,15 @@
 
 A stage module in ``stages/`` declares:
 
-    READS = ["data", "seed", ...]   # dotted config keys it depends on
+    READS = ["data", "seed", ...]   # every dotted config key it reads (tests/test_stage_reads.py checks)
     AFTER = ["prepare", ...]        # stages whose outputs it reads
     VERSION = 1                     # bump when the stage's code changes its output
     def run(ctx: StageContext) -> dict   # the stage's summary figures
+    def fingerprint_inputs(config) -> dict   # optional: the part of READS that changes the output
+                                             # (capture: students of another depth reuse the cache)
 
-Its fingerprint hashes its version, the values of READS and the fingerprints
-of AFTER; a stage whose completed output carries the same fingerprint is
+Its fingerprint hashes its version, the values of READS (or fingerprint_inputs),
+the contents of the local files behind them and the fingerprints of AFTER; a stage whose completed output carries the same fingerprint is
 skipped. A stage writes into ``runs/<config>/<stage>.partial/`` (which also
 holds its resumable checkpoints) and the folder is renamed to
 ``runs/<config>/<stage>/`` only when the stage has finished, so an interrupted
@@ -27,8 +29,9 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import PipelineConfig, to_yaml
@@ -90,7 +93,8 @@ def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cac
     payload = {
         "stage": name,
         "version": module.VERSION,
-        "reads": module.inputs(config) if hasattr(module, "inputs") else {key: config.section(key) for key in module.READS},
+        "reads": (module.fingerprint_inputs(config) if hasattr(module, "fingerprint_inputs")
+                  else {key: config.section(key) for key in module.READS}),
         "after": {dep: upstream[dep] for dep in module.AFTER},
     }
     files = local_inputs(config, module.READS)
@@ -141,9 +145,20 @@ def write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
+SHOW_BARS = sys.stderr.isatty()  # progress bars in terminals, not in CI logs
+
+
 @dataclass
 class StageContext:
-    """What a stage gets: its config, where to write, where its inputs are."""
+    """What a stage gets: the whole surface a stage uses (stages import nothing from the runner).
+
+    Reading: ``config``, ``input(stage)`` (an earlier stage's complete folder).
+    Writing: ``out`` (the stage's folder, renamed into place when ``run`` returns), ``write_json``.
+    Processes: ``is_main``, ``rank``, ``world``, ``device``, ``barrier()``, ``autocast()``, ``unwrap(model)``;
+    ``dist`` is for pipeline machinery (``training.fit``), not for stages.
+    Tracking: ``log_metrics``, ``log_artifact``, ``log_artifacts``, ``set_tags``, ``mlflow_ids()``.
+    Feedback: ``progress(total, desc)``, a tqdm bar shown on the main process in a terminal.
+    """
 
     config: PipelineConfig
     name: str
@@ -151,7 +166,6 @@ class StageContext:
     out: Path  # the stage's partial folder; renamed into place when run() returns
     tracker: Tracker
     dist: "Distributed"
-    figures: dict = field(default_factory=dict)
 
     def input(self, stage: str) -> Path:
         folder = self.run_dir / stage
@@ -160,8 +174,69 @@ class StageContext:
         return folder
 
     @property
+    def final(self) -> Path:
+        """Where the output folder will be once the stage is complete."""
+        return self.run_dir / self.name
+
+    # -------------------------------------------------------------- processes
+    @property
     def is_main(self) -> bool:
         return self.dist.is_main
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world(self) -> int:
+        return self.dist.world
+
+    @property
+    def device(self):
+        return self.dist.device
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def autocast(self):
+        """The configured mixed precision for forward passes outside training."""
+        return self.dist.accelerator.autocast()
+
+    def unwrap(self, model):
+        return self.dist.accelerator.unwrap_model(model)
+
+    # -------------------------------------------------------------- outputs
+    def write_json(self, name: str | Path, data) -> Path:
+        """Write ``data`` as JSON to ``out / name``, atomically."""
+        path = self.out / name
+        write_json(path, data)
+        return path
+
+    def progress(self, total: int, desc: str, initial: int = 0):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=initial, desc=desc, disable=not self.is_main or not SHOW_BARS,
+                    dynamic_ncols=True, leave=False)
+
+    # -------------------------------------------------------------- tracking (no-ops when MLflow is off)
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self.tracker.log_metrics(metrics, step)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.tracker.log_artifact(path, artifact_path)
+
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
+        self.tracker.log_artifacts(folder, artifact_path)
+
+    def set_tags(self, tags: dict) -> None:
+        self.tracker.set_tags(tags)
+
+    def mlflow_ids(self) -> dict | None:
+        """experiment, parent_run_id, stage_run_id of this stage's MLflow run; None when tracking is off."""
+        if not (self.tracker.enabled and self.tracker.stage_id):
+            return None
+        return {"experiment": self.tracker.experiment, "parent_run_id": self.tracker.parent_id,
+                "stage_run_id": self.tracker.stage_id}
 
 
 def native_bf16() -> bool:
@@ -220,14 +295,8 @@ class Distributed:
         if self.world > 1:
             self.accelerator.wait_for_everyone()
 
-    def broadcast_object(self, obj):
-        if self.world == 1:
-            return obj
-        from accelerate.utils import broadcast_object_list
-
-        box = [obj]
-        broadcast_object_list(box, from_process=0)
-        return box[0]
+    def autocast(self):
+        return self.accelerator.autocast()
 
 
 @contextlib.contextmanager

@@ -16,12 +16,12 @@ file does what Accelerate does not do exactly:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +29,6 @@ from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .config import TrainSettings
@@ -39,7 +38,6 @@ from .errors import PipelineError, TrainingError
 log = logging.getLogger("pipeline")
 
 LOG_EVERY = 10  # optimizer steps between MLflow metric points
-SHOW_BARS = sys.stderr.isatty()  # progress bars in terminals, not in CI logs
 
 
 @dataclass
@@ -212,8 +210,7 @@ def fit(
                 m.train()
             batches = global_batches(num_examples, settings.batch_size, seed, epoch,
                                      lengths=lengths if settings.group_by_length else None)
-            bar = tqdm(total=len(batches), initial=progress.batches_done, desc=f"{tag} epoch {epoch + 1}/{settings.epochs}",
-                       disable=not dist.is_main or not SHOW_BARS, dynamic_ncols=True, leave=False)
+            bar = ctx.progress(total=len(batches), initial=progress.batches_done, desc=f"{tag} epoch {epoch + 1}/{settings.epochs}")
             window_start, window_samples = time.time(), 0
             for b in range(progress.batches_done, len(batches)):
                 global_batch = batches[b]
@@ -223,7 +220,7 @@ def fit(
                 # Per-rank mean loss re-weighted so the DDP average equals the
                 # mean over the global batch even when rank slices differ in size.
                 weight = len(local) * dist.world / len(global_batch)
-                sync = accelerator.no_sync(model) if not boundary and dist.world > 1 else _nullcontext()
+                sync = accelerator.no_sync(model) if not boundary and dist.world > 1 else contextlib.nullcontext()
                 with sync, accelerator.autocast():
                     loss, terms = loss_fn(batch, prepared_modules)
                     scaled = loss * weight / settings.grad_accum
@@ -298,11 +295,3 @@ def _check_finite(loss, terms, step, dist, tag):
             f"values: {', '.join(f'{k}={float(v):.4g}' for k, v in terms.items())}). The last good checkpoint is kept. "
             "Lower the learning rate, use precision: fp32 or bf16 instead of fp16, or check the data."
         )
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_complete, shard_ranges,
                             write_index, write_shard)
@@ -31,8 +30,6 @@ from pipeline.augment import augment, continuation_mask, nearest_words, word_can
 from pipeline.inference import TokenizedSplit, TrainingData, pad_id
 from pipeline.models import load_classifier, load_tokenizer
 from pipeline.objective import teacher_targets, target_plan
-from pipeline.runner import write_json
-from pipeline.training import SHOW_BARS
 
 log = logging.getLogger("pipeline")
 
@@ -41,7 +38,7 @@ AFTER = ["prepare", "teacher"]
 VERSION = 1
 
 
-def inputs(config) -> dict:
+def fingerprint_inputs(config) -> dict:
     """Fingerprint inputs: which teacher targets are needed (not the loss weights' values, not which
     student layer each is matched to, so students of another depth reuse the cache)."""
     plan = target_plan(config)
@@ -52,17 +49,17 @@ def inputs(config) -> dict:
 
 
 def run(ctx) -> dict:
-    config, dist = ctx.config, ctx.dist
+    config = ctx.config
     prepare, teacher_dir = ctx.input("prepare"), ctx.input("teacher")
-    teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
+    teacher = load_classifier(str(teacher_dir / "model")).to(ctx.device).eval()
     augmented = 0
     if config.capture.augment.copies:
         if ctx.is_main:
             augmented = write_augmented(config, teacher, teacher_dir, prepare, ctx.out / "augmented")
-        dist.barrier()
+        ctx.barrier()
     if config.capture.mode == "online":
         if ctx.is_main:
-            write_json(ctx.out / "capture.json", {"mode": "online", "cache_bytes": 0, "augmented_examples": augmented})
+            ctx.write_json("capture.json", {"mode": "online", "cache_bytes": 0, "augmented_examples": augmented})
             log.info("[capture] capture.mode is online: the teacher runs inside each distillation step; nothing stored")
         return {"mode": "online", "cache_bytes": 0, "augmented_examples": augmented}
 
@@ -91,11 +88,11 @@ def run(ctx) -> dict:
     # Shards never mix rows with relation targets and logits-only (augmented) rows.
     ranges = shard_ranges(relational, config.capture.shard_size)
     ranges += [(first + relational, last + relational) for first, last in shard_ranges(len(lengths) - relational, config.capture.shard_size)]
-    mine = [i for i in range(len(ranges)) if i % dist.world == dist.rank]
+    mine = [i for i in range(len(ranges)) if i % ctx.world == ctx.rank]
     todo = [i for i in mine if not shard_complete(folder, i)]
     if len(todo) < len(mine):
         log.info("[capture] %d shard(s) already complete and verified, %d to compute", len(mine) - len(todo), len(todo))
-    bar = tqdm(total=sum(ranges[i][1] - ranges[i][0] for i in todo), desc="capture", disable=not ctx.is_main or not SHOW_BARS, leave=False)
+    bar = ctx.progress(total=sum(ranges[i][1] - ranges[i][0] for i in todo), desc="capture")
     for shard in todo:
         first, last = ranges[shard]
         logits_only = first >= relational
@@ -105,8 +102,8 @@ def run(ctx) -> dict:
         records, logits = [None] * (last - first), np.zeros((last - first, teacher.config.num_labels), np.float32)
         for start in range(0, last - first, config.capture.batch_size):
             global_ids = by_length[start:start + config.capture.batch_size]
-            batch = train.batch(global_ids, pad, dist.device)
-            with dist.accelerator.autocast():
+            batch = train.batch(global_ids, pad, ctx.device)
+            with ctx.autocast():
                 targets = teacher_targets(teacher, batch, shard_plan)
             batch_records = flatten_targets(targets, shard_layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"])
             for i, record in zip(global_ids - first, batch_records):
@@ -115,7 +112,7 @@ def run(ctx) -> dict:
             bar.update(len(global_ids))
         write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first, logits_only)
     bar.close()
-    dist.barrier()
+    ctx.barrier()
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
     summary = {"mode": "cached", "examples": int(len(lengths)), "cache_bytes": int(total),
                "bytes_per_example": total / len(lengths), "estimated_bytes": estimate, "shards": len(ranges),
@@ -123,8 +120,8 @@ def run(ctx) -> dict:
                "augmented_examples": augmented}
     if ctx.is_main:
         write_index(folder, len(ranges), int(len(lengths)), layout)
-        write_json(ctx.out / "capture.json", summary)
-        ctx.tracker.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths)})
+        ctx.write_json("capture.json", summary)
+        ctx.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths)})
         log.info("[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths))
     return {k: v for k, v in summary.items() if not isinstance(v, dict)}
 

@@ -25,36 +25,35 @@ from pipeline.models import build_student, count_parameters, encoder_layers, loa
 from pipeline.objective import DistillObjective, target_plan, teacher_targets
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
-from pipeline.runner import write_json
 from pipeline.training import fit
 
 log = logging.getLogger("pipeline")
 
-READS = ["seed", "precision", "student", "distill", "capture.mode"]
+READS = ["seed", "precision", "student", "distill", "capture.mode", "evaluate.batch_size"]
 AFTER = ["prepare", "teacher", "capture"]
 VERSION = 1
 
 
 def run(ctx) -> dict:
-    config, dist = ctx.config, ctx.dist
+    config = ctx.config
     seed = config.distill.seed if config.distill.seed is not None else config.seed
     set_seed(seed)
     prepare, teacher_dir, capture_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("capture")
     pad = pad_id(prepare)
     tokenizer = load_tokenizer(str(teacher_dir / "model"))
-    teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
+    teacher = load_classifier(str(teacher_dir / "model")).to(ctx.device).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
     ffn_scores = None
     if config.student.ffn_size is not None:
-        ffn_scores = teacher_ffn_importance(teacher, TokenizedSplit(prepare, "train"), config, seed, pad, dist.device)
-    student = build_student(config, teacher, ffn_scores).to(dist.device)
+        ffn_scores = teacher_ffn_importance(teacher, TokenizedSplit(prepare, "train"), config, seed, pad, ctx.device)
+    student = build_student(config, teacher, ffn_scores).to(ctx.device)
     if config.student.dropout is not None:
         for module in student.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = config.student.dropout
     plan = target_plan(config, teacher.config)
-    objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
+    objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(ctx.device)
     online = config.capture.mode == "online"
     cache = None if online else TeacherCache(capture_dir / "cache")
     train = TrainingData(prepare, capture_dir)  # + augmented variants written by capture
@@ -72,28 +71,28 @@ def run(ctx) -> dict:
         if online:
             targets = teacher_targets(teacher, batch, plan)
         else:
-            targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], dist.device)
+            targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], ctx.device)
         return objective(prepared["model"], batch, targets)
 
     def validate(prepared):
-        logits = predict_logits(prepared["model"], validation, config.evaluate.batch_size, dist, pad)
+        logits = predict_logits(prepared["model"], validation, config.evaluate.batch_size, ctx, pad)
         return {"accuracy": accuracy(logits, validation.labels)}
 
-    progress = fit(ctx, modules=modules, lengths=train.lengths, make_batch=lambda idx: train.batch(idx, pad, dist.device),
+    progress = fit(ctx, modules=modules, lengths=train.lengths, make_batch=lambda idx: train.batch(idx, pad, ctx.device),
                    loss_fn=loss_fn, validate=validate, settings=config.distill, seed=seed, tag="distill",
                    # without logit KD (or with CE only on some batches) parts of the student get no gradient
                    find_unused_parameters=config.distill.loss.kd == 0)
-    student = dist.accelerator.unwrap_model(student).eval()
+    student = ctx.unwrap(student).eval()
     summary = {"best_epoch": progress.best_epoch, "validation_accuracy": progress.best_metric,
                "parameters": count_parameters(student), "layers": student.config.num_hidden_layers,
-               "world_size": dist.world}
+               "world_size": ctx.world}
     if ctx.is_main:
         save_model(student, tokenizer, ctx.out / "student")
-        write_json(ctx.out / "history.json", progress.history)
+        ctx.write_json("history.json", progress.history)
         if progress.history:
             plot_history(progress.history, ctx.out / "curves.png", title=f"{config.name}: distillation")
-            ctx.tracker.log_artifact(ctx.out / "curves.png")
-        ctx.tracker.log_metrics(summary)
+            ctx.log_artifact(ctx.out / "curves.png")
+        ctx.log_metrics(summary)
     return summary
 
 

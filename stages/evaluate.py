@@ -24,7 +24,6 @@ from pipeline.metrics import attention_health, classification_report
 from pipeline.models import count_parameters, load_classifier, load_tokenizer
 from pipeline.objective import target_plan
 from pipeline.plots import plot_attention_pair, plot_confusion
-from pipeline.runner import write_json
 
 log = logging.getLogger("pipeline")
 
@@ -34,14 +33,14 @@ VERSION = 1
 
 
 def run(ctx) -> dict:
-    config, dist = ctx.config, ctx.dist
+    config = ctx.config
     prepare, teacher_dir, distill_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("distill")
     names, pad = label_names(prepare), pad_id(prepare)
     test = TokenizedSplit(prepare, "test")
-    teacher = load_classifier(str(teacher_dir / "model")).to(dist.device).eval()
-    student = load_classifier(str(distill_dir / "student")).to(dist.device).eval()
-    t_logits = predict_logits(teacher, test, config.evaluate.batch_size, dist, pad)
-    s_logits = predict_logits(student, test, config.evaluate.batch_size, dist, pad)
+    teacher = load_classifier(str(teacher_dir / "model")).to(ctx.device).eval()
+    student = load_classifier(str(distill_dir / "student")).to(ctx.device).eval()
+    t_logits = predict_logits(teacher, test, config.evaluate.batch_size, ctx, pad)
+    s_logits = predict_logits(student, test, config.evaluate.batch_size, ctx, pad)
     if not ctx.is_main:
         return {}
     t_pred, s_pred = t_logits.argmax(-1), s_logits.argmax(-1)
@@ -62,12 +61,12 @@ def run(ctx) -> dict:
     with open(ctx.out / "predictions.jsonl", "w") as fh:
         for i in range(len(test)):
             fh.write(json.dumps({"label": names[test.labels[i]], "teacher": names[t_pred[i]], "student": names[s_pred[i]]}) + "\n")
-    write_json(ctx.out / "metrics.json", metrics)
+    ctx.write_json("metrics.json", metrics)
     flat = {f"{who}/{k}": metrics[who][k] for who in ("teacher", "student") for k in ("accuracy", "macro_f1")}
     flat.update({"retention": metrics["retention"], "agreement": metrics["agreement"]})
-    ctx.tracker.log_metrics(flat)
+    ctx.log_metrics(flat)
     for path in sorted(ctx.out.glob("*.png")) + [ctx.out / "metrics.json", ctx.out / "predictions.jsonl"]:
-        ctx.tracker.log_artifact(path)
+        ctx.log_artifact(path)
     log.info("[evaluate] teacher acc %.4f, student acc %.4f, retention %.4f, agreement %.4f",
              metrics["teacher"]["accuracy"], metrics["student"]["accuracy"], metrics["retention"], metrics["agreement"])
     return {"teacher_accuracy": metrics["teacher"]["accuracy"], "student_accuracy": metrics["student"]["accuracy"],
@@ -77,11 +76,11 @@ def run(ctx) -> dict:
 @torch.no_grad()
 def attention_report(ctx, teacher, student, prepare, pad) -> dict:
     """Health of the mapped layers on validation sentences, plus heatmaps of a few."""
-    config, dist = ctx.config, ctx.dist
+    config = ctx.config
     plan = target_plan(config, teacher.config)
     validation = TokenizedSplit(prepare, "validation")
     indices = np.arange(min(64, len(validation)))
-    batch = validation.batch(indices, pad, dist.device)
+    batch = validation.batch(indices, pad, ctx.device)
     tokenizer = load_tokenizer(str(ctx.input("teacher") / "model"))
     report = {}
     for who, model, layers in (("teacher", teacher, plan.teacher_layers), ("student", student, plan.student_layers)):
@@ -94,7 +93,7 @@ def attention_report(ctx, teacher, student, prepare, pad) -> dict:
             outputs = probs @ split_heads(captured[layer]["value"].float(), heads)
             health = attention_health(probs, batch["attention_mask"], outputs)
             report[who][f"layer_{layer}"] = health
-            ctx.tracker.log_metrics({f"attention/{who}_layer{layer}_min_entropy": min(health["entropy_per_head"]),
+            ctx.log_metrics({f"attention/{who}_layer{layer}_min_entropy": min(health["entropy_per_head"]),
                                      f"attention/{who}_layer{layer}_norm_imbalance": health["output_norm_imbalance"],
                                      f"attention/{who}_layer{layer}_nonfinite": health["nonfinite"]})
             if health["low_entropy_heads"]:

@@ -18,7 +18,6 @@ import datasets
 
 from pipeline.data import SPLITS, load_frame, split_frame, tokenize_split
 from pipeline.models import load_tokenizer, tokenizer_reference
-from pipeline.runner import write_json
 
 log = logging.getLogger("pipeline")
 
@@ -77,14 +76,14 @@ def run(ctx) -> dict:
         stats["splits"]["unlabeled"] = {"examples": len(ids)}
     if total_truncated:
         log.info("[prepare] %d texts were longer than data.max_length=%d tokens and were truncated", total_truncated, cfg.max_length)
-    write_json(ctx.out / "labels.json", {str(i): name for i, name in enumerate(label_names)})
-    write_json(ctx.out / "stats.json", stats)
-    ctx.tracker.log_artifact(ctx.out / "stats.json")
+    ctx.write_json("labels.json", {str(i): name for i, name in enumerate(label_names)})
+    ctx.write_json("stats.json", stats)
+    ctx.log_artifact(ctx.out / "stats.json")
     summary = {f"{s}_examples": stats["splits"][s]["examples"] for s in SPLITS}
     summary["truncated"] = total_truncated
     summary["missing_labels"] = cleaning["missing_labels"]
     summary["cut_texts"] = cleaning["cut_texts"]
-    ctx.tracker.log_metrics({k: v for k, v in summary.items()})
+    ctx.log_metrics({k: v for k, v in summary.items()})
     for split in SPLITS:
         log.info("[prepare] %s: %d examples, classes %s", split, stats["splits"][split]["examples"], stats["splits"][split]["class_counts"])
     return summary

@@ -17,27 +17,26 @@ from transformers import set_seed
 
 from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits
 from pipeline.models import build_teacher_for_finetune, load_tokenizer, save_model, tokenizer_reference
-from pipeline.runner import write_json
 from pipeline.training import fit
 
 log = logging.getLogger("pipeline")
 
-READS = ["seed", "precision", "teacher"]
+READS = ["seed", "precision", "teacher", "evaluate.batch_size"]
 AFTER = ["prepare"]
 VERSION = 1
 
 
 def run(ctx) -> dict:
-    config, dist = ctx.config, ctx.dist
+    config = ctx.config
     set_seed(config.seed)
     prepare = ctx.input("prepare")
     labels, pad = label_names(prepare), pad_id(prepare)
     tokenizer = load_tokenizer(tokenizer_reference(config), config.teacher.trust_remote_code)
     train, validation, test = (TokenizedSplit(prepare, s) for s in ("train", "validation", "test"))
-    model = build_teacher_for_finetune(config, labels, len(tokenizer)).to(dist.device)
+    model = build_teacher_for_finetune(config, labels, len(tokenizer)).to(ctx.device)
 
     def validate(prepared=None) -> dict:
-        logits = predict_logits((prepared or {}).get("model", model), validation, config.evaluate.batch_size, dist, pad)
+        logits = predict_logits((prepared or {}).get("model", model), validation, config.evaluate.batch_size, ctx, pad)
         return {"accuracy": accuracy(logits, validation.labels)}
 
     if config.teacher.finetune and config.teacher.epochs > 0:
@@ -47,20 +46,20 @@ def run(ctx) -> dict:
             return loss, {"ce": loss.detach()}
 
         progress = fit(ctx, modules={"model": model}, lengths=train.lengths,
-                       make_batch=lambda idx: train.batch(idx, pad, dist.device), loss_fn=loss_fn,
+                       make_batch=lambda idx: train.batch(idx, pad, ctx.device), loss_fn=loss_fn,
                        validate=validate, settings=config.teacher, seed=config.seed, tag="teacher")
-        model = dist.accelerator.unwrap_model(model)
+        model = ctx.unwrap(model)
         best_epoch = progress.best_epoch
     else:
         best_epoch = 0
     model.eval()
     val_acc = validate()["accuracy"]
-    test_acc = accuracy(predict_logits(model, test, config.evaluate.batch_size, dist, pad), test.labels)
+    test_acc = accuracy(predict_logits(model, test, config.evaluate.batch_size, ctx, pad), test.labels)
     metrics = {"validation_accuracy": val_acc, "test_accuracy": test_acc, "best_epoch": best_epoch,
                "parameters": sum(p.numel() for p in model.parameters())}
     if ctx.is_main:
         save_model(model, tokenizer, ctx.out / "model")
-        write_json(ctx.out / "metrics.json", metrics)
-        ctx.tracker.log_metrics(metrics)
+        ctx.write_json("metrics.json", metrics)
+        ctx.log_metrics(metrics)
         log.info("[teacher] validation accuracy %.4f, test accuracy %.4f", val_acc, test_acc)
     return metrics
