@@ -86,7 +86,7 @@ def store_error(exc: BaseException, uri: str, before_work: bool = True) -> Pipel
         cause = (f"is not a readable sqlite database ({where} is damaged or not a database). Move it aside "
                  f"(mv {where} {where}.bad) to start a fresh store; stage outputs under the runs folder are not affected")
     elif "database is locked" in text:
-        cause = f"is locked by another process (an MLflow UI or pipeline in the middle of a write). Wait and rerun"
+        cause = "is locked by another process (an MLflow UI or pipeline in the middle of a write). Wait and rerun"
     elif "unable to open database" in text or "readonly database" in text or "permission denied" in text:
         cause = (f"cannot be opened for writing ({where}: permissions or a read-only folder). Make it writable "
                  "or point --runs-dir at a writable folder")

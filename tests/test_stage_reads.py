@@ -77,7 +77,7 @@ def test_recorder_sees_reads_inside_methods_and_nested_sections():
 
 def test_every_key_a_stage_reads_is_declared(tmp_path, monkeypatch):
     import pipeline.runner as runner
-    from pipeline.runner import STAGES, resolve_precision, run_pipeline, stage_module
+    from pipeline.runner import STAGES, resolve_precision, run_pipeline
 
     config = load_config("tiny", ["data.max_examples=160", "teacher.epochs=1", "distill.epochs=1",
                                   "student.ffn_size=32", "student.ffn_importance_examples=16",

@@ -156,6 +156,20 @@ def error_message(stderr: str) -> str:
     return stderr.split("\nerror: ", 1)[1].strip()
 
 
+def assert_resumable_interrupt(process, stderr: str) -> None:
+    """A stopped pipeline process (Ctrl-C, SIGTERM): exit 130, no traceback, the resume hint."""
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "rerun the same command to resume" in error_message(stderr).lower()
+
+
+def stop(process) -> None:
+    """Kill a test's child pipeline if it is still running (always, in a finally)."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
 def tree_digest(folder: Path) -> dict[str, str]:
     """sha256 of every file under a folder, by relative path."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
