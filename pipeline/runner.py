@@ -37,7 +37,7 @@ from pathlib import Path
 from .config import PipelineConfig, to_yaml
 from .errors import LockedError, PipelineError, disk_full_error
 from .integrity import DigestCache, damaged_outputs, output_listing, path_digest
-from .tracking import Tracker, config_hash, run_status
+from .tracking import Tracker, config_hash, redact_uri, run_status
 
 log = logging.getLogger("pipeline")
 
@@ -232,11 +232,12 @@ class StageContext:
         self.tracker.set_tags(tags)
 
     def mlflow_ids(self) -> dict | None:
-        """experiment, parent_run_id, stage_run_id of this stage's MLflow run; None when tracking is off."""
+        """tracking_uri (password redacted), experiment, parent_run_id, stage_run_id of this stage's MLflow run;
+        None when tracking is off."""
         if not (self.tracker.enabled and self.tracker.stage_id):
             return None
-        return {"experiment": self.tracker.experiment, "parent_run_id": self.tracker.parent_id,
-                "stage_run_id": self.tracker.stage_id}
+        return {"tracking_uri": redact_uri(self.tracker.uri), "experiment": self.tracker.experiment,
+                "parent_run_id": self.tracker.parent_id, "stage_run_id": self.tracker.stage_id}
 
 
 def native_bf16() -> bool:

@@ -38,6 +38,8 @@ import logging
 import os
 import platform
 import shutil
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -46,9 +48,7 @@ from pipeline.errors import PipelineError
 from pipeline.inference import TokenizedSplit, label_names, pad_id
 from pipeline.metrics import classification_report
 from pipeline.models import count_parameters, load_classifier
-from pipeline.runner import write_json
 from pipeline.summary import comparison_lines
-from pipeline.tracking import redact_uri
 
 log = logging.getLogger("pipeline")
 
@@ -60,202 +60,392 @@ ALIAS = "candidate"
 
 
 def run(ctx) -> dict:
+    """The export, step by step: each step below builds one thing; the figures are rendered into every output at the end."""
     if not ctx.is_main:  # export, measurement and registration happen once
         return {}
-    config, cfg = ctx.config, ctx.config.export
-    prepare, teacher_dir, distill_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("distill")
-    names, pad = label_names(prepare), pad_id(prepare)
-    max_length = json.loads((prepare / "stats.json").read_text())["max_length"]
-    test = full_test = TokenizedSplit(prepare, "test")  # full_test: the teacher's own (untrimmed) vocabulary
-    out = ctx.out / "bundle"
-    work = ctx.out / "work"  # teacher graph and rejected int8 attempts; removed before the rename
-    for folder in (out, work):
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+    cfg = ctx.config.export
+    inputs = read_inputs(ctx)
+    out = fresh_folder(ctx.out / "bundle")
+    work = fresh_folder(ctx.out / "work")  # teacher graph and rejected int8 attempts; removed before the rename
+    shipped = export_student(inputs, cfg, out, work)  # 1. fp32 ONNX and parity (vocabulary trimmed or not)
+    int8 = quantize(shipped, inputs.names, cfg, out, work)  # 2. int8 within the accuracy budget
+    recommended = "int8" if int8 and int8.setting["within_budget"] else "fp32"
+    ort = convert_to_ort(shipped, int8, recommended, cfg, out)  # 3. ORT format
+    teacher = export_teacher(inputs, int8, cfg, work)  # 4. the baseline a user would ship instead
+    latency = measure_side_by_side(ctx.config.seed, inputs, shipped, int8, teacher, cfg)  # every model side by side
+    variants = {"onnx_fp32": shipped.fp32, **({"onnx_int8": int8.metrics} if int8 else {})}
+    figures = Figures(
+        examples=len(shipped.test), variants=variants, recommended=recommended, parity=shipped.parity,
+        quant=int8.setting if int8 else None, attempts=int8.attempts if int8 else [],
+        trim=shipped.trim or {"enabled": False}, ort=ort, latency=latency,
+        comparison=compare_with_int8_teacher(cfg, inputs.teacher, teacher.baseline, variants, recommended, latency["rows"]))
+    metadata = write_bundle(ctx, inputs, shipped, figures, mlflow_source(ctx))  # 5. the bundle files
+    shutil.rmtree(work)
+    ctx.write_json("metrics.json", metrics_json(figures))  # 6. metrics, MLflow
+    registration = register(ctx, figures, metadata)
+    summary = export_summary(cfg, figures, registration)
+    ctx.write_json("export.json", summary)
+    log_outcome(figures, ctx.final / "bundle")
+    return summary
 
-    # 1. fp32 ONNX and parity ------------------------------------------------------------
-    student = load_classifier(str(distill_dir / "student"), attn_implementation="eager").eval()
-    tokenizer_json = distill_dir / "student" / "tokenizer.json"
-    reference = B.torch_logits(student, test, pad)  # the PyTorch student every variant is compared with
-    fp32_path = (work if cfg.trim_vocab else out) / "model.onnx"
-    fp32_logits, parity, ladder = export_checked(student, fp32_path, test, pad, reference, cfg)
-    trim = None
-    if cfg.trim_vocab:  # ship a smaller embedding table; the full-vocabulary graph above is the "before"
-        before = variant_metrics(fp32_logits, reference, test.labels, names, fp32_path, count_parameters(student))
-        student, test, tokenizer_json, trim = trimmed_student(student, prepare, tokenizer_json, work, test, max_length)
-        pad = trim["pad_id"]
-        fp32_path = out / "model.onnx"
-        trimmed_reference = B.torch_logits(student, test, pad)
-        fp32_logits, parity, ladder = export_checked(student, fp32_path, test, pad, trimmed_reference, cfg)
-        after = variant_metrics(fp32_logits, reference, test.labels, names, fp32_path, count_parameters(student))
-        trim.update({"before": _brief(before), "after": _brief(after)})
-        log.info("[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
-                 trim["kept_tokens"], before["file_mb"], after["file_mb"], before["accuracy"], after["accuracy"])
-    max_diff, parity_agreement = parity["max_abs_logit_diff"], parity["prediction_agreement"]
-    parameters = count_parameters(student)
-    variants = {"onnx_fp32": variant_metrics(fp32_logits, reference, test.labels, names, fp32_path, parameters)}
 
-    # 2. int8 with an accuracy budget ----------------------------------------------------
-    quant, attempts, int8_logits = None, [], None
-    if cfg.quantize:
-        quant, attempts, int8_logits = quantize_with_budget(ladder, fp32_path, out / "model.int8.onnx", work, test, pad,
-                                                            variants["onnx_fp32"]["accuracy"], cfg.max_int8_drop)
-        variants["onnx_int8"] = variant_metrics(int8_logits, reference, test.labels, names, out / "model.int8.onnx", parameters)
-        variants["onnx_int8"]["drop_points"] = quant["drop_points"]
-    int8_ok = bool(quant and quant["within_budget"])
-    recommended = "int8" if int8_ok else "fp32"
+# ---------------------------------------------------------------- what the steps build
 
-    # 3. ORT format ----------------------------------------------------------------------
-    to_convert = ([out / "model.int8.onnx"] if cfg.quantize else []) + ([] if int8_ok else [fp32_path])
-    ort_info = B.convert_to_ort(to_convert, out, cfg.ort_target_platform)
-    for path in to_convert:  # every .ort must load and agree with its .onnx
-        ort_file = out / ort_info["files"][path.name]
-        ort_logits = B.onnx_logits(ort_file, test, pad)
-        onnx_ref = fp32_logits if path == fp32_path else int8_logits
-        agreement = float((ort_logits.argmax(-1) == onnx_ref.argmax(-1)).mean())
-        ort_info.setdefault("agreement_with_onnx", {})[ort_file.name] = agreement
+
+@dataclass
+class Inputs:
+    """What the export reads from the earlier stages."""
+
+    prepare: Path
+    teacher: Path  # the teacher stage's folder (model/, metrics.json)
+    student: Path  # the distilled student's folder (weights, tokenizer.json)
+    names: list[str]  # label names, by index
+    labels: dict  # {"0": name, ...}: labels.json and metadata.json
+    pad: int  # [PAD] id of the original vocabulary
+    max_length: int
+    test: TokenizedSplit  # the test split in the original vocabulary (the teacher's)
+
+
+@dataclass
+class Shipped:
+    """The student as shipped: model, tokenizer and test split in its own (maybe trimmed) vocabulary, and its fp32 graph."""
+
+    model: object
+    test: object  # the test split in the shipped vocabulary (TokenizedSplit or bundle.IdSplit)
+    pad: int
+    tokenizer_json: Path
+    facts: dict  # bundle.tokenizer_facts of tokenizer_json
+    fp32_path: Path
+    fp32_logits: np.ndarray
+    fp32: dict  # the fp32 graph's test metrics (variant_metrics)
+    reference: np.ndarray  # logits of the trained PyTorch student, which every variant is compared with
+    parity: dict  # the fp32 graph against its own PyTorch model
+    ladder: list  # int8 settings to try (read from the exporter's node scopes)
+    trim: dict | None = None  # vocab_trim facts when export.trim_vocab
+
+
+@dataclass
+class Int8:
+    """The shipped int8 graph: the setting chosen on the ladder, every attempt, its test metrics and logits."""
+
+    path: Path
+    setting: dict
+    attempts: list
+    metrics: dict
+    logits: np.ndarray
+
+
+@dataclass
+class Teacher:
+    """The teacher graphs, measured and never shipped, and the int8 baseline's test figures."""
+
+    onnx: Path
+    int8: Path | None
+    baseline: dict | None
+
+
+@dataclass
+class Figures:
+    """Every figure the export reports, built once. metadata.json, metrics.json, export.json, the README,
+    latency.json/.md and MLflow render these and compute none of their own."""
+
+    examples: int  # test examples every accuracy is measured on
+    variants: dict  # "onnx_fp32" [, "onnx_int8"]: variant_metrics (+ drop_points for int8)
+    recommended: str  # "int8" or "fp32"
+    parity: dict  # max_abs_logit_diff, prediction_agreement
+    quant: dict | None  # the chosen int8 setting; None when export.quantize is off
+    attempts: list  # every int8 setting tried
+    trim: dict  # vocab_trim ({"enabled": False} when off)
+    ort: dict  # ORT-format files, their agreement with the .onnx
+    latency: dict  # rows, skipped, load, machine
+    comparison: dict | None  # versus_int8_teacher (the baseline inside); None without int8
+
+    @property
+    def int8_recommended(self) -> bool:
+        return self.recommended == "int8"
+
+
+# ---------------------------------------------------------------- the steps, in order
+
+
+def read_inputs(ctx) -> Inputs:
+    prepare, teacher, distill = ctx.input("prepare"), ctx.input("teacher"), ctx.input("distill")
+    names = label_names(prepare)
+    return Inputs(prepare=prepare, teacher=teacher, student=distill / "student", names=names,
+                  labels={str(i): name for i, name in enumerate(names)}, pad=pad_id(prepare),
+                  max_length=json.loads((prepare / "stats.json").read_text())["max_length"],
+                  test=TokenizedSplit(prepare, "test"))
+
+
+def fresh_folder(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def export_student(inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
+    """The trained student as fp32 ONNX, parity-checked; with export.trim_vocab this graph is the "before" of the trimmed one."""
+    model = load_classifier(str(inputs.student), attn_implementation="eager").eval()
+    reference = B.torch_logits(model, inputs.test, inputs.pad)  # the PyTorch student every variant is compared with
+    full = export_fp32(model, inputs.test, inputs.pad, inputs.student / "tokenizer.json",
+                       (work if cfg.trim_vocab else out) / "model.onnx", reference, reference, inputs.names, cfg)
+    return export_trimmed(full, inputs, cfg, out, work) if cfg.trim_vocab else full
+
+
+def export_fp32(model, test, pad, tokenizer_json, path, own_logits, reference, names, cfg) -> Shipped:
+    """``model`` as fp32 ONNX at ``path``: parity against ``own_logits`` (its PyTorch logits), metrics against ``reference``."""
+    logits, parity, ladder = export_checked(model, path, test, pad, own_logits, cfg)
+    fp32 = variant_metrics(logits, reference, test.labels, names, path, count_parameters(model))
+    return Shipped(model=model, test=test, pad=pad, tokenizer_json=tokenizer_json, facts=B.tokenizer_facts(tokenizer_json),
+                   fp32_path=path, fp32_logits=logits, fp32=fp32, reference=reference, parity=parity, ladder=ladder)
+
+
+def export_trimmed(full: Shipped, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
+    """A smaller embedding table: the student cut to the tokens the training text uses, exported and checked again."""
+    model, test, tokenizer_json, trim = trimmed_student(full.model, inputs.prepare, full.tokenizer_json, work, full.test,
+                                                        inputs.max_length)
+    pad = trim["pad_id"]
+    shipped = export_fp32(model, test, pad, tokenizer_json, out / "model.onnx", B.torch_logits(model, test, pad),
+                          full.reference, inputs.names, cfg)
+    before, after = full.fp32, shipped.fp32
+    shipped.trim = {**trim, "before": _brief(before), "after": _brief(after)}
+    log.info("[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
+             trim["kept_tokens"], before["file_mb"], after["file_mb"], before["accuracy"], after["accuracy"])
+    return shipped
+
+
+def quantize(shipped: Shipped, names, cfg, out: Path, work: Path) -> Int8 | None:
+    """int8 with an accuracy budget (quantize_with_budget); None when export.quantize is off."""
+    if not cfg.quantize:
+        return None
+    path = out / "model.int8.onnx"
+    setting, attempts, logits = quantize_with_budget(shipped.ladder, shipped.fp32_path, path, work, shipped.test, shipped.pad,
+                                                     shipped.fp32["accuracy"], cfg.max_int8_drop)
+    metrics = variant_metrics(logits, shipped.reference, shipped.test.labels, names, path, shipped.fp32["parameters"])
+    metrics["drop_points"] = setting["drop_points"]
+    return Int8(path=path, setting=setting, attempts=attempts, metrics=metrics, logits=logits)
+
+
+def convert_to_ort(shipped: Shipped, int8: Int8 | None, recommended: str, cfg, out: Path) -> dict:
+    """ORT-format twins of model.int8.onnx and, when fp32 is recommended, of model.onnx; each must agree with its .onnx."""
+    graphs = ([(int8.path, int8.logits)] if int8 else []) + ([(shipped.fp32_path, shipped.fp32_logits)]
+                                                              if recommended == "fp32" else [])
+    info = B.convert_to_ort([path for path, _ in graphs], out, cfg.ort_target_platform)
+    for path, onnx_logits in graphs:
+        ort_file = out / info["files"][path.name]
+        ort_logits = B.onnx_logits(ort_file, shipped.test, shipped.pad)
+        agreement = float((ort_logits.argmax(-1) == onnx_logits.argmax(-1)).mean())
+        info.setdefault("agreement_with_onnx", {})[ort_file.name] = agreement
         if agreement < 1.0:
             log.warning("[export] %s disagrees with %s on %.2f%% of the test split", ort_file.name, path.name, 100 * (1 - agreement))
+    return info
 
-    # 4. the baseline a user would ship instead, and latency side by side -----------------
-    teacher_eager = load_classifier(str(teacher_dir / "model"), attn_implementation="eager").eval()
-    teacher_onnx, teacher_int8 = work / "teacher.onnx", work / "teacher.int8.onnx"  # measured, never shipped
-    B.export_onnx(B.LogitsOnly(teacher_eager), teacher_onnx, cfg.opset)
-    del teacher_eager
-    baseline = int8_teacher_baseline(teacher_onnx, teacher_int8, quant, full_test, pad_id(prepare), names)
-    teacher_pt = load_classifier(str(teacher_dir / "model")).eval()  # default attention backend, as users run it
-    student_pt = load_classifier(str(distill_dir / "student")).eval()
-    facts = B.tokenizer_facts(tokenizer_json)
-    teacher_facts = B.tokenizer_facts(distill_dir / "student" / "tokenizer.json")
-    sample = np.random.default_rng(config.seed).permutation(len(test))[: cfg.latency_sentences]
-    full_ids, shipped_ids = [list(full_test.input_ids[i]) for i in sample], [list(test.input_ids[i]) for i in sample]
 
-    def spec(runtime, factory, tokenizer_facts, model_config):
-        specials = tokenizer_facts["special_token_ids"]
-        return (runtime, factory, tokenizer_facts["vocab_size"], specials.get("[CLS]", 101), specials.get("[SEP]", 102),
-                model_config.max_position_embeddings)
+def export_teacher(inputs: Inputs, int8: Int8 | None, cfg, work: Path) -> Teacher:
+    """The teacher as ONNX fp32 and, quantized with the student's int8 setting, the int8 baseline (int8_teacher_baseline)."""
+    eager = load_classifier(str(inputs.teacher / "model"), attn_implementation="eager").eval()
+    onnx_path, int8_path = work / "teacher.onnx", work / "teacher.int8.onnx"
+    B.export_onnx(B.LogitsOnly(eager), onnx_path, cfg.opset)
+    del eager
+    baseline = int8_teacher_baseline(onnx_path, int8_path, int8.setting if int8 else None, inputs.test, inputs.pad, inputs.names)
+    return Teacher(onnx=onnx_path, int8=int8_path if int8 else None, baseline=baseline)
 
+
+def measure_side_by_side(seed: int, inputs: Inputs, shipped: Shipped, int8: Int8 | None, teacher: Teacher, cfg) -> dict:
+    """Batch-1 latency of the teacher and the student, PyTorch and ONNX (and int8), measured together (measure_latency)."""
+    teacher_pt = load_classifier(str(inputs.teacher / "model")).eval()  # default attention backend, as users run it
+    student_pt = load_classifier(str(inputs.student)).eval()
+    full_facts = B.tokenizer_facts(inputs.student / "tokenizer.json")  # the original vocabulary (the teacher's)
+    sample = np.random.default_rng(seed).permutation(len(shipped.test))[: cfg.latency_sentences]
+    full_ids, shipped_ids = [list(inputs.test.input_ids[i]) for i in sample], [list(shipped.test.input_ids[i]) for i in sample]
     models = {
-        "teacher PyTorch fp32": spec("pytorch", lambda t: B.torch_runner(teacher_pt, t), teacher_facts, teacher_pt.config),
-        "teacher ONNX fp32": spec("onnxruntime", lambda t: B.ort_runner(teacher_onnx, t), teacher_facts, teacher_pt.config),
-        "student PyTorch fp32": spec("pytorch", lambda t: B.torch_runner(student_pt, t), teacher_facts, student_pt.config),
-        "student ONNX fp32": spec("onnxruntime", lambda t: B.ort_runner(fp32_path, t), facts, student.config),
+        "teacher PyTorch fp32": _spec("pytorch", lambda t: B.torch_runner(teacher_pt, t), full_facts, teacher_pt.config),
+        "teacher ONNX fp32": _spec("onnxruntime", lambda t: B.ort_runner(teacher.onnx, t), full_facts, teacher_pt.config),
+        "student PyTorch fp32": _spec("pytorch", lambda t: B.torch_runner(student_pt, t), full_facts, student_pt.config),
+        "student ONNX fp32": _spec("onnxruntime", lambda t: B.ort_runner(shipped.fp32_path, t), shipped.facts,
+                                   shipped.model.config),
     }
     sentence_ids = {name: full_ids for name in models}
     sentence_ids["student ONNX fp32"] = shipped_ids
-    if cfg.quantize:
-        models["teacher ONNX int8"] = spec("onnxruntime", lambda t: B.ort_runner(teacher_int8, t), teacher_facts, teacher_pt.config)
-        models["student ONNX int8"] = spec("onnxruntime", lambda t: B.ort_runner(out / "model.int8.onnx", t), facts, student.config)
+    if int8:
+        models["teacher ONNX int8"] = _spec("onnxruntime", lambda t: B.ort_runner(teacher.int8, t), full_facts, teacher_pt.config)
+        models["student ONNX int8"] = _spec("onnxruntime", lambda t: B.ort_runner(int8.path, t), shipped.facts,
+                                            shipped.model.config)
         sentence_ids["teacher ONNX int8"], sentence_ids["student ONNX int8"] = full_ids, shipped_ids
-    latency = measure_latency(cfg, models, sentence_ids)
-    machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, onnxruntime {_version('onnxruntime')}"
-    write_json(out / "latency.json", {"batch": 1, "machine": machine, **latency["load"], "rows": latency["rows"],
-                                      "skipped": latency["skipped"]})
-    (out / "latency.md").write_text(B.latency_markdown(latency["rows"], machine, latency["load"]))
-    comparison = None
-    if baseline:
-        shipped = {"variant": recommended, "accuracy": variants[f"onnx_{recommended}"]["accuracy"],
-                   "file_mb": variants[f"onnx_{recommended}"]["file_mb"]}
-        teacher_accuracy = json.loads((teacher_dir / "metrics.json").read_text())["test_accuracy"]
-        comparison = baseline_comparison(cfg, teacher_accuracy, baseline, shipped, latency["rows"])
-        for line in comparison_lines(comparison):
-            log.info("[export] %s", line)
+    return measure_latency(cfg, models, sentence_ids)
 
-    # 5. the bundle files ----------------------------------------------------------------
-    B.write_bundle_tokenizer(tokenizer_json, out / "tokenizer.json", out / "vocab.txt", max_length)
-    write_json(out / "labels.json", {str(i): name for i, name in enumerate(names)})
+
+def _spec(runtime, factory, tokenizer_facts, model_config) -> tuple:
+    """A measure_latency model entry."""
+    specials = tokenizer_facts["special_token_ids"]
+    return (runtime, factory, tokenizer_facts["vocab_size"], specials.get("[CLS]", 101), specials.get("[SEP]", 102),
+            model_config.max_position_embeddings)
+
+
+def compare_with_int8_teacher(cfg, teacher_dir: Path, baseline: dict | None, variants: dict, recommended: str,
+                              rows: list[dict]) -> dict | None:
+    """The recommended variant against the int8 teacher (baseline_comparison), logged; None without a baseline."""
+    if not baseline:
+        return None
+    chosen = variants[f"onnx_{recommended}"]
+    shipped = {"variant": recommended, "accuracy": chosen["accuracy"], "file_mb": chosen["file_mb"]}
+    teacher_accuracy = json.loads((teacher_dir / "metrics.json").read_text())["test_accuracy"]
+    comparison = baseline_comparison(cfg, teacher_accuracy, baseline, shipped, rows)
+    for line in comparison_lines(comparison):
+        log.info("[export] %s", line)
+    return comparison
+
+
+def mlflow_source(ctx) -> dict:
+    """Where the bundle is tracked and registered (metadata.json "source"); registration needs MLflow on."""
+    ids = ctx.mlflow_ids() or {}
+    registered = bundle_name(ctx.config) if ctx.config.export.register_model and ids else None
+    return {"mlflow_tracking_uri": ids.get("tracking_uri", ""), "mlflow_experiment": ids.get("experiment"),
+            "mlflow_parent_run_id": ids.get("parent_run_id"), "mlflow_export_run_id": ids.get("stage_run_id"),
+            "registered_model": registered, "registered_alias": ALIAS if registered else None}
+
+
+def write_bundle(ctx, inputs: Inputs, shipped: Shipped, figures: Figures, source: dict) -> dict:
+    """The bundle's files besides the graphs; metadata.json last, with the sha256 of every other file. Returns the metadata."""
+    out, latency = ctx.out / "bundle", figures.latency
+    ctx.write_json("bundle/latency.json", {"batch": 1, "machine": latency["machine"], **latency["load"],
+                                           "rows": latency["rows"], "skipped": latency["skipped"]})
+    (out / "latency.md").write_text(B.latency_markdown(latency["rows"], latency["machine"], latency["load"]))
+    B.write_bundle_tokenizer(shipped.tokenizer_json, out / "tokenizer.json", out / "vocab.txt", inputs.max_length)
+    ctx.write_json("bundle/labels.json", inputs.labels)
     B.copy_predict_script(out / "predict.py")
-    registered_name = f"attention-distill-{config.name}"
-    register = cfg.register_model and ctx.tracker.enabled and ctx.tracker.stage_id is not None
-    variant_files = {"fp32": ("model.onnx", "onnx_fp32", "model.ort" if not int8_ok else None)}
-    if cfg.quantize:
+    metadata = bundle_metadata(ctx.config, inputs, shipped, figures, source)
+    (out / "README.md").write_text(B.render_template("README.md", readme_values(ctx.config, metadata, latency)))
+    metadata["files"] = B.file_table(out)
+    ctx.write_json("bundle/metadata.json", metadata)
+    return metadata
+
+
+def register(ctx, figures: Figures, metadata: dict) -> dict | None:
+    """MLflow: the figures, the bundle and metrics.json; the recommended graph registered with alias ``candidate``."""
+    ctx.log_metrics(mlflow_metrics(figures))
+    ctx.set_tags({"attention_distill.recommended_variant": figures.recommended})
+    ctx.log_artifacts(ctx.out / "bundle", "bundle")
+    ctx.log_artifact(ctx.out / "metrics.json")
+    source = metadata["source"]
+    if not source["registered_model"]:
+        return None
+    chosen = metadata["variants"][figures.recommended]
+    registration = B.register_onnx(ctx.out / "bundle" / chosen["file"], source["mlflow_export_run_id"],
+                                   source["registered_model"], ALIAS, {
+        "variant": figures.recommended, "file": chosen["file"], "sha256": metadata["files"][chosen["file"]]["sha256"],
+        "test_accuracy": chosen["accuracy"], "config": ctx.config.name, "bundle_artifact_path": "bundle",
+    })
+    log.info("[export] registered %s version %s (alias '%s', %s)", source["registered_model"], registration["version"], ALIAS,
+             figures.recommended)
+    return registration
+
+
+def log_outcome(figures: Figures, bundle: Path) -> None:
+    fp32, int8 = figures.variants["onnx_fp32"], figures.variants.get("onnx_int8")
+    log.info("[export] parity max diff %.2e; fp32 acc %.4f (%.1f MB)%s; recommended %s; bundle %s",
+             figures.parity["max_abs_logit_diff"], fp32["accuracy"], fp32["file_mb"],
+             f", int8 acc {int8['accuracy']:.4f} ({int8['file_mb']:.1f} MB, {figures.quant['setting']})" if int8 else "",
+             figures.recommended, bundle)
+
+
+# ---------------------------------------------------------------- renderings of the figures
+
+
+def bundle_name(config) -> str:
+    """The bundle's name, also the registered model's."""
+    return f"attention-distill-{config.name}"
+
+
+def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, source: dict) -> dict:
+    """metadata.json, without its "files" table (added once every other file is written)."""
+    cfg, variants, max_length = config.export, figures.variants, inputs.max_length
+    variant_files = {"fp32": ("model.onnx", "onnx_fp32", None if figures.int8_recommended else "model.ort")}
+    if "onnx_int8" in variants:
         variant_files["int8"] = ("model.int8.onnx", "onnx_int8", "model.int8.ort")
-    metadata = {
+    return {
         "format_version": 1,
-        "name": registered_name,
+        "name": bundle_name(config),
         "created_at": dt.datetime.now().isoformat(timespec="seconds"),
         "task": "single-label text classification",
         "config": config.name,
         "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in B.INPUT_NAMES],
-        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(names)],
+        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(inputs.names)],
                      "meaning": "unnormalised class scores (logits); apply softmax over the last axis for "
                                 "probabilities; argmax is the label index in labels.json"}],
         "dynamic_axes": {n: {"0": "batch", "1": "sequence"} for n in B.INPUT_NAMES},
         "opset": cfg.opset,
         "max_length": max_length,
-        "max_position_embeddings": student.config.max_position_embeddings,
-        "labels": {str(i): name for i, name in enumerate(names)},
-        "tokenizer": {**facts, "files": ["tokenizer.json", "vocab.txt"], "template": "[CLS] text [SEP]",
-                      "pair_template": "[CLS] text [SEP] text_pair [SEP]", "truncation": f"longest first, to {max_length} tokens including specials",
+        "max_position_embeddings": shipped.model.config.max_position_embeddings,
+        "labels": inputs.labels,
+        "tokenizer": {**shipped.facts, "files": ["tokenizer.json", "vocab.txt"], "template": "[CLS] text [SEP]",
+                      "pair_template": "[CLS] text [SEP] text_pair [SEP]",
+                      "truncation": f"longest first, to {max_length} tokens including specials",
                       "padding": "right, with [PAD], to the longest sequence of the batch; attention_mask 0 there"},
         "variants": {v: {"file": f, "ort_file": o, **{k: variants[key][k] for k in
                          ("accuracy", "macro_f1", "agreement_with_pytorch", "file_mb", "parameters")}}
                      for v, (f, key, o) in variant_files.items()},
-        "recommended": recommended,
-        "int8_recommended": int8_ok,
-        "quantization": {**(quant or {"enabled": False}), "attempts": attempts, "max_int8_drop_points": cfg.max_int8_drop},
-        "parity": {**parity, "tolerance": cfg.parity_tolerance, "split": "test", "examples": len(test)},
-        "vocab_trim": trim or {"enabled": False},
-        "versus_int8_teacher": comparison,
-        "ort_format": ort_info,
-        "evaluation": {"split": "test", "examples": len(test)},
+        "recommended": figures.recommended,
+        "int8_recommended": figures.int8_recommended,
+        "quantization": {**(figures.quant or {"enabled": False}), "attempts": figures.attempts,
+                         "max_int8_drop_points": cfg.max_int8_drop},
+        "parity": {**figures.parity, "tolerance": cfg.parity_tolerance, "split": "test", "examples": figures.examples},
+        "vocab_trim": figures.trim,
+        "versus_int8_teacher": figures.comparison,
+        "ort_format": figures.ort,
+        "evaluation": {"split": "test", "examples": figures.examples},
         "latency_file": "latency.json",
-        "source": {"mlflow_tracking_uri": redact_uri(getattr(ctx.tracker, "uri", "") or ""),
-                   "mlflow_experiment": ctx.tracker.experiment, "mlflow_parent_run_id": ctx.tracker.parent_id,
-                   "mlflow_export_run_id": ctx.tracker.stage_id, "registered_model": registered_name if register else None,
-                   "registered_alias": ALIAS if register else None},
+        "source": source,
         "runtime": {"onnxruntime": _version("onnxruntime"), "onnx": _version("onnx"), "torch": _version("torch"),
                     "transformers": _version("transformers"), "tokenizers": _version("tokenizers")},
     }
-    (out / "README.md").write_text(B.render_template("README.md", readme_values(config, metadata, variants, latency, test)))
-    metadata["files"] = B.file_table(out)
-    write_json(out / "metadata.json", metadata)
-    shutil.rmtree(work)
 
-    # 6. metrics, MLflow -----------------------------------------------------------------
-    metrics = {"split": "test", "examples": len(test), **variants, "recommended": recommended, "int8_recommended": int8_ok,
-               "parity_max_abs_diff": max_diff, "latency": latency["rows"], "vocab_trim": trim or {"enabled": False},
-               "versus_int8_teacher": comparison}
-    write_json(ctx.out / "metrics.json", metrics)
-    summary = {"opset": cfg.opset, "parity_max_abs_diff": max_diff, "parity_agreement": parity_agreement,
-               "fp32_accuracy": variants["onnx_fp32"]["accuracy"], "fp32_mb": variants["onnx_fp32"]["file_mb"],
-               "recommended": recommended}
+
+def metrics_json(figures: Figures) -> dict:
+    """metrics.json: per-variant test metrics (evaluate's keys) and the summary figures."""
+    return {"split": "test", "examples": figures.examples, **figures.variants, "recommended": figures.recommended,
+            "int8_recommended": figures.int8_recommended, "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
+            "latency": figures.latency["rows"], "vocab_trim": figures.trim, "versus_int8_teacher": figures.comparison}
+
+
+def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
+    """export.json and the stage's summary figures (the manifest)."""
+    fp32, comparison, quant = figures.variants["onnx_fp32"], figures.comparison, figures.quant
+    summary = {"opset": cfg.opset, "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
+               "parity_agreement": figures.parity["prediction_agreement"], "fp32_accuracy": fp32["accuracy"],
+               "fp32_mb": fp32["file_mb"], "recommended": figures.recommended}
     if comparison:
         summary.update({"accuracy_kept": comparison["accuracy_kept"], "size_vs_int8_teacher": comparison["size_vs_int8_teacher"],
                         **{f"speedup_vs_int8_teacher_{k.replace('=', '')}": v for k, v in comparison["speedup_vs_int8_teacher"].items()},
                         "targets_met": comparison["all_met"]})
-    if cfg.quantize:
-        summary.update({"int8_accuracy": variants["onnx_int8"]["accuracy"], "int8_mb": variants["onnx_int8"]["file_mb"],
+    if quant:
+        int8 = figures.variants["onnx_int8"]
+        summary.update({"int8_accuracy": int8["accuracy"], "int8_mb": int8["file_mb"],
                         "int8_drop_points": quant["drop_points"], "int8_setting": quant["setting"]})
+    if registration:
+        summary["registered_version"] = registration["version"]
+    return summary
+
+
+def mlflow_metrics(figures: Figures) -> dict:
+    """The figures as flat MLflow metrics."""
+    variants, comparison = figures.variants, figures.comparison
     flat = {f"{v}/{k}": variants[v][k] for v in variants for k in ("accuracy", "macro_f1", "agreement_with_pytorch", "file_mb")}
-    flat.update({"parity_max_abs_diff": max_diff, "int8_recommended": float(int8_ok)})
-    if cfg.quantize:
-        flat["onnx_int8/drop_points"] = quant["drop_points"]
+    flat.update({"parity_max_abs_diff": figures.parity["max_abs_logit_diff"], "int8_recommended": float(figures.int8_recommended)})
+    if figures.quant:
+        flat["onnx_int8/drop_points"] = figures.quant["drop_points"]
     flat.update({f"latency_ms/{r['model'].replace(' ', '_')}_{r['input'].replace('=', '')}_t{r['threads']}": r["median_ms"]
-                 for r in latency["rows"]})
+                 for r in figures.latency["rows"]})
     if comparison:
+        baseline = comparison["baseline"]
         flat.update({"vs_int8_teacher/accuracy_kept": comparison["accuracy_kept"],
                      "vs_int8_teacher/size_ratio": comparison["size_vs_int8_teacher"],
                      "vs_int8_teacher/baseline_accuracy": baseline["accuracy"], "vs_int8_teacher/baseline_mb": baseline["file_mb"],
                      **{f"vs_int8_teacher/speedup_{k.replace('=', '')}": v for k, v in comparison["speedup_vs_int8_teacher"].items()}})
-    ctx.tracker.log_metrics(flat)
-    ctx.tracker.set_tags({"attention_distill.recommended_variant": recommended})
-    ctx.tracker.log_artifacts(out, "bundle")
-    ctx.tracker.log_artifact(ctx.out / "metrics.json")
-    if register:
-        chosen = metadata["variants"][recommended]
-        registration = B.register_onnx(out / chosen["file"], ctx.tracker.stage_id, registered_name, ALIAS, {
-            "variant": recommended, "file": chosen["file"], "sha256": metadata["files"][chosen["file"]]["sha256"],
-            "test_accuracy": chosen["accuracy"], "config": config.name, "bundle_artifact_path": "bundle",
-        })
-        summary["registered_version"] = registration["version"]
-        log.info("[export] registered %s version %s (alias '%s', %s)", registered_name, registration["version"], ALIAS, recommended)
-    write_json(ctx.out / "export.json", summary)
-    log.info("[export] parity max diff %.2e; fp32 acc %.4f (%.1f MB)%s; recommended %s; bundle %s",
-             max_diff, variants["onnx_fp32"]["accuracy"], variants["onnx_fp32"]["file_mb"],
-             f", int8 acc {variants['onnx_int8']['accuracy']:.4f} ({variants['onnx_int8']['file_mb']:.1f} MB, "
-             f"{quant['setting']})" if cfg.quantize else "", recommended, ctx.run_dir / ctx.name / "bundle")
-    return summary
+    return flat
+
+
+# ---------------------------------------------------------------- the steps' machinery
 
 
 def export_checked(student, path, split, pad, reference, cfg):
@@ -364,6 +554,7 @@ def measure_latency(cfg, models: dict, sentence_ids: dict) -> dict:
     ``sentence_ids[name]``: real test sentences in that model's own vocabulary.
     Inputs: one sequence of exactly L tokens per configured length (lengths
     beyond a model's position table are skipped), and the real sentences.
+    Returns the rows, the lengths skipped, the machine's load before and after, and the machine in words.
     """
     load_before = os.getloadavg()[0]
     positions = min(m[5] for m in models.values())
@@ -395,7 +586,8 @@ def measure_latency(cfg, models: dict, sentence_ids: dict) -> dict:
             row[key] = round(row[key], 4)
     load = {"load_average_1m_before": round(load_before, 2), "load_average_1m_after": round(os.getloadavg()[0], 2),
             "cpu_count": os.cpu_count()}
-    return {"rows": rows, "skipped": skipped, "load": load}
+    machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, onnxruntime {_version('onnxruntime')}"
+    return {"rows": rows, "skipped": skipped, "load": load, "machine": machine}
 
 
 def baseline_comparison(cfg, teacher_accuracy: float, baseline: dict, shipped: dict, rows: list[dict]) -> dict:
@@ -423,7 +615,8 @@ def baseline_comparison(cfg, teacher_accuracy: float, baseline: dict, shipped: d
             "targets": t.model_dump(), "meets": checks, "all_met": all(checks.values())}
 
 
-def readme_values(config, metadata, variants, latency, test) -> dict:
+def readme_values(config, metadata: dict, latency: dict) -> dict:
+    """The README's placeholders, rendered from metadata.json and the latency figures."""
     facts, quant = metadata["tokenizer"], metadata["quantization"]
     specials = facts["special_token_ids"]
     recommended = metadata["recommended"]
@@ -450,7 +643,7 @@ def readme_values(config, metadata, variants, latency, test) -> dict:
         "recommended_ort_stem": (chosen["ort_file"] or "model.int8.ort").removesuffix(".ort"),
         "files_table": files_table(metadata),
         "opset": metadata["opset"], "max_length": metadata["max_length"], "positions": metadata["max_position_embeddings"],
-        "test_examples": len(test), "variant_table": "\n".join(rows), "int8_verdict": verdict,
+        "test_examples": metadata["evaluation"]["examples"], "variant_table": "\n".join(rows), "int8_verdict": verdict,
         "versus_int8_teacher": "" if not metadata.get("versus_int8_teacher") else (
             "Against what you would ship without distillation, the fine-tuned teacher quantized to int8 the same way:\n\n"
             + "\n".join(f"- {line}" for line in comparison_lines(metadata["versus_int8_teacher"]))),
