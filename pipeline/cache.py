@@ -1,11 +1,13 @@
 """The teacher cache: what the losses need, per example, unpadded, in checksummed shards.
 
 Each shard is a flat binary array (fp16 by default) of example records plus a
-JSON index (record offsets, lengths, sha256). A record is the concatenation of
-the example's fields in a fixed order; field shapes follow from the example's
-token count n:
+JSON index (record offsets, lengths, sha256, and the fp32 logits). A record is
+the concatenation of the example's fields in a fixed order: the fields of every
+target the configured terms need (``TargetPlan.teacher_keys``; each registered
+target in pipeline/terms.py declares its fields), whose shapes follow from the
+example's token count n. With the built-in targets:
 
-    logits                  [C]        (always fp32: tiny, and KD is sensitive to it)
+    logits                  [C]        (always, fp32, in the shard index: KD is sensitive to it)
     attn.<t>  probs         [R, n, n]  or vectors q, k: [n, D] each
     vrel.<t>  probs         [R, n, n]  or vectors v:    [n, D]
     hidden.<t>              [n, D]
@@ -28,7 +30,8 @@ import torch
 
 from .errors import CacheError
 from .integrity import sha256_file
-from .objective import TargetPlan, vectors_to_probs
+from .objective import TargetPlan
+from .terms import TARGETS
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -38,22 +41,13 @@ class CacheLayout:
     plan: TargetPlan
     num_labels: int
     hidden: int
-    stores: dict  # "attn" / "vrel" -> "probs" | "vectors"
+    stores: dict  # relation target ("attn", "vrel") -> "probs" | "vectors"
     dtype: str
 
     def fields(self, n: int) -> list[tuple[str, tuple]]:
-        R, D = self.plan.relation_heads, self.hidden
         fields = []
-        for t in self.plan.teacher_layers:
-            if self.plan.attention:
-                if self.stores["attn"] == "probs":
-                    fields.append((f"attn.{t}", (R, n, n)))
-                else:
-                    fields += [(f"attn.{t}.q", (n, D)), (f"attn.{t}.k", (n, D))]
-            if self.plan.value_relation:
-                fields.append((f"vrel.{t}", (R, n, n)) if self.stores["vrel"] == "probs" else (f"vrel.{t}.v", (n, D)))
-            if self.plan.hidden:
-                fields.append((f"hidden.{t}", (n, D)))
+        for key, target, _ in self.plan.teacher_keys():
+            fields += target.fields(key, n, self.plan.relation_heads, self.hidden, self.stores.get(target.name))
         return fields
 
     def record_size(self, n: int) -> int:
@@ -64,19 +58,23 @@ class CacheLayout:
         return float(np.mean([self.record_size(int(n)) * item + self.num_labels * 4 for n in lengths]))
 
     def to_json(self) -> dict:
-        return {"pairs": self.plan.pairs, "relation_heads": self.plan.relation_heads, "attention": self.plan.attention,
-                "value_relation": self.plan.value_relation, "hidden_states": self.plan.hidden, "kd": self.plan.kd,
-                "num_labels": self.num_labels, "hidden": self.hidden, "stores": self.stores, "dtype": self.dtype}
+        return {"pairs": self.plan.pairs, "relation_heads": self.plan.relation_heads, "terms": list(self.plan.terms),
+                "targets": [t.name for t in self.plan.targets], "num_labels": self.num_labels, "hidden": self.hidden,
+                "stores": self.stores, "dtype": self.dtype}
 
 
 def choose_stores(plan: TargetPlan, lengths: np.ndarray, hidden: int, store: str) -> dict:
-    """probs or vectors per relation; 'auto' takes the smaller total."""
+    """probs or vectors per registered relation target; 'auto' takes the smaller total."""
+    relations = [t for t in TARGETS.values() if t.relation]
     if store != "auto":
-        return {"attn": store, "vrel": store}
-    n = lengths.astype(np.float64)
-    probs = float((plan.relation_heads * n * n).sum())
-    return {"attn": "probs" if probs <= float((2 * n * hidden).sum()) else "vectors",
-            "vrel": "probs" if probs <= float((n * hidden).sum()) else "vectors"}
+        return {t.name: store for t in relations}
+    sizes, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
+
+    def total(target, form):
+        return float(sum(int(np.prod(shape)) * int(c) for n, c in zip(sizes, counts)
+                         for _, shape in target.fields(target.name, int(n), plan.relation_heads, hidden, form)))
+
+    return {t.name: "probs" if total(t, "probs") <= total(t, "vectors") else "vectors" for t in relations}
 
 
 def estimate_bytes(layout: CacheLayout, lengths: np.ndarray) -> int:
@@ -131,21 +129,9 @@ def write_index(folder: Path, num_shards: int, num_examples: int, layout: CacheL
 def flatten_targets(targets: dict, layout: CacheLayout, lengths: list[int], mask: torch.Tensor) -> list[np.ndarray]:
     """Per-example records (unpadded) from a batch of online teacher targets."""
     dtype = DTYPES[layout.dtype]
-    R = layout.plan.relation_heads
     pieces: dict[str, torch.Tensor] = {}
-    for t in layout.plan.teacher_layers:
-        if layout.plan.attention:
-            if layout.stores["attn"] == "probs":
-                pieces[f"attn.{t}"] = vectors_to_probs(targets[f"attn.{t}"][1], mask, R)
-            else:
-                pieces[f"attn.{t}.q"], pieces[f"attn.{t}.k"] = targets[f"attn.{t}"][1]
-        if layout.plan.value_relation:
-            if layout.stores["vrel"] == "probs":
-                pieces[f"vrel.{t}"] = vectors_to_probs(targets[f"vrel.{t}"][1], mask, R)
-            else:
-                pieces[f"vrel.{t}.v"] = targets[f"vrel.{t}"][1][0]
-        if layout.plan.hidden:
-            pieces[f"hidden.{t}"] = targets[f"hidden.{t}"]
+    for key, target, _ in layout.plan.teacher_keys():
+        pieces.update(target.flatten(key, targets[key], layout.stores.get(target.name), mask, layout.plan.relation_heads))
     records = []
     for row, n in enumerate(lengths):
         parts = []
@@ -164,9 +150,10 @@ class TeacherCache:
         self.folder = Path(folder)
         index = json.loads((self.folder / "index.json").read_text())
         layout = index["layout"]
-        plan = TargetPlan(pairs=[tuple(p) for p in layout["pairs"]], relation_heads=layout["relation_heads"],
-                          attention=layout["attention"], value_relation=layout["value_relation"],
-                          hidden=layout["hidden_states"], kd=layout["kd"])
+        if "terms" not in layout:
+            raise CacheError(f"Teacher cache {self.folder} was written by an older capture stage (no 'terms' in its "
+                             "index). Rerun the same command with --from capture to recompute it.")
+        plan = TargetPlan(pairs=layout["pairs"], relation_heads=layout["relation_heads"], terms=layout["terms"])
         self.layout = CacheLayout(plan, layout["num_labels"], layout["hidden"], layout["stores"], layout["dtype"])
         self.shards = []
         self.where = {}  # example index -> (shard, position)
@@ -207,16 +194,8 @@ class TeacherCache:
                 else:
                     fields[name][row, :n] = value
         targets = {"logits": torch.tensor(logits, dtype=torch.float32, device=device)}
-        for t in self.layout.plan.teacher_layers:
-            if f"attn.{t}" in fields:
-                targets[f"attn.{t}"] = ("probs", fields[f"attn.{t}"].to(device))
-            elif f"attn.{t}.q" in fields:
-                targets[f"attn.{t}"] = ("vectors", (fields[f"attn.{t}.q"].to(device), fields[f"attn.{t}.k"].to(device)))
-            if f"vrel.{t}" in fields:
-                targets[f"vrel.{t}"] = ("probs", fields[f"vrel.{t}"].to(device))
-            elif f"vrel.{t}.v" in fields:
-                v = fields[f"vrel.{t}.v"].to(device)
-                targets[f"vrel.{t}"] = ("vectors", (v, v))
-            if f"hidden.{t}" in fields:
-                targets[f"hidden.{t}"] = fields[f"hidden.{t}"].to(device)
+        for key, target, _ in self.layout.plan.teacher_keys():
+            value = target.unflatten(key, fields, self.layout.stores.get(target.name), device)
+            if value is not None:
+                targets[key] = value
         return targets

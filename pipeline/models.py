@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
 from .errors import ConfigError, ModelError
 from .pruning import prune_ffn, top_neurons
+from .terms import TERMS
 
 
 def package_folder(package: str) -> Path:
@@ -162,7 +163,8 @@ def check_against_models(config: PipelineConfig) -> None:
         s_hidden, s_heads = student.random.hidden_size, student.random.num_heads
         if config.data.max_length > student.random.max_position_embeddings:
             problems.append(f"data.max_length: {config.data.max_length} is above student.random.max_position_embeddings {student.random.max_position_embeddings}.")
-    uses_relations = config.distill.loss.attention > 0 or config.distill.loss.value_relation > 0
+    uses_relations = any(getattr(config.distill.loss, name) > 0 and any(t.relation for t in term.targets)
+                         for name, term in TERMS.items())
     relation_heads = config.distill.relation_heads
     if uses_relations:
         if relation_heads is None and s_heads != heads:
@@ -176,10 +178,6 @@ def check_against_models(config: PipelineConfig) -> None:
                 problems.append(f"distill.relation_heads: {r} does not divide the {who} width {width}.")
     if problems:
         raise ConfigError(f"Config '{config.name}' does not fit the models:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-def relation_heads(config: PipelineConfig, teacher_heads: int) -> int:
-    return config.distill.relation_heads or teacher_heads
 
 
 def label_maps(label_names: list[str]) -> tuple[dict[int, str], dict[str, int]]:

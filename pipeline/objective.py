@@ -1,10 +1,11 @@
-"""The distillation objective, declared by the config and assembled from losses.py.
+"""The distillation objective, declared by the config and assembled from the registered terms.
 
-    loss = w_ce * CE(student, labels)
-         + w_kd * T^2 KL(softmax(t/T) || softmax(s/T))                 (Hinton 2015)
-         + w_att * mean over mapped layers KL(A_t || A_s)               (MiniLM)
-         + w_vr  * mean over mapped layers KL(VR_t || VR_s)             (MiniLM value relation)
-         + w_hid * mean over mapped layers MSE(W h_s, h_t)              (TinyBERT)
+    loss = sum over registered terms of  distill.loss.<term> * term
+
+The terms, their weight keys and the teacher targets each needs are declared
+once, in pipeline/terms.py (ce, kd, attention, value_relation, hidden, ...);
+the pure formulas live in losses.py. A term on a per-layer target is the mean
+over the mapped (student, teacher) layer pairs.
 
 Attention and value relations are computed from the query/key/value
 projections captured by hooks (never from output_attentions), split into
@@ -13,39 +14,58 @@ flash kernels and teacher/student head counts may differ.
 
 Teacher targets come either from the capture cache (fp16 or fp32, relation
 probabilities or raw vectors, whichever is smaller) or from the teacher run
-online inside the step; both give a dict of the same form:
+online inside the step; both give a dict of the same form, keyed by target
+(``Target.key``: "<name>.<teacher layer>" per layer, "<name>" per example):
 
     {"logits": [B,C], "attn.<t>": ("probs", [B,R,N,N]) or ("vectors", (q, k)),
-     "vrel.<t>": ("probs", ...) or ("vectors", (v, v)), "hidden.<t>": [B,N,D]}
+     "vrel.<t>": ("probs", ...) or ("vectors", (v, v)), "hidden.<t>": [B,N,D], ...}
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from .attention import attention_probs, capture_projections
-from .losses import hidden_mse, logit_kd, relation_kl, relation_kl_from_probs
+from .terms import TARGETS, TERMS, Target, TermInputs
 
 
-@dataclass
+@dataclass(init=False)
 class TargetPlan:
-    """What the configured losses need from the teacher, per mapped layer pair."""
+    """What the configured terms need from the teacher, per mapped layer pair.
+
+    ``TargetPlan(pairs, relation_heads, terms=("kd", "attention"))`` or, equally,
+    ``TargetPlan(pairs, relation_heads, kd=True, attention=True)``: flags are
+    registered term names (pipeline/terms.py).
+    """
 
     pairs: list[tuple[int, int]]  # (student layer, teacher layer)
     relation_heads: int
-    attention: bool
-    value_relation: bool
-    hidden: bool
-    kd: bool
+    terms: tuple[str, ...] = field(default=())  # active terms, in registration order
+
+    def __init__(self, pairs, relation_heads, terms=(), **flags):
+        chosen = set(terms) | {name for name, on in flags.items() if on}
+        unknown = sorted((chosen | set(flags)) - set(TERMS))
+        if unknown:
+            raise ValueError(f"unknown distillation terms {unknown}; registered: {', '.join(TERMS)}")
+        self.pairs = [tuple(p) for p in pairs]
+        self.relation_heads = relation_heads
+        self.terms = tuple(name for name in TERMS if name in chosen)
 
     @classmethod
     def from_config(cls, config, pairs, relation_heads):
         w = config.distill.loss
-        return cls(pairs=[tuple(p) for p in pairs], relation_heads=relation_heads, attention=w.attention > 0,
-                   value_relation=w.value_relation > 0, hidden=w.hidden > 0, kd=w.kd > 0)
+        return cls(pairs, relation_heads, terms=[name for name in TERMS if getattr(w, name) > 0])
+
+    def uses(self, term: str) -> bool:
+        return term in self.terms
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        """The targets the active terms need, in registration order."""
+        needed = {name for term in self.terms for name in TERMS[term].needs}
+        return tuple(t for name, t in TARGETS.items() if name in needed)
 
     @property
     def teacher_layers(self) -> list[int]:
@@ -55,18 +75,32 @@ class TargetPlan:
     def student_layers(self) -> list[int]:
         return sorted({s for s, _ in self.pairs})
 
-    def logits_only(self) -> "TargetPlan":
-        """The same plan without relation or hidden-state targets (augmented rows)."""
-        return TargetPlan(pairs=[], relation_heads=self.relation_heads, attention=False, value_relation=False,
-                          hidden=False, kd=self.kd)
+    @property
+    def projections(self) -> tuple[str, ...]:
+        """Attention projections to hook in the mapped layers (teacher and student alike)."""
+        return tuple(dict.fromkeys(kind for t in self.targets for kind in t.projections))
 
-    def kinds(self) -> tuple[str, ...]:
-        kinds = []
-        if self.attention:
-            kinds += ["query", "key"]
-        if self.value_relation:
-            kinds += ["value"]
-        return tuple(kinds)
+    @property
+    def hidden_states(self) -> bool:
+        return any(t.hidden_states for t in self.targets)
+
+    def teacher_keys(self) -> list[tuple[str, Target, int | None]]:
+        """(key, target, teacher layer) of every target: per-example ones, then per layer."""
+        keys = [(t.key(None), t, None) for t in self.targets if not t.per_layer]
+        keys += [(t.key(layer), t, layer) for layer in self.teacher_layers for t in self.targets if t.per_layer]
+        return keys
+
+    def needed(self) -> dict:
+        """What is asked of the teacher (not the weights, not the student layers): the capture fingerprint."""
+        targets = self.targets
+        return {"targets": [t.name for t in targets],
+                "teacher_layers": self.teacher_layers if any(t.per_layer for t in targets) else [],
+                "relation_heads": self.relation_heads if any(t.relation for t in targets) else None}
+
+    def logits_only(self) -> "TargetPlan":
+        """The same plan without the targets that logits-only (augmented) rows lack."""
+        return TargetPlan(pairs=[], relation_heads=self.relation_heads,
+                          terms=[name for name in self.terms if TERMS[name].every_row])
 
 
 def target_plan(config, teacher_config=None) -> TargetPlan:
@@ -81,18 +115,13 @@ def target_plan(config, teacher_config=None) -> TargetPlan:
 
 @torch.no_grad()
 def teacher_targets(teacher, batch: dict, plan: TargetPlan) -> dict:
-    """Run the teacher (eval mode) and collect raw targets as vectors."""
-    with capture_projections(teacher, plan.teacher_layers, plan.kinds()) as captured:
+    """Run the teacher (eval mode) and collect raw targets (relations as vectors)."""
+    with capture_projections(teacher, plan.teacher_layers, plan.projections) as captured:
         out = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                      output_hidden_states=plan.hidden)
+                      output_hidden_states=plan.hidden_states)
     targets = {"logits": out.logits.float()}
-    for t in plan.teacher_layers:
-        if plan.attention:
-            targets[f"attn.{t}"] = ("vectors", (captured[t]["query"], captured[t]["key"]))
-        if plan.value_relation:
-            targets[f"vrel.{t}"] = ("vectors", (captured[t]["value"], captured[t]["value"]))
-        if plan.hidden:
-            targets[f"hidden.{t}"] = out.hidden_states[t + 1]
+    for key, target, layer in plan.teacher_keys():
+        targets[key] = target.target(target.read(out, captured, layer))
     return targets
 
 
@@ -101,8 +130,17 @@ def vectors_to_probs(vectors: tuple, attention_mask, heads: int) -> torch.Tensor
     return attention_probs(a, b, attention_mask, heads)
 
 
+def _map_tensors(fn, value):
+    """``fn`` applied to every tensor in a (nested) target; tags such as "probs" stay."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(_map_tensors(fn, v) for v in value)
+    return value
+
+
 class DistillObjective(torch.nn.Module):
-    """Computes the weighted loss; holds the learned hidden-state projections."""
+    """Computes the weighted loss of the registered terms; holds their learned projections."""
 
     def __init__(self, config, plan: TargetPlan, teacher_hidden: int, student_hidden: int):
         super().__init__()
@@ -111,54 +149,55 @@ class DistillObjective(torch.nn.Module):
         self.chunk = config.distill.attention_chunk
         self.plan = plan
         self.projections = torch.nn.ModuleDict()
-        if plan.hidden and teacher_hidden != student_hidden:
-            for s, t in plan.pairs:
-                self.projections[f"{s}_{t}"] = torch.nn.Linear(student_hidden, teacher_hidden)
+        if teacher_hidden != student_hidden:
+            for name in plan.terms:
+                term = TERMS[name]
+                if term.projected:
+                    for s, t in (plan.pairs if term.per_pair else [(None, None)]):
+                        self.projections[term.projection_name(s, t)] = torch.nn.Linear(student_hidden, teacher_hidden)
 
     def forward(self, student, batch: dict, targets: dict) -> tuple[torch.Tensor, dict]:
         plan, w = self.plan, self.weights
         mask = batch["attention_mask"]
-        with capture_projections(student, plan.student_layers, plan.kinds()) as captured:
-            out = student(input_ids=batch["input_ids"], attention_mask=mask, output_hidden_states=plan.hidden)
-        logits = out.logits.float()
-        terms: dict[str, torch.Tensor] = {}
-        labelled = batch["labels"] >= 0  # unlabeled in-domain text has label -1
-        if w.ce > 0 and labelled.any():
-            terms["ce"] = F.cross_entropy(logits[labelled], batch["labels"][labelled])
-        if w.kd > 0:
-            terms["kd"] = logit_kd(logits, targets["logits"].float(), self.temperature)
-        heads = plan.relation_heads
-        # Rows with relation / hidden targets (augmented rows carry logits only).
+        with capture_projections(student, plan.student_layers, plan.projections) as captured:
+            out = student(input_ids=batch["input_ids"], attention_mask=mask, output_hidden_states=plan.hidden_states)
+        reads: dict[str, object] = {}
+
+        def read(target: Target, layer):
+            key = target.key(layer)
+            if key not in reads:
+                reads[key] = target.read(out, captured, layer)
+            return reads[key]
+
+        logits = read(TARGETS["logits"], None)
+        # Rows with teacher records (augmented rows carry logits only).
         rows = batch.get("relation_rows")
         every_row = rows is None or bool(rows.all())
-        if not every_row and not rows.any():
-            w = w.model_copy(update={"attention": 0.0, "value_relation": 0.0, "hidden": 0.0})
+        any_row = every_row or bool(rows.any())
 
         def pick(x):
-            return x if every_row else x[rows]
+            return x if every_row else _map_tensors(lambda v: v[rows], x)
 
         r_mask = pick(mask)
-        for key, kind, weight, student_kinds in (
-            ("attn", "attention", w.attention, ("query", "key")),
-            ("vrel", "value_relation", w.value_relation, ("value", "value")),
-        ):
-            if weight <= 0:
+        terms: dict[str, torch.Tensor] = {}
+        for name, term in TERMS.items():
+            if getattr(w, name) <= 0:
+                continue
+            on_rows = (lambda x: x) if term.every_row else pick
+            if not term.every_row and not any_row:
                 continue
             values = []
-            for s, t in plan.pairs:
-                s_a, s_b = (pick(captured[s][k]) for k in student_kinds)
-                form, target = targets[f"{key}.{t}"]
-                if form == "probs":
-                    values.append(relation_kl_from_probs(pick(target), s_a, s_b, r_mask, heads, self.chunk))
-                else:
-                    values.append(relation_kl(*(pick(x) for x in target), s_a, s_b, r_mask, heads, self.chunk))
-            terms[kind] = torch.stack(values).mean()
-        if w.hidden > 0:
-            values = []
-            for s, t in plan.pairs:
-                projection = self.projections[f"{s}_{t}"] if f"{s}_{t}" in self.projections else None
-                values.append(hidden_mse(pick(out.hidden_states[s + 1]).float(), pick(targets[f"hidden.{t}"]).float(), r_mask,
-                                         projection))
-            terms["hidden"] = torch.stack(values).mean()
+            for s, t in (plan.pairs if term.per_pair else [(None, None)]):
+                inputs = TermInputs(
+                    student={n: on_rows(read(TARGETS[n], s)) for n in term.needs},
+                    teacher={n: on_rows(targets[TARGETS[n].key(t)]) for n in term.needs},
+                    mask=mask if term.every_row else r_mask, labels=on_rows(batch["labels"]), logits=on_rows(logits),
+                    projection=self.projections[key] if (key := term.projection_name(s, t)) in self.projections else None,
+                    heads=plan.relation_heads, chunk=self.chunk, temperature=self.temperature)
+                value = term.compute(inputs)
+                if value is not None:
+                    values.append(value)
+            if values:
+                terms[name] = torch.stack(values).mean() if term.per_pair else values[0]
         total = sum(getattr(w, name) * value for name, value in terms.items())
         return total, {k: v.detach() for k, v in terms.items()}

@@ -1,8 +1,9 @@
 """Stage 3, capture: run the teacher once over the training data and store its targets.
 
-Only what the configured losses need is stored (logits; per mapped teacher
-layer the attention / value relations as probabilities or as raw vectors,
-whichever is smaller; hidden states if distilled), unpadded, fp16 by default,
+Only what the configured loss terms need is stored (logits; the targets the
+terms in pipeline/terms.py declare, e.g. per mapped teacher layer the attention /
+value relations as probabilities or as raw vectors, whichever is smaller, or
+hidden states), unpadded, fp16 by default,
 in checksummed shards. The size is estimated before anything is written; above
 capture.max_cache_gb the stage stops and points to capture.mode: online.
 Completed shards survive an interruption and are verified, not recomputed.
@@ -35,16 +36,14 @@ log = logging.getLogger("pipeline")
 
 READS = ["precision", "capture", "distill.layer_map", "distill.relation_heads", "distill.loss", "student", "data.unlabeled_text", "seed"]
 AFTER = ["prepare", "teacher"]
-VERSION = 1
+VERSION = 2  # 2: the cache layout and fingerprint derive from the registered terms (pipeline/terms.py)
 
 
 def fingerprint_inputs(config) -> dict:
-    """Fingerprint inputs: which teacher targets are needed (not the loss weights' values, not which
-    student layer each is matched to, so students of another depth reuse the cache)."""
-    plan = target_plan(config)
-    needed = {"teacher_layers": plan.teacher_layers, "relation_heads": plan.relation_heads, "kinds": plan.kinds(),
-              "hidden": plan.hidden, "kd": plan.kd}
-    return {"targets": needed, "capture": config.capture.model_dump(), "precision": config.precision,
+    """Fingerprint inputs: which teacher targets the configured terms need (TargetPlan.needed: target names,
+    their teacher layers, relation heads), not the loss weights' values, not which student layer each is
+    matched to, so students of another depth reuse the cache."""
+    return {"targets": target_plan(config).needed(), "capture": config.capture.model_dump(), "precision": config.precision,
             "unlabeled": config.data.unlabeled_text, **({"seed": config.seed} if config.capture.augment.copies else {})}
 
 

@@ -1,0 +1,142 @@
+"""The term registry (pipeline/terms.py): everything else is derived from the declarations.
+
+The embedding-layer MSE (TinyBERT) was added as one registered target and one
+registered term; these tests check its value against a naive implementation and
+that switching it on adds exactly its target to the plan, the teacher targets,
+the cache layout and the capture fingerprint.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.cache import CacheLayout, TeacherCache, choose_stores, flatten_targets, write_index, write_shard
+from pipeline.config import LossWeights, load_config
+from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
+from pipeline.terms import TARGETS, TERMS
+from tests.test_objective import batch_of, bert, fake_config
+
+LENGTHS = [7, 4, 9, 2]
+
+
+def naive_embedding_mse(student, teacher, batch, lengths, projection=None):
+    """Reference: per example, slice off the padding, project, squared error averaged over tokens and width."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    s_emb = student(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[0]
+    with torch.no_grad():
+        t_emb = teacher(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[0]
+    total, count = 0.0, 0
+    for i, n in enumerate(lengths):
+        s = s_emb[i, :n].double()
+        if projection is not None:
+            s = s @ projection.weight.double().T + projection.bias.double()
+        diff = s - t_emb[i, :n].double()
+        total = total + (diff * diff).sum()
+        count += n * diff.shape[-1]
+    return total / count
+
+
+@pytest.mark.parametrize("student_width", [32, 24])
+def test_embedding_mse_matches_a_naive_implementation(student_width):
+    teacher, student = bert(32, 4, 2, seed=0), bert(student_width, 4, 1, seed=1)
+    weights = LossWeights(ce=0.0, kd=0.0, attention=0.0, embedding=1.0)
+    plan = TargetPlan(pairs=[(0, 1)], relation_heads=4, embedding=True)
+    objective = DistillObjective(fake_config(weights), plan, 32, student_width)
+    assert set(objective.projections) == ({"embedding"} if student_width != 32 else set())
+    batch = batch_of(LENGTHS)
+    targets = teacher_targets(teacher, batch, plan)
+    assert set(targets) == {"logits", "embedding"}
+    loss, terms = objective(student, batch, targets)
+    assert set(terms) == {"embedding"}
+    projection = objective.projections["embedding"] if student_width != 32 else None
+    expected = naive_embedding_mse(student, teacher, batch, LENGTHS, projection)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-7)
+    loss.backward()
+    assert student.bert.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in teacher.parameters())
+    if projection is not None:
+        assert projection.weight.grad.abs().sum() > 0
+
+
+def test_embedding_mse_from_the_cache_and_on_relation_rows_only(tmp_path):
+    teacher, student = bert(32, 4, 2, seed=0), bert(24, 4, 1, seed=1)
+    weights = LossWeights(ce=1.0, kd=1.0, attention=1.0, embedding=2.0)
+    plan = TargetPlan(pairs=[(0, 1)], relation_heads=4, ce=True, kd=True, attention=True, embedding=True)
+    objective = DistillObjective(fake_config(weights), plan, 32, 24)
+    batch = batch_of(LENGTHS)
+    online = teacher_targets(teacher, batch, plan)
+    layout = CacheLayout(plan, 3, 32, choose_stores(plan, np.array(LENGTHS), 32, "auto"), "float32")
+    write_shard(tmp_path, 0, flatten_targets(online, layout, LENGTHS, batch["attention_mask"]), online["logits"].numpy(),
+                LENGTHS, first=0)
+    write_index(tmp_path, 1, 4, layout)
+    cached = TeacherCache(tmp_path).batch(batch["indices"], batch["input_ids"].shape[1], "cpu")
+    assert set(cached) == set(online)
+    online_terms, cached_terms = objective(student, batch, online)[1], objective(student, batch, cached)[1]
+    torch.testing.assert_close(online_terms["embedding"], cached_terms["embedding"], rtol=1e-5, atol=1e-6)
+
+    # Augmented (logits-only) rows carry no embedding target: the term sees the other rows only ...
+    mixed = dict(batch, relation_rows=torch.tensor([True, False, True, False]))
+    kept = {k: v[[0, 2]] for k, v in batch.items()}
+    expected = naive_embedding_mse(student, teacher, kept, [7, 9], objective.projections["embedding"])
+    torch.testing.assert_close(objective(student, mixed, online)[1]["embedding"].double(), expected, rtol=1e-5, atol=1e-7)
+    # ... and with none of them, the term is left out.
+    none = dict(batch, relation_rows=torch.zeros(4, dtype=torch.bool))
+    assert set(objective(student, none, online)[1]) == {"ce", "kd"}
+
+
+def test_turning_on_a_term_adds_exactly_its_target_to_the_plan_and_the_cache_layout():
+    base = TargetPlan(pairs=[(0, 1), (1, 2)], relation_heads=4, ce=True, kd=True, attention=True)
+    plus = TargetPlan(pairs=[(0, 1), (1, 2)], relation_heads=4, ce=True, kd=True, attention=True, embedding=True)
+    assert [t.name for t in base.targets] == ["logits", "attn"]
+    assert [t.name for t in plus.targets] == ["logits", "attn", "embedding"]
+    assert plus.hidden_states and not base.hidden_states and plus.projections == base.projections == ("query", "key")
+    assert base.needed() == {"targets": ["logits", "attn"], "teacher_layers": [1, 2], "relation_heads": 4}
+    assert plus.needed() == {**base.needed(), "targets": ["logits", "attn", "embedding"]}
+    stores = {"attn": "probs", "vrel": "probs"}
+    n, width = 6, 32
+    base_fields = CacheLayout(base, 3, width, stores, "float16").fields(n)
+    plus_fields = CacheLayout(plus, 3, width, stores, "float16").fields(n)
+    assert [f for f in plus_fields if f not in base_fields] == [("embedding", (n, width))]
+    assert [f for f in plus_fields if f in base_fields] == base_fields == [("attn.1", (4, n, n)), ("attn.2", (4, n, n))]
+    teacher = bert(32, 4, 3, seed=0)
+    batch = batch_of(LENGTHS)
+    assert set(teacher_targets(teacher, batch, plus)) - set(teacher_targets(teacher, batch, base)) == {"embedding"}
+    # Augmented rows keep only the terms on logits; the embedding target is dropped with the relations.
+    assert plus.logits_only().terms == ("ce", "kd") and [t.name for t in plus.logits_only().targets] == ["logits"]
+    assert CacheLayout(plus.logits_only(), 3, width, stores, "float16").fields(n) == []
+
+
+def test_a_plan_takes_term_flags_or_names_and_refuses_unknown_ones():
+    by_flags = TargetPlan(pairs=[(0, 1)], relation_heads=4, attention=True, value_relation=False, hidden=True, kd=True)
+    assert by_flags == TargetPlan(pairs=[(0, 1)], relation_heads=4, terms=["hidden", "kd", "attention"])
+    assert by_flags.terms == ("kd", "attention", "hidden")  # registration order
+    with pytest.raises(ValueError, match="unknown distillation terms"):
+        TargetPlan(pairs=[(0, 1)], relation_heads=4, embeddings=True)
+
+
+def test_config_weights_follow_the_registry():
+    assert list(LossWeights.model_fields) == list(TERMS)
+    assert {name: f.default for name, f in LossWeights.model_fields.items()} == {name: t.default for name, t in TERMS.items()}
+    assert LossWeights().embedding == 0.0 and set(TERMS["embedding"].needs) == {"embedding"} <= set(TARGETS)
+    assert load_config("tiny", ["distill.loss.embedding=0.5"]).distill.loss.embedding == 0.5
+    # The declarations import nothing heavy: the config (and the CLI's checks) stay fast.
+    code = "import sys, pipeline.config; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_capture_fingerprint_follows_the_needed_targets_not_the_weights():
+    from pipeline.runner import fingerprints
+
+    base = fingerprints(load_config("tiny"))
+    on = fingerprints(load_config("tiny", ["distill.loss.embedding=1"]))
+    heavier = fingerprints(load_config("tiny", ["distill.loss.embedding=3"]))
+    assert base["capture"] != on["capture"]  # a new target to store
+    assert on["capture"] == heavier["capture"] and on["distill"] != heavier["distill"]  # only a weight changed
+    # A term on targets already stored (logits) changes nothing upstream of distill.
+    ce_off = fingerprints(load_config("tiny", ["distill.loss.ce=0"]))
+    assert ce_off["capture"] == base["capture"]
