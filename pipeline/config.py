@@ -128,7 +128,11 @@ class AugmentConfig(Section):
 
 class DataConfig(Section):
     source: Literal["rotten_tomatoes", "csv", "jsonl", "parquet", "hub"] = "rotten_tomatoes"
-    path: str | None = None
+    path: str | None = Field(None, description="one local file, split here (seeded, grouped)")
+    train: str | None = Field(None, description="given splits: a local file (csv/jsonl/parquet) or a hub split name; "
+                              "used as given. validation / test not given are carved from train")
+    validation: str | None = None
+    test: str | None = None
     hub_name: str | None = None
     hub_config: str | None = None
     hub_splits: list[NonEmptyText] = Field(["train"], min_length=1)
@@ -152,8 +156,18 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _source_needs(self):
-        if self.source in ("csv", "jsonl", "parquet") and not self.path:
-            raise ValueError(f"data.source '{self.source}' needs data.path (a local file)")
+        given = [s for s in ("train", "validation", "test") if getattr(self, s)]
+        if given and not self.train:
+            raise ValueError(f"data.{given[0]} is given without data.train; give data.train too (splits not given "
+                             "are carved from train)")
+        if given and self.source == "rotten_tomatoes":
+            raise ValueError("data.train / validation / test need data.source csv, jsonl, parquet or hub")
+        if self.train and self.path:
+            raise ValueError("give either data.path (one file, split here) or data.train / validation / test "
+                             "(splits used as given), not both")
+        if self.source in ("csv", "jsonl", "parquet") and not (self.path or self.train):
+            raise ValueError(f"data.source '{self.source}' needs data.path (a local file) or data.train "
+                             "(+ validation, test: given splits)")
         if self.source == "hub" and not self.hub_name:
             raise ValueError("data.source 'hub' needs data.hub_name (for example 'glue')")
         if self.validation_fraction + self.test_fraction >= 0.9:

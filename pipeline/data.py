@@ -65,12 +65,13 @@ def data_file(reference: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / inside
 
 
-def _read_local(cfg: DataConfig) -> pd.DataFrame:
-    path = data_file(cfg.path)
+def _read_local(cfg: DataConfig, reference: str) -> pd.DataFrame:
+    path = data_file(reference)
+    key = "data.path" if reference == cfg.path else "data.train / validation / test"
     if not path.is_file():
-        raise DataError(f"Data file '{cfg.path}' does not exist. Set data.path to a {cfg.source.upper()} file.")
+        raise DataError(f"Data file '{reference}' does not exist. Set {key} to a {cfg.source.upper()} file.")
     if path.stat().st_size == 0:
-        raise DataError(f"Data file '{cfg.path}' is empty. Expected a {cfg.source.upper()} file with columns '{cfg.text_column}' and '{cfg.label_column}'.")
+        raise DataError(f"Data file '{reference}' is empty. Expected a {cfg.source.upper()} file with columns '{cfg.text_column}' and '{cfg.label_column}'.")
     try:
         if cfg.source == "csv":
             return pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype=str)
@@ -79,14 +80,14 @@ def _read_local(cfg: DataConfig) -> pd.DataFrame:
         return pd.read_parquet(path)
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"Data file '{cfg.path}' is not valid UTF-8 ({_first_bad_utf8(path) or exc.reason}). "
+            f"Data file '{reference}' is not valid UTF-8 ({_first_bad_utf8(path) or exc.reason}). "
             "Re-save it as UTF-8 (for example: iconv -f latin1 -t utf-8 IN > OUT)."
         ) from exc
     except (ValueError, pd.errors.ParserError) as exc:
         line = _bad_jsonl_line(path) if cfg.source == "jsonl" else _line_in(str(exc))
         where = f" at line {line}" if line else ""
         raise DataError(
-            f"Data file '{cfg.path}' could not be parsed as {cfg.source.upper()}{where}: {_shown(str(exc).strip(), 300)}"
+            f"Data file '{reference}' could not be parsed as {cfg.source.upper()}{where}: {_shown(str(exc).strip(), 300)}"
         ) from exc
 
 
@@ -122,11 +123,11 @@ def _first_bad_utf8(path: Path) -> str | None:
     return None
 
 
-def _read_hub(cfg: DataConfig) -> pd.DataFrame:
+def _read_hub(cfg: DataConfig, splits: list[str]) -> pd.DataFrame:
     import datasets
 
     frames = []
-    for split in cfg.hub_splits:
+    for split in splits:
         try:
             ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=split)
         except Exception as exc:  # datasets raises many types for network/missing data
@@ -167,7 +168,13 @@ def load_frame(cfg: DataConfig, report: dict | None = None) -> tuple[pd.DataFram
             unlabeled["text"], cut = _cut(unlabeled["text"], max_text_chars(cfg))
             report["cut_texts"] += cut
         return frame, unlabeled
-    raw = _read_hub(cfg) if cfg.source == "hub" else _read_local(cfg)
+    return _frame(cfg, cfg.hub_splits if cfg.source == "hub" else cfg.path, report), unlabeled
+
+
+def _frame(cfg: DataConfig, reference, report: dict) -> pd.DataFrame:
+    """The cleaned examples of one local file or (hub) list of split names."""
+    raw = _read_hub(cfg, reference) if cfg.source == "hub" else _read_local(cfg, reference)
+    where = reference if cfg.source != "hub" else f"{cfg.hub_name} {'+'.join(reference)}"
     columns = {"text": cfg.text_column, "label": cfg.label_column}
     if cfg.text_pair_column:
         columns["text_pair"] = cfg.text_pair_column
@@ -176,11 +183,54 @@ def load_frame(cfg: DataConfig, report: dict | None = None) -> tuple[pd.DataFram
     missing = [f"{role} column '{_shown(name)}'" for role, name in columns.items() if name not in raw.columns]
     if missing:
         raise DataError(
-            f"Data '{cfg.path or cfg.hub_name}' has no {', '.join(missing)}; its columns are "
+            f"Data '{where}' has no {', '.join(missing)}; its columns are "
             f"{_shown_list(raw.columns, most=20)}. Set data.text_column / data.label_column (and text_pair_column, group_column) to match."
         )
     frame = pd.DataFrame({role: raw[name] for role, name in columns.items()}).reset_index(drop=True)
-    return _clean(frame, cfg, str(cfg.path or cfg.hub_name), report), unlabeled
+    return _clean(frame, cfg, str(where), report)
+
+
+def load_splits(cfg: DataConfig, seed: int, report: dict | None = None) -> tuple[dict[str, pd.DataFrame], pd.DataFrame | None]:
+    """train / validation / test, and unlabelled text if configured.
+
+    With ``data.train`` the given splits are used as given (``max_examples``
+    subsamples train only); a validation or test split not given is carved
+    from train as for a single file (seeded, groups kept whole). Otherwise the
+    one file (or the hub splits) is split here. ``report`` receives cleaning
+    counts summed over the files read, and ``given``: the splits used as given.
+    """
+    report = {} if report is None else report
+    if not cfg.train:
+        frame, unlabeled = load_frame(cfg, report)
+        report["given"] = []
+        return split_frame(frame, cfg, seed), unlabeled
+    given = {s: getattr(cfg, s) for s in SPLITS if getattr(cfg, s)}
+    frames = {}
+    for split, reference in given.items():
+        counts: dict = {}
+        frames[split] = _frame(cfg, [reference] if cfg.source == "hub" else reference, counts)
+        _add_counts(report, counts)
+    carve = tuple(s for s in ("test", "validation") if s not in given)
+    splits = split_frame(frames["train"], cfg, seed, carve=carve)
+    splits.update({s: frames[s] for s in given if s != "train"})
+    check_splits(splits, cfg)
+    report["given"] = list(given)
+    report["train_texts_in_other_splits"] = {
+        s: int(splits[s]["text"].isin(set(splits["train"]["text"])).sum()) for s in given if s != "train"}
+    return splits, None
+
+
+def _add_counts(total: dict, counts: dict) -> None:
+    """Cleaning counts of one more file added to ``total`` (the character budget is a setting, not a count)."""
+    for key, value in counts.items():
+        if isinstance(value, int) and not isinstance(value, bool) and key != "max_text_chars":
+            total[key] = total.get(key, 0) + value
+        elif isinstance(value, dict):
+            merged = total.setdefault(key, {})
+            for k, v in value.items():
+                merged[k] = merged.get(k, 0) + v
+        else:
+            total[key] = value
 
 
 def max_text_chars(cfg: DataConfig) -> int:
@@ -346,8 +396,12 @@ def _clean(frame: pd.DataFrame, cfg: DataConfig, source: str, report: dict) -> p
     return frame.reset_index(drop=True)
 
 
-def split_frame(frame: pd.DataFrame, cfg: DataConfig, seed: int) -> dict[str, pd.DataFrame]:
-    """Deterministic split; groups (if any) never straddle two splits."""
+def split_frame(frame: pd.DataFrame, cfg: DataConfig, seed: int,
+                carve: tuple[str, ...] = ("test", "validation")) -> dict[str, pd.DataFrame]:
+    """Deterministic split; groups (if any) never straddle two splits.
+
+    ``carve``: the splits cut from ``frame`` (the others are given elsewhere and come back empty here).
+    """
     rng = np.random.default_rng(seed)
     if cfg.max_examples and len(frame) > cfg.max_examples:
         frame = frame.iloc[np.sort(rng.permutation(len(frame))[: cfg.max_examples])].reset_index(drop=True)
@@ -355,27 +409,35 @@ def split_frame(frame: pd.DataFrame, cfg: DataConfig, seed: int) -> dict[str, pd
         groups = np.array(sorted(frame["group"].astype(str).unique()))
         order = groups[rng.permutation(len(groups))]
         sizes = frame["group"].astype(str).value_counts()
-        assignment, filled = {}, {"test": 0, "validation": 0}
-        targets = {"test": cfg.test_fraction * len(frame), "validation": cfg.validation_fraction * len(frame)}
+        fractions = {"test": cfg.test_fraction, "validation": cfg.validation_fraction}
+        assignment, filled = {}, {s: 0 for s in carve}
+        targets = {s: fractions[s] * len(frame) for s in carve}
         for g in order:
-            split = next((s for s in ("test", "validation") if filled[s] < targets[s]), "train")
+            split = next((s for s in carve if filled[s] < targets[s]), "train")
             assignment[g] = split
             if split != "train":
                 filled[split] += sizes[g]
         which = frame["group"].astype(str).map(assignment)
     else:
         order = rng.permutation(len(frame))
-        n_test = int(round(cfg.test_fraction * len(frame)))
-        n_val = int(round(cfg.validation_fraction * len(frame)))
+        n_test = int(round(cfg.test_fraction * len(frame))) if "test" in carve else 0
+        n_val = int(round(cfg.validation_fraction * len(frame))) if "validation" in carve else 0
         which = pd.Series("train", index=frame.index)
         which.iloc[order[:n_test]] = "test"
         which.iloc[order[n_test:n_test + n_val]] = "validation"
     splits = {s: frame[which == s].reset_index(drop=True) for s in SPLITS}
+    if carve == ("test", "validation"):
+        check_splits(splits, cfg)
+    return splits
+
+
+def check_splits(splits: dict[str, pd.DataFrame], cfg: DataConfig) -> None:
+    """Every split has examples, train has two classes, and validation / test hold no label train lacks."""
     for name, part in splits.items():
         if part.empty:
             raise DataError(
-                f"The {name} split is empty ({len(frame)} examples, validation_fraction={cfg.validation_fraction}, "
-                f"test_fraction={cfg.test_fraction}). Use more data or larger fractions."
+                f"The {name} split is empty ({sum(len(p) for p in splits.values())} examples, validation_fraction="
+                f"{cfg.validation_fraction}, test_fraction={cfg.test_fraction}). Use more data or larger fractions."
             )
     train_labels = set(splits["train"]["label"])
     if len(train_labels) < 2:
@@ -387,7 +449,6 @@ def split_frame(frame: pd.DataFrame, cfg: DataConfig, seed: int) -> dict[str, pd
                 f"Label(s) [{_shown_list(map(repr, unseen))}] appear in the {name} split but never in train; the model could never predict them. "
                 "Add training examples of those labels or remove them."
             )
-    return splits
 
 
 def tokenize_split(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int) -> tuple[list[list[int]], int]:

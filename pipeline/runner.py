@@ -57,10 +57,13 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
     from .data import data_file, rotten_tomatoes_path
     from .models import resolve_reference
 
-    def data_path():
+    def data_path(key="path"):
         if config.data.source == "rotten_tomatoes":
-            return rotten_tomatoes_path()
-        return data_file(config.data.path) if config.data.path else None
+            return rotten_tomatoes_path() if key == "path" else None
+        if config.data.source == "hub":
+            return None
+        reference = getattr(config.data, key)
+        return data_file(reference) if reference else None
 
     def model_folder(reference):
         if not reference or reference == "random":
@@ -71,6 +74,7 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
     student = config.student
     candidates = {
         "data.path": data_path,
+        **{f"data.{split}": (lambda split=split: data_path(split)) for split in ("train", "validation", "test")},
         "teacher.model": lambda: model_folder(config.teacher.model),
         "teacher.tokenizer": lambda: model_folder(config.teacher.tokenizer),
         "student.pretrained": lambda: model_folder(student.pretrained) if student.init == "pretrained" else None,

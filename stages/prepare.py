@@ -16,7 +16,7 @@ import logging
 
 import datasets
 
-from pipeline.data import SPLITS, load_frame, split_frame, tokenize_split
+from pipeline.data import SPLITS, load_splits, tokenize_split
 from pipeline.models import load_tokenizer, tokenizer_reference
 
 log = logging.getLogger("pipeline")
@@ -31,7 +31,7 @@ def run(ctx) -> dict:
         return {}
     cfg = ctx.config.data
     cleaning: dict = {}
-    frame, unlabeled = load_frame(cfg, report=cleaning)
+    splits, unlabeled = load_splits(cfg, ctx.config.seed, report=cleaning)
     if cleaning["missing_labels"]:
         values = ", ".join(f"{value} x{count}" for value, count in cleaning["missing_label_values"].items())
         log.info("[prepare] %d of %d rows have no label (%s) and were dropped; data.missing_labels lists the values read as 'no label'",
@@ -39,7 +39,12 @@ def run(ctx) -> dict:
     if cleaning["cut_texts"]:
         log.info("[prepare] %d texts were longer than data.max_text_chars=%d characters and were cut before tokenization",
                  cleaning["cut_texts"], cleaning["max_text_chars"])
-    splits = split_frame(frame, cfg, ctx.config.seed)
+    if cleaning["given"]:
+        log.info("[prepare] splits used as given: %s; carved from train: %s", ", ".join(cleaning["given"]),
+                 ", ".join(s for s in SPLITS if s not in cleaning["given"]) or "none")
+        for split, shared in cleaning["train_texts_in_other_splits"].items():
+            if shared:
+                log.warning("[prepare] %d %s texts also appear in train (kept: the splits are used as given)", shared, split)
     present = set(splits["train"]["label"])
     # label_names fixes the ids (id i is label_names[i], as in a teacher fine-tuned on them); else alphabetical.
     label_names = [n for n in cfg.label_names if n in present] if cfg.label_names else sorted(present)
@@ -49,7 +54,7 @@ def run(ctx) -> dict:
     stats = {"label_names": label_names, "pad_token_id": tokenizer.pad_token_id, "max_length": cfg.max_length,
              "source": cfg.source, "rows": {k: cleaning[k] for k in ("rows_read", "missing_labels", "empty_texts", "duplicates")},
              "missing_label_values": cleaning["missing_label_values"], "max_text_chars": cleaning["max_text_chars"],
-             "cut_texts": cleaning["cut_texts"], "splits": {}}
+             "cut_texts": cleaning["cut_texts"], "given_splits": cleaning["given"], "splits": {}}
     total_truncated = 0
     for split in SPLITS:
         part = splits[split]

@@ -91,3 +91,49 @@ def test_length_grouped_batches_cover_every_example_once_and_cut_padding():
     # Batch order is shuffled, not a saw-tooth of pools sorted long to short.
     maxima = [lengths[b].max() for b in batches[1:LENGTH_POOL_BATCHES]]
     assert maxima != sorted(maxima, reverse=True)
+
+
+def _write(path, rows):
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return str(path)
+
+
+def _rows(prefix: str, n: int) -> list[dict]:
+    return [{"text": f"{prefix} example number {i}", "label": "pos" if i % 2 else "neg"} for i in range(n)]
+
+
+def test_given_splits_are_kept_exactly(tmp_path):
+    from pipeline.data import load_splits
+
+    files = {s: _write(tmp_path / f"{s}.csv", _rows(s, n)) for s, n in (("train", 40), ("validation", 12), ("test", 15))}
+    cfg = DataConfig(source="csv", **files)
+    report: dict = {}
+    splits, _ = load_splits(cfg, seed=3, report=report)
+    for split, n in (("train", 40), ("validation", 12), ("test", 15)):
+        assert splits[split]["text"].tolist() == [r["text"] for r in _rows(split, n)]  # same rows, same order
+    assert report["given"] == ["train", "validation", "test"] and report["rows_read"] == 67
+
+
+def test_splits_not_given_are_carved_from_train(tmp_path):
+    from pipeline.data import load_splits
+
+    train = _write(tmp_path / "train.csv", _rows("train", 100))
+    test = _write(tmp_path / "test.csv", _rows("test", 10))
+    cfg = DataConfig(source="csv", train=train, test=test, validation_fraction=0.2)
+    splits, _ = load_splits(cfg, seed=0)
+    assert splits["test"]["text"].tolist() == [r["text"] for r in _rows("test", 10)]
+    assert len(splits["validation"]) == 20 and len(splits["train"]) == 80
+    assert not set(splits["validation"]["text"]) & set(splits["train"]["text"])
+    again, _ = load_splits(cfg, seed=0)
+    assert again["validation"]["text"].tolist() == splits["validation"]["text"].tolist()  # seeded
+
+
+@pytest.mark.parametrize("fields, phrase", [
+    ({"test": "t.csv"}, "without data.train"),
+    ({"train": "a.csv", "path": "b.csv"}, "not both"),
+])
+def test_given_split_settings_that_cannot_run(fields, phrase):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=phrase):
+        DataConfig(source="csv", **fields)

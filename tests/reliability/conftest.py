@@ -170,6 +170,15 @@ def stop(process) -> None:
         process.wait()
 
 
+def planned(config_path: str, runs_dir: Path, *overrides: str) -> list[str]:
+    from pipeline.config import load_config
+    from pipeline.runner import plan, resolve_precision
+
+    config = load_config(config_path, list(overrides))
+    config = config.model_copy(update={"precision": resolve_precision(config.precision)})  # as the CLI does
+    return [name for name, run in plan(config, Path(runs_dir) / config.name, False, None, None).items() if run]
+
+
 def tree_digest(folder: Path) -> dict[str, str]:
     """sha256 of every file under a folder, by relative path."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -17,7 +17,7 @@ import datasets
 import pandas as pd
 import pytest
 
-from tests.reliability.conftest import cli, error_message
+from tests.reliability.conftest import cli, error_message, planned
 from tests.reliability.test_data_errors import check, prepare_with, rows, write
 
 NAMES = ("neg", "pos")
@@ -270,3 +270,26 @@ def test_hub_unlabelled_rows_are_missing_labels(monkeypatch, label_names):
     frame, _ = load_frame(cfg, report=report)
     assert sorted(frame["label"].unique()) == (label_names or ["negative", "positive"])
     assert len(frame) == 28 and report["missing_labels"] == 2 and report["missing_label_values"] == {"<null>": 2}
+
+
+# ---------------------------------------------------------------- given splits
+
+
+def test_given_split_files_are_kept_exactly(run_copy, tmp_path):
+    """data.train / validation / test: prepare writes exactly those rows, in order; editing one reruns prepare."""
+    files = {}
+    for split, n in (("train", 60), ("validation", 14), ("test", 16)):
+        records = [{"text": f"{split} review {i} was {NAMES[i % 2]}", "label": NAMES[i % 2]} for i in range(n)]
+        files[split] = (write(tmp_path / f"{split}.csv", records), records)
+    overrides = ["data.source=csv", "data.path=null", "data.group_column=null",
+                 *(f"data.{split}={path}" for split, (path, _) in files.items())]
+    result = cli("run", run_copy.config, *overrides, "--only", "prepare", "--runs-dir", str(run_copy.runs_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    prepare = run_copy.run_dir / "prepare"
+    for split, (_, records) in files.items():
+        written = [json.loads(line) for line in (prepare / f"{split}.jsonl").read_text().splitlines()]
+        assert [(r["text"], r["label"]) for r in written] == [(r["text"], r["label"]) for r in records]
+    assert json.loads((prepare / "stats.json").read_text())["given_splits"] == ["train", "validation", "test"]
+    assert "prepare" not in planned(run_copy.config, run_copy.runs_dir, *overrides)
+    write(files["test"][0], files["test"][1][:-1])
+    assert "prepare" in planned(run_copy.config, run_copy.runs_dir, *overrides)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.reliability.conftest import (CONFIG_NAME, ONE_THREAD, assert_resumable_interrupt, cli, error_message,
-                                        expect_error, nothing_written, stop, write_config)
+                                        expect_error, nothing_written, planned, stop, write_config)
 
 
 def args(run, *overrides, only=None, to=None):
@@ -29,15 +29,6 @@ def args(run, *overrides, only=None, to=None):
 
 def manifest(run_dir: Path, stage: str) -> dict:
     return json.loads((run_dir / stage / "manifest.json").read_text())
-
-
-def planned(config_path: str, runs_dir: Path, *overrides: str) -> list[str]:
-    from pipeline.config import load_config
-    from pipeline.runner import plan, resolve_precision
-
-    config = load_config(config_path, list(overrides))
-    config = config.model_copy(update={"precision": resolve_precision(config.precision)})  # as the CLI does
-    return [name for name, run in plan(config, Path(runs_dir) / config.name, False, None, None).items() if run]
 
 
 # ------------------------------------------------------------------ results follow their inputs
