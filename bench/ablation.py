@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, STAGES  # noqa: E402  (also puts the repository on the path)
 
 LOSS = "distill.loss={{ce: {ce}, kd: {kd}, attention: {att}, value_relation: {vr}, hidden: {hid}}}"
 
@@ -69,7 +70,7 @@ def link_upstream(source: Path, target: Path) -> None:
     """Hard-link the base run's stages; the runner reruns exactly those whose fingerprints differ
     (a rerun writes <stage>.partial and renames it, so the base files are never modified)."""
     target.mkdir(parents=True, exist_ok=True)
-    for stage in ("prepare", "teacher", "capture", "distill", "evaluate", "export"):
+    for stage in STAGES:
         if (source / stage).is_dir() and not (target / stage).exists():
             shutil.copytree(source / stage, target / stage, copy_function=os.link)
 

@@ -28,10 +28,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ablation import link_upstream, machine, precision  # noqa: E402
+from common import ROOT  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -113,7 +113,7 @@ def collect(run_dir: Path, exported: bool, wall: float, threads: int) -> dict:
     return figures
 
 
-def spread(values: list[float]) -> str:
+def mean_sd(values: list[float]) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "-"
@@ -146,9 +146,9 @@ def markdown(results: dict, header: dict) -> str:
         mb = [r["shipped_mb"] for r in exported]
         lines.append(
             f"| {VARIANTS.get(name, (name,))[0]} | {', '.join(sorted(by_seed))} | {rows[0]['parameters'] / 1e6:.1f}M | "
-            f"{spread([r['accuracy'] for r in rows])} | {spread([r['retention'] for r in rows])} | "
-            f"{spread([r['shipped_accuracy'] for r in exported])} | {spread([r['accuracy_kept'] for r in exported])} | "
-            f"{(f'{statistics.mean(mb):.1f}' if mb else '-')} | {spread([r['size_vs_int8_teacher'] for r in exported])} | "
+            f"{mean_sd([r['accuracy'] for r in rows])} | {mean_sd([r['retention'] for r in rows])} | "
+            f"{mean_sd([r['shipped_accuracy'] for r in exported])} | {mean_sd([r['accuracy_kept'] for r in exported])} | "
+            f"{(f'{statistics.mean(mb):.1f}' if mb else '-')} | {mean_sd([r['size_vs_int8_teacher'] for r in exported])} | "
             f"{speed('L=128')} | {speed('sentences')} | "
             f"{statistics.mean(r['distill_seconds'] for r in rows):.0f} ({rows[0]['torch_threads']}) |")
     teacher = next((r for by_seed in results.values() for r in by_seed.values()), None)

@@ -15,16 +15,22 @@ measured side by side on the same batches:
            (``TeacherCache.batch``) written by the pipeline's capture code
   online   distillation step with the teacher run inside it (``teacher_targets``)
 
-The distillation steps call ``pipeline.objective.DistillObjective`` with the
-config's loss weights, so the measured code is the product's. Each step is the
-body of ``pipeline.training.fit``: loss under the Accelerator's autocast (the
-config's precision), backward, gradient clipping, AdamW step, zero_grad, loss
-sync. The variants are interleaved within each repeat (rotating order) so load
-changes on a shared machine hit all three alike; ratios are taken per repeat.
+The measured code is the product's: batches come from
+``pipeline.inference.TrainingData`` (the distill stage's batching, over an Arrow
+split saved as the prepare stage saves it), each optimizer is set up by
+``pipeline.training.build_trainer`` (fit's parameter groups, schedule and
+Accelerate prepare, with the config's distill settings) and each step is
+``pipeline.training.train_step``: loss under the Accelerator's autocast (the
+config's precision), finiteness check (a loss sync), backward, gradient
+clipping, AdamW and schedule step, zero_grad. The distillation losses are
+``pipeline.objective.DistillObjective`` with the config's loss weights. The
+variants are interleaved within each repeat (rotating order) so load changes on
+a shared machine hit all three alike; ratios are taken per repeat.
 
-Capture: examples/s of the teacher alone (forward, logits to host) against the
-capture work of stages/capture.py (``teacher_targets`` + ``flatten_targets``
-into per-example records + logits to host), same batches, interleaved.
+Capture: examples/s of the teacher alone (``pipeline.inference.predict_logits``:
+length-sorted batches, forward, logits to host) against capture's shard loop
+(batches of similar length, ``teacher_targets`` + ``flatten_targets`` into
+per-example records + logits to host, back in example order), interleaved.
 """
 
 from __future__ import annotations
@@ -39,17 +45,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import spread  # noqa: E402  (also puts the repository on the path)
+from stages.capture import capture_shard  # noqa: E402
 
 FULL = {"config": "bert_small", "examples": 256, "warmup": 2, "repeats": 7, "steps": 4, "capture_repeats": 5}
 QUICK = {"config": "tiny", "examples": 64, "warmup": 1, "repeats": 2, "steps": 1, "capture_repeats": 2}
 GOAL_CACHED_VS_PLAIN = 0.8
-
-
-def spread(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
 
 
 def bf16_check() -> dict:
@@ -123,51 +125,134 @@ def load_examples(config, examples: int):
     return ids, labels, label_names, tokenizer
 
 
-def make_batch(ids, labels, indices, pad, device):
-    import numpy as np
-    import torch
+def training_data(folder: Path, ids, labels):
+    """``ids`` / ``labels`` as the distill and capture stages read them: ``pipeline.inference.TrainingData``
+    over a train split saved as the prepare stage saves it (Arrow under ``folder/tokenized/train``)."""
+    import datasets
 
-    from pipeline.data import pad_batch
+    from pipeline.inference import TrainingData
 
-    input_ids, mask = pad_batch([ids[i] for i in indices], pad)
-    return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
-            "labels": torch.tensor([labels[i] for i in indices], device=device), "indices": np.asarray(indices)}
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # a bar for a few hundred rows is only noise in the bench's output
+    try:
+        datasets.Dataset.from_dict({"input_ids": ids, "label": labels}).save_to_disk(str(folder / "tokenized" / "train"))
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+    return TrainingData(folder)
 
 
-def write_cache(folder: Path, teacher, plan, config, ids, pad, dist) -> dict:
-    """A teacher cache for ``ids``, written the way stages/capture.py writes it (same library calls and index)."""
-    import numpy as np
+def write_cache(folder: Path, teacher, plan, config, data, pad, dist) -> dict:
+    """A teacher cache for ``data`` (TrainingData), written as stages/capture.py writes it: its layout choice,
+    shard ranges, shard loop (``capture_shard``), ``write_shard`` and ``write_index``."""
+    from pipeline.cache import CacheLayout, choose_stores, estimate_bytes, shard_ranges, write_index, write_shard
 
-    from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_ranges, write_index,
-                                write_shard)
-    from pipeline.objective import teacher_targets
-
-    lengths = np.asarray([len(x) for x in ids])
+    lengths = data.lengths
     hidden = teacher.config.hidden_size
     layout = CacheLayout(plan, teacher.config.num_labels, hidden,
                          choose_stores(plan, lengths, hidden, config.capture.store), config.capture.dtype)
     folder.mkdir(parents=True, exist_ok=True)
-    ranges = shard_ranges(len(ids), config.capture.shard_size)
+    ranges = shard_ranges(len(data), config.capture.shard_size)
     for shard, (first, last) in enumerate(ranges):
-        records, logits, shard_lengths = [], [], []
-        for start in range(first, last, config.capture.batch_size):
-            chunk = list(range(start, min(start + config.capture.batch_size, last)))
-            batch = make_batch(ids, [0] * len(ids), chunk, pad, dist.device)
-            with dist.accelerator.autocast():
-                targets = teacher_targets(teacher, batch, plan)
-            n = [len(ids[i]) for i in chunk]
-            records += flatten_targets(targets, layout, n, batch["attention_mask"])
-            logits.append(targets["logits"].float().cpu().numpy())
-            shard_lengths += n
-        write_shard(folder, shard, records, np.concatenate(logits), shard_lengths, first)
-    write_index(folder, len(ranges), len(ids), layout)
+        records, logits = capture_shard(teacher, data, first, last, plan, layout, config.capture.batch_size, pad, dist)
+        write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first)
+    write_index(folder, len(ranges), len(data), layout)
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
-    return {"examples": len(ids), "cache_bytes": total, "bytes_per_example": total / len(ids),
+    return {"examples": len(data), "cache_bytes": total, "bytes_per_example": total / len(data),
             "estimated_bytes": estimate_bytes(layout, lengths), "stores": layout.stores, "dtype": layout.dtype,
-            "layout": layout}
+            "layout": layout, "ranges": ranges}
+
+
+def step_function(kind: str, base_student, teacher, plan, cache, config, dist, num_examples: int):
+    """One optimizer step of ``kind`` (plain / cached / online) on a batch: ``pipeline.training.train_step``
+    with a trainer set up by ``build_trainer`` and the loss each stage passes to ``fit``."""
+    import torch.nn.functional as F
+
+    from pipeline.objective import DistillObjective, teacher_targets
+    from pipeline.training import build_trainer, train_step
+
+    student = copy.deepcopy(base_student).to(dist.device)
+    modules = {"model": student}
+    if kind == "plain":  # the teacher stage's fine-tuning loss
+        def loss_fn(batch, prepared):
+            logits = prepared["model"](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss = F.cross_entropy(logits.float(), batch["labels"])
+            return loss, {"ce": loss.detach()}
+    else:  # the distill stage's loss, targets from the cache or from the teacher inside the step
+        objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
+        if len(objective.projections):
+            modules["projections"] = objective.projections
+
+        def loss_fn(batch, prepared):
+            if kind == "online":
+                targets = teacher_targets(teacher, batch, plan)
+            else:
+                targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], dist.device)
+            return objective(prepared["model"], batch, targets)
+
+    trainer = build_trainer(dist, modules, config.distill, num_examples, tag=f"micro-{kind}",
+                            find_unused_parameters=kind != "plain" and config.distill.loss.kd == 0)
+    for m in trainer.modules.values():
+        m.train()
+    steps = 0
+
+    def step(batch):
+        nonlocal steps
+        steps += 1
+        train_step(trainer, batch, loss_fn, step=steps)
+
+    return step
 
 
 # ---------------------------------------------------------------- measurements
+
+
+def measure_training(step_fns: dict, batches: list, warmup: int, repeats: int, steps: int) -> dict:
+    """samples/s of each step function over the same batches, interleaved with a rotating order; per-repeat ratios."""
+    kinds = list(step_fns)
+    cursor = 0
+    for _ in range(warmup):
+        for kind in kinds:
+            step_fns[kind](batches[cursor % len(batches)])
+        cursor += 1
+    rates = {kind: [] for kind in kinds}
+    for r in range(repeats):
+        chosen = [batches[(cursor + s) % len(batches)] for s in range(steps)]
+        cursor += steps
+        samples = sum(len(b["indices"]) for b in chosen)
+        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:  # rotate who goes first
+            gc.collect()
+            start = time.perf_counter()
+            for batch in chosen:
+                step_fns[kind](batch)
+            rates[kind].append(samples / (time.perf_counter() - start))
+    ratio = {f"{k}_vs_plain": [a / b for a, b in zip(rates[k], rates["plain"])] for k in ("cached", "online")}
+    ratio["cached_vs_online"] = [a / b for a, b in zip(rates["cached"], rates["online"])]
+    return {
+        "variants": {
+            "plain": {"what": "CE fine-tuning step of the student (no teacher)", "samples_per_s": spread(rates["plain"])},
+            "cached": {"what": "distillation step, targets from TeacherCache.batch", "samples_per_s": spread(rates["cached"])},
+            "online": {"what": "distillation step, teacher_targets inside the step", "samples_per_s": spread(rates["online"])},
+        },
+        "ratios": {k: spread(v) for k, v in ratio.items()},
+        "goal": {"cached_vs_plain_at_least": GOAL_CACHED_VS_PLAIN,
+                 "met": statistics.median(ratio["cached_vs_plain"]) >= GOAL_CACHED_VS_PLAIN},
+        "raw_samples_per_s": rates,
+    }
+
+
+def measure_capture(passes: dict, examples: int, repeats: int) -> dict:
+    """examples/s of each capture pass (one warm-up each), alternating which goes first."""
+    for fn in passes.values():  # warm-up
+        fn()
+    rates = {k: [] for k in passes}
+    for r in range(repeats):
+        for kind in (list(passes) if r % 2 == 0 else list(passes)[::-1]):
+            gc.collect()
+            start = time.perf_counter()
+            passes[kind]()
+            rates[kind].append(examples / (time.perf_counter() - start))
+    return rates
 
 
 def run(config_name: str | None = None, quick: bool = False, examples: int | None = None, batch_size: int | None = None,
@@ -175,17 +260,17 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
         capture_repeats: int | None = None, work_dir: Path | None = None, overrides: list[str] | None = None,
         threads: int | None = None, log=print) -> dict:
     """Both micro-benchmarks; returns the raw figures (JSON-ready). ``threads``: torch threads (default: torch's)."""
-    import numpy as np
     import torch
-    import torch.nn.functional as F
     from transformers import set_seed
 
-    from pipeline.cache import TeacherCache, flatten_targets
+    from pipeline.cache import TeacherCache
     from pipeline.config import load_config
-    from pipeline.data import global_batches
+    from pipeline.data import global_batches, padding_efficiency
+    from pipeline.inference import predict_logits
     from pipeline.models import build_student, build_teacher_for_finetune, count_parameters
-    from pipeline.objective import DistillObjective, target_plan, teacher_targets
+    from pipeline.objective import target_plan
     from pipeline.runner import Distributed
+    from stages.distill import teacher_ffn_importance
 
     if threads:
         torch.set_num_threads(threads)
@@ -199,7 +284,6 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
     batch_size = batch_size or config.distill.batch_size
     set_seed(config.seed)
     dist = Distributed(config)
-    accelerator = dist.accelerator
 
     ids, labels, label_names, tokenizer = load_examples(config, examples)
     if len(ids) < batch_size:
@@ -210,122 +294,48 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
     for p in teacher.parameters():
         p.requires_grad_(False)
     plan = target_plan(config, teacher.config)
-    base_student = build_student(config, teacher)
 
-    # The batches training sees (grouped by length when the config says so), full ones only.
-    lengths = np.asarray([len(x) for x in ids])
-    batches = [make_batch(ids, labels, b, pad, dist.device)
-               for b in global_batches(len(ids), batch_size, config.seed, 0,
-                                       lengths=lengths if config.distill.group_by_length else None)
-               if len(b) == batch_size]
-    tokens = [int(b["attention_mask"].sum()) for b in batches]
-    padded = [int(b["attention_mask"].numel()) for b in batches]
-
-    log(f"[micro] {config.name}: {len(ids)} examples, {len(batches)} batches of {batch_size}, precision {config.precision}; "
-        "writing the teacher cache")
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
-        cache_info = write_cache(Path(tmp) / "cache", teacher, plan, config, ids, pad, dist)
-        layout = cache_info.pop("layout")
+        data = training_data(Path(tmp) / "prepare", ids, labels)
+        lengths = data.lengths
+        # The student as the distill stage builds it (student.ffn_size: FFN neurons kept by the teacher's importance).
+        ffn_scores = None
+        if config.student.ffn_size is not None:
+            ffn_scores = teacher_ffn_importance(teacher, data, config, config.seed, pad, dist.device)
+        base_student = build_student(config, teacher, ffn_scores)
+        # The batches training sees (grouped by length when the config says so), full ones only.
+        chosen = [b for b in global_batches(len(data), batch_size, config.seed, 0,
+                                            lengths=lengths if config.distill.group_by_length else None)
+                  if len(b) == batch_size]
+        batches = [data.batch(b, pad, dist.device) for b in chosen]
+        log(f"[micro] {config.name}: {len(data)} examples, {len(batches)} batches of {batch_size}, precision "
+            f"{config.precision}; writing the teacher cache")
+        cache_info = write_cache(Path(tmp) / "cache", teacher, plan, config, data, pad, dist)
+        layout, ranges = cache_info.pop("layout"), cache_info.pop("ranges")
         cache = TeacherCache(Path(tmp) / "cache")  # verifies checksums, memory-maps the shards
 
-        # ---- training steps
-        def make_step(kind: str):
-            student = copy.deepcopy(base_student).to(dist.device).train()
-            objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
-            params = [p for m in (student, objective) for p in m.parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(params, lr=config.distill.lr, weight_decay=config.distill.weight_decay)
-            clip = config.distill.grad_clip
-
-            def step(batch):
-                with accelerator.autocast():
-                    if kind == "plain":
-                        logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                        loss = F.cross_entropy(logits.float(), batch["labels"])
-                    else:
-                        if kind == "cached":
-                            targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], dist.device)
-                        else:
-                            targets = teacher_targets(teacher, batch, plan)
-                        loss, _ = objective(student, batch, targets)
-                accelerator.backward(loss)
-                if clip:
-                    accelerator.clip_grad_norm_(params, clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                return loss.item()  # fit() syncs on the loss every step (finiteness check)
-
-            return step
-
         log(f"[micro] training steps: {warmup} warm-up + {repeats} x {steps} per variant")
-        kinds = ["plain", "cached", "online"]
-        step_fns = {kind: make_step(kind) for kind in kinds}
-        cursor = 0
-        for _ in range(warmup):
-            for kind in kinds:
-                step_fns[kind](batches[cursor % len(batches)])
-            cursor += 1
-        rates = {kind: [] for kind in kinds}
-        for r in range(repeats):
-            chosen = [batches[(cursor + s) % len(batches)] for s in range(steps)]
-            cursor += steps
-            samples = sum(len(b["indices"]) for b in chosen)
-            for kind in kinds[r % 3:] + kinds[:r % 3]:  # rotate who goes first
-                gc.collect()
-                start = time.perf_counter()
-                for batch in chosen:
-                    step_fns[kind](batch)
-                rates[kind].append(samples / (time.perf_counter() - start))
-        ratio = {f"{k}_vs_plain": [a / b for a, b in zip(rates[k], rates["plain"])] for k in ("cached", "online")}
-        ratio["cached_vs_online"] = [a / b for a, b in zip(rates["cached"], rates["online"])]
-        training = {
-            "variants": {
-                "plain": {"what": "CE fine-tuning step of the student (no teacher)", "samples_per_s": spread(rates["plain"])},
-                "cached": {"what": "distillation step, targets from TeacherCache.batch", "samples_per_s": spread(rates["cached"])},
-                "online": {"what": "distillation step, teacher_targets inside the step", "samples_per_s": spread(rates["online"])},
-            },
-            "ratios": {k: spread(v) for k, v in ratio.items()},
-            "goal": {"cached_vs_plain_at_least": GOAL_CACHED_VS_PLAIN,
-                     "met": statistics.median(ratio["cached_vs_plain"]) >= GOAL_CACHED_VS_PLAIN},
-            "raw_samples_per_s": rates,
-        }
+        step_fns = {kind: step_function(kind, base_student, teacher, plan, cache, config, dist, len(data))
+                    for kind in ("plain", "cached", "online")}
+        training = measure_training(step_fns, batches, warmup, repeats, steps)
         del step_fns
-        gc.collect()
+        dist.accelerator.free_memory()  # drops the prepared students and optimizers (also collects garbage)
 
-        # ---- capture
-        capture_batches = [make_batch(ids, labels, list(range(i, min(i + config.capture.batch_size, len(ids)))), pad, dist.device)
-                           for i in range(0, len(ids), config.capture.batch_size)]
-
-        @torch.no_grad()
         def inference_pass():
-            for batch in capture_batches:
-                with accelerator.autocast():
-                    logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                logits.float().cpu().numpy()
+            predict_logits(teacher, data, config.capture.batch_size, dist, pad)
 
         def capture_pass():
-            for batch in capture_batches:
-                with accelerator.autocast():
-                    targets = teacher_targets(teacher, batch, plan)
-                n = [len(ids[i]) for i in batch["indices"]]
-                flatten_targets(targets, layout, n, batch["attention_mask"])
-                targets["logits"].float().cpu().numpy()
+            for first, last in ranges:
+                capture_shard(teacher, data, first, last, plan, layout, config.capture.batch_size, pad, dist)
 
         log(f"[micro] capture: 1 warm-up + {capture_repeats} passes per variant")
-        passes = {"inference": inference_pass, "capture": capture_pass}
-        for fn in passes.values():  # warm-up
-            fn()
-        capture_rates = {k: [] for k in passes}
-        for r in range(capture_repeats):
-            for kind in (list(passes) if r % 2 == 0 else list(passes)[::-1]):
-                gc.collect()
-                start = time.perf_counter()
-                passes[kind]()
-                capture_rates[kind].append(len(ids) / (time.perf_counter() - start))
+        capture_rates = measure_capture({"inference": inference_pass, "capture": capture_pass}, len(data), capture_repeats)
         capture_ratio = [a / b for a, b in zip(capture_rates["capture"], capture_rates["inference"])]
         capture = {
             "variants": {
-                "inference": {"what": "teacher forward, logits to host", "examples_per_s": spread(capture_rates["inference"])},
-                "capture": {"what": "teacher_targets + flatten_targets into records, logits to host",
+                "inference": {"what": "teacher forward (predict_logits), logits to host",
+                              "examples_per_s": spread(capture_rates["inference"])},
+                "capture": {"what": "capture's shard loop: teacher_targets + flatten_targets into records, logits to host",
                             "examples_per_s": spread(capture_rates["capture"])},
             },
             "ratios": {"capture_vs_inference": spread(capture_ratio)},
@@ -339,7 +349,7 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "examples": len(ids), "batch_size": batch_size, "batches": len(batches), "max_length": config.data.max_length,
         "mean_tokens_per_example": float(lengths.mean()),
-        "padding_efficiency": sum(tokens) / sum(padded),
+        "padding_efficiency": padding_efficiency(chosen, lengths),
         "warmup_steps": warmup, "repeats": repeats, "steps_per_repeat": steps, "capture_repeats": capture_repeats,
         "teacher": f"{config.teacher.model} ({teacher.config.num_hidden_layers} layers, hidden {teacher.config.hidden_size}, "
                    f"{count_parameters(teacher) / 1e6:.1f}M parameters, random classifier head)",

@@ -41,13 +41,9 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-for path in (str(ROOT), str(BENCH)):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import BENCH, ROOT, STAGES, spread  # noqa: E402  (also puts the repository on the path)
 
-STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
 MARKER = ".bench-runs-dir"  # only a runs folder carrying this file is ever wiped
 ABLATION_FILE = BENCH / "results" / "ablation.json"  # written by bench/ablation.py (header + results)
 LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student PyTorch fp32", "student ONNX fp32",
@@ -64,10 +60,6 @@ QUICK = {"config": "tiny", "overrides": ["tracking.enabled=false"], "second_runs
 
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def spread(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
 
 
 def read_json(path: Path):

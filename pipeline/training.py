@@ -12,6 +12,13 @@ file does what Accelerate does not do exactly:
   position; written to a temp folder and renamed, so a half-written checkpoint
   is never loaded; loaded with safetensors / torch.load(weights_only=True);
 * a non-finite loss stops the run naming the step and the loss term.
+
+Layout (torchtune's recipe, nanoGPT's configure_optimizers): ``fit`` is
+``setup`` (``build_trainer``: ``configure_optimizer``, ``configure_scheduler``,
+Accelerate's prepare; then resume) + ``train`` (epochs of ``_train_epoch``, each
+batch one ``train_step``; ``_end_epoch`` validates and keeps the best weights)
++ loading the best weights back. ``train_step`` is public: bench/micro.py
+times exactly it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -38,6 +45,7 @@ from .errors import PipelineError, TrainingError
 log = logging.getLogger("pipeline")
 
 LOG_EVERY = 10  # optimizer steps between MLflow metric points
+NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight")  # parameter names trained without weight decay
 
 
 @dataclass
@@ -135,6 +143,117 @@ class Checkpoints:
         return Progress(**json.loads((path / "progress.json").read_text()))
 
 
+@dataclass
+class Trainer:
+    """A training job once set up: the prepared modules, optimizer and schedule, and what a step needs.
+
+    ``modules`` are the PREPARED modules (DDP-wrapped when several processes
+    run); ``params`` the trainable parameters (clipped together).
+    """
+
+    dist: Any
+    modules: dict[str, torch.nn.Module]
+    optimizer: Any
+    scheduler: Any
+    params: list[torch.nn.Parameter]
+    settings: TrainSettings
+    tag: str
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.modules["model"]
+
+
+def configure_optimizer(modules: dict[str, torch.nn.Module], settings: TrainSettings):
+    """AdamW over every trainable parameter, without weight decay on biases and LayerNorm weights.
+
+    Returns (optimizer, trainable parameters).
+    """
+    params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
+    named = [(n, p) for m in modules.values() for n, p in m.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in named if not n.endswith(NO_DECAY)], "weight_decay": settings.weight_decay},
+        {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
+    ]
+    assert sum(len(g["params"]) for g in groups) == len(params)
+    return torch.optim.AdamW(groups, lr=settings.lr), params
+
+
+def configure_scheduler(optimizer, settings: TrainSettings, num_examples: int):
+    """Warm-up then settings.schedule over every optimizer step of every epoch."""
+    batches_per_epoch = math.ceil(num_examples / settings.batch_size)
+    steps_per_epoch = math.ceil(batches_per_epoch / settings.grad_accum)
+    total_steps = max(1, steps_per_epoch * settings.epochs)
+    return get_scheduler(settings.schedule if settings.schedule != "constant" else "constant_with_warmup",
+                         optimizer, num_warmup_steps=int(settings.warmup_ratio * total_steps),
+                         num_training_steps=total_steps)
+
+
+def build_trainer(dist, modules: dict[str, torch.nn.Module], settings: TrainSettings, num_examples: int, tag: str,
+                  find_unused_parameters: bool = False) -> Trainer:
+    """Optimizer and schedule for ``modules``, then Accelerate's prepare (device, DDP, mixed precision).
+
+    ``dist``: the runner's Distributed (``ctx.dist``) or anything with its accelerator, rank, world and device.
+    """
+    accelerator = dist.accelerator
+    optimizer, params = configure_optimizer(modules, settings)
+    scheduler = configure_scheduler(optimizer, settings, num_examples)
+    if accelerator.ddp_handler is not None:
+        # Losses that never reach some parameters (attention-only distillation
+        # leaves the classifier without gradient) need DDP to look for them.
+        accelerator.ddp_handler.find_unused_parameters = find_unused_parameters
+    prepared = accelerator.prepare(*modules.values(), optimizer)
+    trainer = Trainer(dist, dict(zip(modules, prepared[:-1])), prepared[-1], scheduler, params, settings, tag)
+    if settings.gradient_checkpointing:
+        accelerator.unwrap_model(trainer.model).gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    return trainer
+
+
+def train_step(trainer: Trainer, batch: dict, loss_fn: Callable, *, step: int, boundary: bool = True,
+               weight: float = 1.0):
+    """One batch of one optimizer step: forward under autocast, finiteness check, backward, and at
+    ``boundary`` (the last batch of the step's gradient accumulation) clipping, optimizer and schedule
+    step, zero_grad. Returns (loss, {term: value}) as ``loss_fn(batch, trainer.modules)`` gave them.
+
+    ``weight`` re-weights this rank's mean loss (see ``_train_epoch``); the loss is divided by
+    settings.grad_accum. ``step`` is the optimizer step the batch belongs to (named if the loss is
+    not finite). Off a boundary with several processes, DDP does not synchronise the gradients.
+    """
+    dist, accelerator, settings = trainer.dist, trainer.dist.accelerator, trainer.settings
+    sync = accelerator.no_sync(trainer.model) if not boundary and dist.world > 1 else contextlib.nullcontext()
+    with sync:
+        with accelerator.autocast():
+            loss, terms = loss_fn(batch, trainer.modules)
+            scaled = loss * weight / settings.grad_accum
+        _check_finite(loss, terms, step, dist, trainer.tag)
+        accelerator.backward(scaled)
+    if boundary:
+        if settings.grad_clip:
+            accelerator.clip_grad_norm_(trainer.params, settings.grad_clip)
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+    return loss, terms
+
+
+def setup(ctx, modules: dict[str, torch.nn.Module], settings: TrainSettings, num_examples: int, seed: int, tag: str,
+          find_unused_parameters: bool = False) -> tuple[Trainer, Checkpoints, Progress]:
+    """Seed, build the trainer, and resume from the latest complete checkpoint of ``tag`` if there is one."""
+    dist = ctx.dist
+    torch.manual_seed(seed + dist.rank)
+    trainer = build_trainer(dist, modules, settings, num_examples, tag, find_unused_parameters)
+    checkpoints = Checkpoints(ctx.out / f"checkpoints-{tag}", settings.keep_checkpoints)
+    progress = Progress()
+    latest = checkpoints.latest()
+    if latest is not None:
+        progress = checkpoints.load(latest, dist, trainer.modules, trainer.optimizer, trainer.scheduler)
+        if dist.is_main:
+            log.info("[%s] resuming from checkpoint %s (epoch %d, batch %d, step %d)", tag, latest.name,
+                     progress.epoch, progress.batches_done, progress.global_step)
+    return trainer, checkpoints, progress
+
+
 def fit(
     ctx,
     *,
@@ -157,131 +276,115 @@ def fit(
     ``validate(modules)`` returns {"accuracy": ...} on the validation split
     (called on every rank); both get the PREPARED modules (DDP-wrapped when
     several processes run, so gradients are synchronised).
-    The best weights by validation accuracy end up in ``ctx.out/best.safetensors``.
+    The best weights by validation accuracy end up in ``ctx.out/best-<tag>.safetensors``.
     """
-    dist = ctx.dist
-    accelerator = dist.accelerator
-    torch.manual_seed(seed + dist.rank)
-    params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
-    named = [(n, p) for m in modules.values() for n, p in m.named_parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": settings.weight_decay},
-        {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0},
-    ]
-    assert sum(len(g["params"]) for g in groups) == len(params)
-    optimizer = torch.optim.AdamW(groups, lr=settings.lr)
-    num_examples = len(lengths)
-    batches_per_epoch = math.ceil(num_examples / settings.batch_size)
-    steps_per_epoch = math.ceil(batches_per_epoch / settings.grad_accum)
-    total_steps = max(1, steps_per_epoch * settings.epochs)
-    scheduler = get_scheduler(settings.schedule if settings.schedule != "constant" else "constant_with_warmup",
-                              optimizer, num_warmup_steps=int(settings.warmup_ratio * total_steps),
-                              num_training_steps=total_steps)
-    names = list(modules)
-    if accelerator.ddp_handler is not None:
-        # Losses that never reach some parameters (attention-only distillation
-        # leaves the classifier without gradient) need DDP to look for them.
-        accelerator.ddp_handler.find_unused_parameters = find_unused_parameters
-    prepared = accelerator.prepare(*modules.values(), optimizer)
-    prepared_modules = dict(zip(names, prepared[:-1]))
-    optimizer = prepared[-1]
-    model = prepared_modules["model"]
-    if settings.gradient_checkpointing:
-        accelerator.unwrap_model(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-    checkpoints = Checkpoints(ctx.out / f"checkpoints-{tag}", settings.keep_checkpoints)
-    progress = Progress()
-    latest = checkpoints.latest()
-    if latest is not None:
-        progress = checkpoints.load(latest, dist, prepared_modules, optimizer, scheduler)
-        if dist.is_main:
-            log.info("[%s] resuming from checkpoint %s (epoch %d, batch %d, step %d)", tag, latest.name,
-                     progress.epoch, progress.batches_done, progress.global_step)
+    trainer, checkpoints, progress = setup(ctx, modules, settings, len(lengths), seed, tag, find_unused_parameters)
     best_path = ctx.out / f"best-{tag}.safetensors"
+    train(ctx, trainer, checkpoints, progress, lengths=lengths, make_batch=make_batch, loss_fn=loss_fn,
+          validate=validate, seed=seed, best_path=best_path)
+    accelerator = ctx.dist.accelerator
+    if settings.epochs == 0 and ctx.dist.is_main:  # nothing trained: the initial weights are "best"
+        save_file(_trainable_state(trainer.modules, accelerator), best_path)
+    ctx.dist.barrier()
+    # Load the best epoch's weights back into the (unwrapped) modules.
+    _load_trainable_state(trainer.modules, load_file(best_path), accelerator)
+    return progress
 
-    def save_checkpoint():
-        return checkpoints.save(dist, prepared_modules, optimizer, scheduler, progress)
 
+def train(ctx, trainer: Trainer, checkpoints: Checkpoints, progress: Progress, *, lengths, make_batch: Callable,
+          loss_fn: Callable, validate: Callable, seed: int, best_path: Path) -> None:
+    """The epochs from ``progress`` on: train, validate, keep the best weights, checkpoint; Ctrl-C saves and stops."""
+    settings = trainer.settings
     try:
         while progress.epoch < settings.epochs:
-            epoch = progress.epoch
-            for m in prepared_modules.values():
-                m.train()
-            batches = global_batches(num_examples, settings.batch_size, seed, epoch,
+            batches = global_batches(len(lengths), settings.batch_size, seed, progress.epoch,
                                      lengths=lengths if settings.group_by_length else None)
-            bar = ctx.progress(total=len(batches), initial=progress.batches_done, desc=f"{tag} epoch {epoch + 1}/{settings.epochs}")
-            window_start, window_samples = time.time(), 0
-            for b in range(progress.batches_done, len(batches)):
-                global_batch = batches[b]
-                local = rank_slice(global_batch, dist.rank, dist.world)
-                batch = make_batch(local)
-                boundary = (b + 1) % settings.grad_accum == 0 or b + 1 == len(batches)
-                # Per-rank mean loss re-weighted so the DDP average equals the
-                # mean over the global batch even when rank slices differ in size.
-                weight = len(local) * dist.world / len(global_batch)
-                sync = accelerator.no_sync(model) if not boundary and dist.world > 1 else contextlib.nullcontext()
-                with sync, accelerator.autocast():
-                    loss, terms = loss_fn(batch, prepared_modules)
-                    scaled = loss * weight / settings.grad_accum
-                _check_finite(loss, terms, progress.global_step + 1, dist, tag)
-                with sync:
-                    accelerator.backward(scaled)
-                window_samples += len(global_batch)
-                if boundary:
-                    if settings.grad_clip:
-                        accelerator.clip_grad_norm_(params, settings.grad_clip)
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    progress.global_step += 1
-                progress.batches_done = b + 1
-                bar.update(1)
-                if boundary and dist.is_main:
-                    elapsed = max(time.time() - window_start, 1e-9)
-                    bar.set_postfix(loss=f"{loss.item():.4f}", samples_s=f"{window_samples / elapsed:.0f}")
-                    if progress.global_step % LOG_EVERY == 0:
-                        metrics = {f"train/{k}": float(v) for k, v in terms.items()}
-                        metrics.update({"train/loss": loss.item(), "train/lr": scheduler.get_last_lr()[0],
-                                        "train/samples_per_s": window_samples / elapsed})
-                        ctx.tracker.log_metrics(metrics, step=progress.global_step)
-                        window_start, window_samples = time.time(), 0
-                if boundary and progress.global_step % settings.checkpoint_every == 0 and b + 1 < len(batches):
-                    save_checkpoint()
-            bar.close()
-            # End of epoch: validate, keep the best weights, checkpoint.
-            for m in prepared_modules.values():
-                m.eval()
-            metrics = validate(prepared_modules)
-            record = {"epoch": epoch + 1, **{f"val_{k}": v for k, v in metrics.items()}}
-            progress.history.append(record)
-            if dist.is_main:
-                ctx.tracker.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=progress.global_step)
-                log.info("[%s] epoch %d/%d: %s", tag, epoch + 1, settings.epochs,
-                         ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-                if metrics["accuracy"] > progress.best_metric:
-                    tmp = best_path.with_suffix(".tmp")
-                    save_file(_trainable_state(prepared_modules, accelerator), tmp)
-                    os.replace(tmp, best_path)
-            if metrics["accuracy"] > progress.best_metric:
-                progress.best_metric, progress.best_epoch = metrics["accuracy"], epoch + 1
-            progress.epoch, progress.batches_done = epoch + 1, 0
-            save_checkpoint()
+            _train_epoch(ctx, trainer, checkpoints, progress, batches, make_batch, loss_fn)
+            _end_epoch(ctx, trainer, progress, validate, best_path)
+            _save(checkpoints, trainer, progress)
     except KeyboardInterrupt:
         # Ctrl-C: keep what was done. The position saved is the last completed
         # optimizer step; a partly accumulated step is simply redone on resume.
         if progress.batches_done % settings.grad_accum == 0:
-            save_checkpoint()
+            _save(checkpoints, trainer, progress)
         raise Interrupted(
-            f"Interrupted during {tag} at epoch {progress.epoch + 1}, step {progress.global_step}; a checkpoint "
+            f"Interrupted during {trainer.tag} at epoch {progress.epoch + 1}, step {progress.global_step}; a checkpoint "
             f"is in {checkpoints.root}. Rerun the same command to resume from it."
         ) from None
-    if settings.epochs == 0 and dist.is_main:  # nothing trained: the initial weights are "best"
-        save_file(_trainable_state(prepared_modules, accelerator), best_path)
-    dist.barrier()
-    # Load the best epoch's weights back into the (unwrapped) modules.
-    _load_trainable_state(prepared_modules, load_file(best_path), accelerator)
-    return progress
+
+
+def _save(checkpoints: Checkpoints, trainer: Trainer, progress: Progress) -> Path:
+    return checkpoints.save(trainer.dist, trainer.modules, trainer.optimizer, trainer.scheduler, progress)
+
+
+def _train_epoch(ctx, trainer: Trainer, checkpoints: Checkpoints, progress: Progress, batches: list, make_batch: Callable,
+                 loss_fn: Callable) -> None:
+    """The remaining batches of ``progress.epoch``: each rank takes its slice of every global batch."""
+    dist, settings = trainer.dist, trainer.settings
+    for m in trainer.modules.values():
+        m.train()
+    bar = ctx.progress(total=len(batches), initial=progress.batches_done,
+                       desc=f"{trainer.tag} epoch {progress.epoch + 1}/{settings.epochs}")
+    window = _Window()
+    for b in range(progress.batches_done, len(batches)):
+        global_batch = batches[b]
+        local = rank_slice(global_batch, dist.rank, dist.world)
+        boundary = (b + 1) % settings.grad_accum == 0 or b + 1 == len(batches)
+        # Per-rank mean loss re-weighted so the DDP average equals the
+        # mean over the global batch even when rank slices differ in size.
+        weight = len(local) * dist.world / len(global_batch)
+        loss, terms = train_step(trainer, make_batch(local), loss_fn, step=progress.global_step + 1, boundary=boundary,
+                                 weight=weight)
+        window.samples += len(global_batch)
+        if boundary:
+            progress.global_step += 1
+        progress.batches_done = b + 1
+        bar.update(1)
+        if boundary and dist.is_main:
+            _report_step(ctx, trainer, progress, bar, window, loss, terms)
+        if boundary and progress.global_step % settings.checkpoint_every == 0 and b + 1 < len(batches):
+            _save(checkpoints, trainer, progress)
+    bar.close()
+
+
+@dataclass
+class _Window:
+    """Throughput since the last logged metric point."""
+
+    start: float = field(default_factory=time.time)
+    samples: int = 0
+
+
+def _report_step(ctx, trainer: Trainer, progress: Progress, bar, window: _Window, loss, terms) -> None:
+    """Main rank, after an optimizer step: the bar's loss and samples/s; every LOG_EVERY steps, tracked metrics."""
+    elapsed = max(time.time() - window.start, 1e-9)
+    bar.set_postfix(loss=f"{loss.item():.4f}", samples_s=f"{window.samples / elapsed:.0f}")
+    if progress.global_step % LOG_EVERY == 0:
+        metrics = {f"train/{k}": float(v) for k, v in terms.items()}
+        metrics.update({"train/loss": loss.item(), "train/lr": trainer.scheduler.get_last_lr()[0],
+                        "train/samples_per_s": window.samples / elapsed})
+        ctx.tracker.log_metrics(metrics, step=progress.global_step)
+        window.start, window.samples = time.time(), 0
+
+
+def _end_epoch(ctx, trainer: Trainer, progress: Progress, validate: Callable, best_path: Path) -> None:
+    """Validate, keep the best weights (main rank writes them), and move ``progress`` to the next epoch."""
+    dist, epoch = trainer.dist, progress.epoch
+    for m in trainer.modules.values():
+        m.eval()
+    metrics = validate(trainer.modules)
+    progress.history.append({"epoch": epoch + 1, **{f"val_{k}": v for k, v in metrics.items()}})
+    if dist.is_main:
+        ctx.tracker.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=progress.global_step)
+        log.info("[%s] epoch %d/%d: %s", trainer.tag, epoch + 1, trainer.settings.epochs,
+                 ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        if metrics["accuracy"] > progress.best_metric:
+            tmp = best_path.with_suffix(".tmp")
+            save_file(_trainable_state(trainer.modules, dist.accelerator), tmp)
+            os.replace(tmp, best_path)
+    if metrics["accuracy"] > progress.best_metric:
+        progress.best_metric, progress.best_epoch = metrics["accuracy"], epoch + 1
+    progress.epoch, progress.batches_done = epoch + 1, 0
 
 
 def _check_finite(loss, terms, step, dist, tag):

@@ -96,19 +96,8 @@ def run(ctx) -> dict:
         first, last = ranges[shard]
         logits_only = first >= relational
         shard_plan, shard_layout = (logits_layout.plan, logits_layout) if logits_only else (plan, layout)
-        # Batches of similar length (less padding); results go back to example order.
-        by_length = first + np.argsort(lengths[first:last], kind="stable")
-        records, logits = [None] * (last - first), np.zeros((last - first, teacher.config.num_labels), np.float32)
-        for start in range(0, last - first, config.capture.batch_size):
-            global_ids = by_length[start:start + config.capture.batch_size]
-            batch = train.batch(global_ids, pad, ctx.device)
-            with ctx.autocast():
-                targets = teacher_targets(teacher, batch, shard_plan)
-            batch_records = flatten_targets(targets, shard_layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"])
-            for i, record in zip(global_ids - first, batch_records):
-                records[i] = record
-            logits[global_ids - first] = targets["logits"].float().cpu().numpy()
-            bar.update(len(global_ids))
+        records, logits = capture_shard(teacher, train, first, last, shard_plan, shard_layout, config.capture.batch_size,
+                                        pad, ctx, on_batch=bar.update)
         write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first, logits_only)
     bar.close()
     ctx.barrier()
@@ -123,6 +112,30 @@ def run(ctx) -> dict:
         ctx.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths)})
         log.info("[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths))
     return {k: v for k, v in summary.items() if not isinstance(v, dict)}
+
+
+def capture_shard(teacher, data, first: int, last: int, plan, layout, batch_size: int, pad: int, dist,
+                  on_batch=None) -> tuple[list[np.ndarray], np.ndarray]:
+    """The teacher over examples [first, last) of ``data``: (per-example cache records, logits), in example order.
+
+    Batches hold examples of similar length (less padding); ``dist`` is anything with ``device`` and
+    ``autocast()`` (the stage context); ``on_batch(n)`` follows progress.
+    """
+    lengths = data.lengths
+    by_length = first + np.argsort(lengths[first:last], kind="stable")
+    records, logits = [None] * (last - first), np.zeros((last - first, teacher.config.num_labels), np.float32)
+    for start in range(0, last - first, batch_size):
+        global_ids = by_length[start:start + batch_size]
+        batch = data.batch(global_ids, pad, dist.device)
+        with dist.autocast():
+            targets = teacher_targets(teacher, batch, plan)
+        batch_records = flatten_targets(targets, layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"])
+        for i, record in zip(global_ids - first, batch_records):
+            records[i] = record
+        logits[global_ids - first] = targets["logits"].float().cpu().numpy()
+        if on_batch is not None:
+            on_batch(len(global_ids))
+    return records, logits
 
 
 def write_augmented(config, teacher, teacher_dir, prepare, folder) -> int:
