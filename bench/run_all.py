@@ -527,7 +527,6 @@ def render(report: dict) -> str:
     inference = sections.get("inference")
     if inference and inference.get("available"):
         meta = inference["meta"]
-        runs = {r.get("runs") for r in inference["rows"]}
         load = ""
         if meta.get("load_average_1m_before") is not None:
             load = (f" 1-minute load average {meta['load_average_1m_before']} before / "
