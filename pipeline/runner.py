@@ -401,6 +401,7 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
         if not any(to_run.values()):
             if dist.is_main:
                 log.info("All stages are complete and current; nothing to do (use --force to rerun).")
+            tracker.record_result(config, current)  # a pipeline run still lacking its result gets it
             return {"ran": [], "fingerprints": current}
         tracker.start_pipeline(config_yaml, config.flat(), config_hash(config_yaml))
         ran, status = [], "FAILED"
@@ -426,6 +427,7 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
             raise
         finally:
             tracker.end_pipeline(status)
+        tracker.record_result(config, current)  # the result on the pipeline run (never fails the run)
         return {"ran": ran, "fingerprints": current}
 
 

@@ -128,3 +128,68 @@ def print_summary(run_dir: Path, ran: list[str], states: dict[str, str] | None =
     bundle = run_dir / "export" / "bundle"
     if bundle.is_dir():
         print(f"mobile bundle: {bundle}  (README.md, predict.py, latency.md inside)")
+
+
+# ---------------------------------------------------------------- the same figures for MLflow (pipeline run, registered version)
+
+
+def metric_suffix(setting_input: str) -> str:
+    """A latency input as part of an MLflow metric name ("L=128" -> "L128"; MLflow names take no '=')."""
+    return setting_input.replace("=", "")
+
+
+def headline_metrics(evaluate: dict, export: dict) -> dict[str, float]:
+    """The run's result as flat figures: what the pipeline run shows in MLflow's runs table.
+
+    From evaluate's metrics.json (teacher and student in PyTorch, retention) and export's
+    metrics.json (the shipped variant, its latency, the ratios against the int8 teacher); a
+    stage whose dict is empty contributes nothing.
+    """
+    out: dict[str, float] = {}
+    for who in ("teacher", "student"):
+        if who in evaluate:
+            out[f"{who}_accuracy"] = evaluate[who]["accuracy"]
+            out[f"{who}_macro_f1"] = evaluate[who]["macro_f1"]
+    if "retention" in evaluate:
+        out["retention"] = evaluate["retention"]
+    variant = export.get("recommended")
+    shipped = export.get(f"onnx_{variant}") if variant else None
+    if shipped:
+        out["shipped_accuracy"] = shipped["accuracy"]
+        out["shipped_macro_f1"] = shipped["macro_f1"]
+        out["shipped_mb"] = shipped["file_mb"]
+        rows = export.get("latency") or []
+        setting = latency_setting(rows)
+        threads = setting[1] if setting else min((r["threads"] for r in rows), default=1)
+        inputs = {setting[0], "sentences"} if setting else {"sentences"}
+        for row in rows:
+            if row["model"] == f"student ONNX {variant}" and row["threads"] == threads and row.get("input") in inputs:
+                out[f"shipped_latency_ms_{metric_suffix(row['input'])}"] = row["median_ms"]
+    comparison = export.get("versus_int8_teacher")
+    if comparison:
+        out["accuracy_kept"] = comparison["accuracy_kept"]
+        out["size_vs_int8_teacher"] = comparison["size_vs_int8_teacher"]
+        for name, value in comparison["speedup_vs_int8_teacher"].items():
+            out[f"speedup_vs_int8_teacher_{metric_suffix(name)}"] = value
+    return out
+
+
+def markdown_results(rows: list[dict], setting, evaluate: dict, export: dict) -> str:
+    """The closing table of print_summary as markdown (the pipeline run's description in MLflow)."""
+    if not rows:
+        return "_No results yet: evaluate and export have not completed for this configuration._"
+    latency_head = f"ms b1/{setting[0]}/{setting[1]}t" if setting else "latency ms"
+    lines = [f"| model | accuracy | macro-F1 | params | size MB | {latency_head} |", "|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        size, ms, params = row.get("size_mb"), row.get("latency_ms"), row.get("parameters")
+        name = row["name"] + (" **(shipped)**" if row.get("recommended") else "")
+        lines.append(f"| {name} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | {f'{params:,}' if params else '-'} | "
+                     f"{f'{size:.1f}' if size else '-'} | {f'{ms:.2f}' if ms is not None else '-'} |")
+    notes = []
+    if "retention" in evaluate:
+        notes.append(f"retention (student / teacher accuracy): {evaluate['retention']:.4f}; "
+                     f"agreement: {evaluate.get('agreement', float('nan')):.4f}")
+    comparison = export.get("versus_int8_teacher")
+    if comparison:
+        notes += comparison_lines(comparison)
+    return "\n".join(lines) + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")

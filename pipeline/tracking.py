@@ -21,6 +21,17 @@ from .errors import PipelineError
 log = logging.getLogger("pipeline")
 
 RUN_FOLDER_TAG = "attention_distill.run_folder"
+RESULT_TAG = "attention_distill.result"  # digest of the result last recorded on the pipeline run
+NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
+NOTE_DIGEST_TAG = "attention_distill.note_digest"  # the description this pipeline wrote (an edited one is kept)
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
+GIT_DIRTY_TAG = "attention_distill.git_dirty"
+REGISTERED_TAG = "attention_distill.registered_model"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"  # "Machine learning" (model training) in the MLflow 3 UI
+REPLACEABLE_KINDS = ("", "no_inferred_type", "genai_development_inferred", "custom_model_development_inferred")
+MAX_NOTE = 8000  # MLflow's limit on a tag value
+SPLIT_CONTEXTS = {"train": "training", "validation": "validation", "test": "test"}
 SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.I)
 
 
@@ -212,6 +223,7 @@ class Tracker:
         else:
             experiment_id = experiment.experiment_id
         self.experiment_id = experiment_id
+        self._mark_experiment_kind(experiment_id)
         self._end_orphaned_runs()
         record = self.run_dir / "mlflow_run.json"
         previous = json.loads(record.read_text()) if record.is_file() else {}
@@ -264,6 +276,105 @@ class Tracker:
     def end_pipeline(self, status: str = "FINISHED") -> None:
         if self.enabled and self.parent_id:
             self.client.set_terminated(self.parent_id, status=status)
+
+    def _mark_experiment_kind(self, experiment_id: str) -> None:
+        """Tag the experiment as model training, so the MLflow UI opens it in that view (not GenAI).
+
+        A kind chosen in the UI (or by another tool) is kept; only an absent or inferred one is set.
+        """
+        try:
+            experiment = self.client.get_experiment(experiment_id)
+            if experiment.tags.get(EXPERIMENT_KIND_TAG, "") in REPLACEABLE_KINDS:
+                self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except Exception as exc:  # a nicety: never a reason to stop the pipeline
+            log.warning("MLflow: could not mark experiment %s as model training (%s)", experiment_id, _brief_error(exc))
+
+    # ------------------------------------------------------------------ the result, on the pipeline run
+    def record_result(self, config, current: dict[str, str]) -> None:
+        """Put the run's result on the pipeline (parent) run, so pipeline runs compare in the runs table.
+
+        Headline metrics, a markdown description (results table, the command that reproduces the
+        run), tags (teacher, student shape, data, precision, git commit, registered model version)
+        and the train/validation/test splits as dataset inputs; figures only from stages that are
+        complete and current. Called when a pipeline run finishes, and when nothing needed doing (a
+        pipeline run recorded before its result was, or whose result changed, gets it then).
+        Never fails the pipeline: MLflow refusing something is a warning.
+        """
+        if not self.enabled:
+            return
+        try:
+            self._record_result(config, current)
+        except Exception as exc:
+            log.warning("MLflow: the result was not recorded on the pipeline run (%s); the stage outputs are complete "
+                        "and the next run tries again", _brief_error(exc))
+
+    def _recorded_parent(self, config) -> str | None:
+        """The parent run of an earlier pipeline run of this same resolved config in this store, if still active."""
+        from .config import to_yaml
+
+        record = self.run_dir / "mlflow_run.json"
+        try:
+            previous = json.loads(record.read_text())
+        except (OSError, ValueError):
+            return None
+        if previous.get("config_hash") != config_hash(to_yaml(config)) or previous.get("tracking_uri") != redact_uri(self.uri):
+            return None
+        try:
+            run = self.client.get_run(previous["parent_run_id"])
+        except Exception:
+            return None
+        return run.info.run_id if run.info.lifecycle_stage == "active" else None
+
+    def _record_result(self, config, current: dict[str, str]) -> None:
+        from .runner import STAGES, check_stage
+
+        ran_now = self.parent_id is not None  # stages ran in this process (start_pipeline attached a parent)
+        parent_id = self.parent_id or self._recorded_parent(config)
+        if parent_id is None:
+            log.debug("MLflow: no pipeline run of this config to record the result on")
+            return
+        run = self.client.get_run(parent_id)
+        if not ran_now:
+            self._mark_experiment_kind(run.info.experiment_id)
+        done = {name for name in STAGES if name in current and check_stage(self.run_dir, name, current[name])[0] == "done"}
+        result = pipeline_result(config, self.run_dir, done)
+        datasets = "prepare" in done
+        digest = hashlib.sha256(json.dumps([result, datasets and current.get("prepare")], sort_keys=True,
+                                           default=str).encode()).hexdigest()[:16]
+        tags = dict(result["tags"])
+        note, existing = result["note"], run.data.tags.get(NOTE_TAG, "")
+        ours = run.data.tags.get(NOTE_DIGEST_TAG)
+        if existing and (ours is None or ours != _text_digest(existing)):  # written or edited in the UI: kept
+            log.info("MLflow: the description of pipeline run %s was edited in the UI; kept (the results table is not "
+                     "written over it)", parent_id)
+        else:
+            tags.update({NOTE_TAG: note[:MAX_NOTE], NOTE_DIGEST_TAG: _text_digest(note[:MAX_NOTE])})
+        if ran_now or GIT_COMMIT_TAG not in run.data.tags:  # the code that produced the outputs, not of a no-op rerun
+            tags.update(git_tags())
+        if run.data.tags.get(RESULT_TAG) == digest:
+            if ran_now:
+                self._log(parent_id, {}, {k: v for k, v in tags.items() if k in (GIT_COMMIT_TAG, GIT_DIRTY_TAG)})
+            return
+        self._log(parent_id, result["metrics"], tags)
+        if datasets:
+            try:
+                self.client.log_inputs(parent_id, datasets=split_datasets(config, self.run_dir))
+            except Exception as exc:
+                log.warning("MLflow: the data splits were not logged as dataset inputs (%s)", _brief_error(exc))
+                digest = None  # tried again next time
+        if digest:
+            self.client.set_tag(parent_id, RESULT_TAG, digest)  # last: a partly recorded result is redone next time
+        log.info("MLflow: result recorded on pipeline run %s (%d metrics)", parent_id, len(result["metrics"]))
+
+    def _log(self, run_id: str, metrics: dict, tags: dict) -> None:
+        import time
+
+        now = int(time.time() * 1000)
+        entries = [self.mlflow.entities.Metric(k, float(v), now, 0) for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+        run_tags = [self.mlflow.entities.RunTag(k, str(v)) for k, v in tags.items() if v is not None]
+        for i in range(0, max(len(entries), len(run_tags)), 100):
+            self.client.log_batch(run_id, metrics=entries[i:i + 100], tags=run_tags[i:i + 100])
 
     # ------------------------------------------------------------------ stages
     @contextlib.contextmanager
@@ -331,3 +442,177 @@ def run_status(exc: BaseException) -> str:
 
 def config_hash(config_yaml: str) -> str:
     return hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
+
+
+def _brief_error(exc: BaseException) -> str:
+    return redact(f"{type(exc).__name__}: {exc}")[:300]
+
+
+def _text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- the result of a pipeline run, for its parent run
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def pipeline_result(config, run_dir: Path, done: set[str]) -> dict:
+    """metrics, note (markdown description) and tags of the pipeline run, from the outputs of the stages in ``done``."""
+    from .summary import headline_metrics, markdown_results, summary_rows
+
+    rows, setting, evaluate, export = summary_rows(run_dir, done)
+    metrics = headline_metrics(evaluate, export)
+    tags = result_tags(config, run_dir, done)
+    registered = tags.get(REGISTERED_TAG)
+    lines = [config.description.strip() or f"Attention distillation, config `{config.name}`.", ""]
+    facts = [f"config `{config.name}`", f"teacher `{tags['attention_distill.teacher']}`"]
+    if "attention_distill.student_layers" in tags:
+        shape = f"{tags['attention_distill.student_layers']} layer{'s' if tags['attention_distill.student_layers'] != '1' else ''}"
+        if "attention_distill.student_ffn" in tags:
+            shape += f", FFN {tags['attention_distill.student_ffn']}"
+        facts.append(f"student {shape}")
+    facts += [f"data {tags['attention_distill.data']}", f"precision {config.precision}"]
+    examples = evaluate.get("examples") or export.get("examples")
+    lines += [f"**Results**{f' (test split, {examples} examples)' if examples else ''}: " + "; ".join(facts) + ".", ""]
+    lines += [markdown_results(rows, setting, evaluate, export), ""]
+    if registered:
+        name, _, version = registered.rpartition("/")
+        lines += [f"Registered model: [{name} version {version}](#/models/{name}/versions/{version}).", ""]
+    lines += ["**Reproduce**", "", "```sh", *reproduce_commands(config), "```", "",
+              "The exact resolved configuration is this run's artifact `config/resolved.yaml`; "
+              "`python -m pipeline run resolved.yaml` reruns it as recorded."]
+    return {"metrics": metrics, "note": "\n".join(lines), "tags": tags}
+
+
+def result_tags(config, run_dir: Path, done: set[str]) -> dict[str, str]:
+    """Teacher, student shape, data, precision and the registered model version of a pipeline run."""
+    teacher = config.teacher.model
+    if teacher == "random" and config.teacher.random is not None:
+        shape = config.teacher.random
+        teacher = f"random ({shape.num_layers} layers, hidden {shape.hidden_size}, FFN {shape.intermediate_size})"
+    tags = {"attention_distill.teacher": teacher, "attention_distill.data": data_source(config),
+            "attention_distill.precision": config.precision}
+    student = _read_json(run_dir / "distill" / "student" / "config.json") if "distill" in done else {}
+    layers = student.get("num_hidden_layers") or config.student_depth()
+    ffn = student.get("intermediate_size") or config.student.ffn_size
+    if layers:
+        tags["attention_distill.student_layers"] = str(layers)
+    if ffn:
+        tags["attention_distill.student_ffn"] = str(ffn)
+    if "export" in done:
+        version = _read_json(run_dir / "export" / "export.json").get("registered_version")
+        name = (_read_json(run_dir / "export" / "bundle" / "metadata.json").get("source") or {}).get("registered_model")
+        if version and name:
+            tags[REGISTERED_TAG] = f"{name}/{version}"
+    return tags
+
+
+def data_source(config) -> str:
+    """Where a config's data comes from, in a few words."""
+    data = config.data
+    if data.source == "rotten_tomatoes":
+        where = "rotten_tomatoes (packaged)"
+    elif data.source == "hub":
+        where = f"hub {data.hub_name}" + (f"/{data.hub_config}" if data.hub_config else "")
+    elif data.path:
+        where = f"{data.source} {data.path}"
+    else:
+        where = f"{data.source} " + ", ".join(f"{s}={getattr(data, s)}" for s in SPLIT_CONTEXTS if getattr(data, s))
+    return where + (f", first {data.max_examples} examples" if data.max_examples else "")
+
+
+def override_args(config) -> list[str] | None:
+    """key=value overrides that turn configs/<name>.yaml into this resolved config; None when no such file rebuilds it."""
+    import shlex
+
+    import yaml
+
+    from .config import flatten, load_config
+
+    try:
+        base = load_config(config.name).model_dump(mode="json")
+    except Exception:
+        return None
+    target = config.model_dump(mode="json")
+    flat_base, flat_target = flatten(base), flatten(target)
+    overrides = []
+    for key, value in flat_target.items():
+        if key in flat_base and flat_base[key] == value:
+            continue
+        if isinstance(value, str):
+            text = value
+            try:
+                plain = yaml.safe_load(value) == value and value.strip() == value and value != ""
+            except yaml.YAMLError:
+                plain = False
+            if not plain:
+                text = json.dumps(value)
+        else:
+            text = json.dumps(value)
+        overrides.append(f"{key}={text}")
+    try:
+        if load_config(config.name, overrides).model_dump(mode="json") != target:
+            return None
+    except Exception:
+        return None
+    return [shlex.quote(item) for item in overrides]
+
+
+def reproduce_commands(config) -> list[str]:
+    """The commands that rerun this configuration (make and python -m pipeline)."""
+    overrides = override_args(config)
+    if overrides is None:
+        return [f"python -m pipeline run {config.name}   # as resolved: this run's artifact config/resolved.yaml"]
+    args = " ".join(overrides)
+    commands = []
+    if not any(c in args for c in '"$`\\'):
+        commands += [f"make distill CONFIG={config.name}" + (f' ARGS="{args}"' if args else ""), "# or"]
+    commands.append(f"python -m pipeline run {config.name}" + (f" {args}" if args else ""))
+    return commands
+
+
+def git_tags() -> dict[str, str]:
+    """The git commit of the pipeline's code (and whether tracked files differ from it); empty outside a repository."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return {}
+        tags = {GIT_COMMIT_TAG: head.stdout.strip()}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                capture_output=True, text=True, timeout=30)
+        if status.returncode == 0:
+            tags[GIT_DIRTY_TAG] = "true" if status.stdout.strip() else "false"
+        return tags
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def split_datasets(config, run_dir: Path) -> list:
+    """The prepare stage's train/validation/test records as MLflow dataset inputs, context training/validation/test."""
+    import warnings
+
+    import mlflow.data
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+
+    inputs = []
+    for split, context in SPLIT_CONTEXTS.items():
+        path = (Path(run_dir) / "prepare" / f"{split}.jsonl").resolve()
+        with open(path, encoding="utf-8") as handle:
+            frame = pd.DataFrame.from_records([json.loads(line) for line in handle if line.strip()])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "source can be interpreted in multiple ways": a local file either way
+            dataset = mlflow.data.from_pandas(frame, source=str(path), targets="label" if "label" in frame else None,
+                                              name=f"{config.name}-{split}")
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(), [InputTag("mlflow.data.context", context)]))
+    return inputs

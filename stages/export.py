@@ -336,6 +336,28 @@ def register(ctx, figures: Figures, metadata: dict) -> dict | None:
         "variant": figures.recommended, "file": chosen["file"], "sha256": metadata["files"][chosen["file"]]["sha256"],
         "test_accuracy": chosen["accuracy"], "config": ctx.config.name, "bundle_artifact_path": "bundle",
     })
+    try:  # the headline figures and a description: niceties, MLflow refusing them never fails the export
+        import mlflow
+
+        from pipeline.summary import headline_metrics
+
+        headline = headline_metrics({}, metrics_json(figures))  # the pipeline run's figures (export's part)
+        lines = [ctx.config.description or f"Distilled student of config `{ctx.config.name}`.", "",
+                 f"ONNX {figures.recommended} student (the variant the bundle ships): test accuracy {chosen['accuracy']:.4f}, "
+                 f"macro-F1 {chosen['macro_f1']:.4f}, {chosen['file_mb']:.1f} MB, on {figures.examples} test examples."]
+        if figures.comparison:
+            headline["teacher_fp32_accuracy"] = figures.comparison["teacher_fp32_accuracy"]
+            lines += [f"- {line}" for line in comparison_lines(figures.comparison)[2:]]
+        lines += ["", f"Pipeline run {source['mlflow_parent_run_id']} (experiment `{source['mlflow_experiment']}`); "
+                  "the bundle is the export run's artifact `bundle/`."]
+        client, name, version = mlflow.MlflowClient(), source["registered_model"], registration["version"]
+        for key, value in {"pipeline_run_id": source["mlflow_parent_run_id"],
+                           **{k: f"{v:.6g}" for k, v in headline.items()}}.items():
+            client.set_model_version_tag(name, version, key, value)
+        client.update_model_version(name, version, description="\n".join(lines))
+    except Exception as exc:
+        log.warning("[export] the registered version's figures or description were not set (%s: %s)", type(exc).__name__,
+                    str(exc)[:200])
     log.info("[export] registered %s version %s (alias '%s', %s)", source["registered_model"], registration["version"], ALIAS,
              figures.recommended)
     return registration
