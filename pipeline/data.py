@@ -263,12 +263,12 @@ def _kind(value) -> str:
     return f"a{'n' if name[:1] in 'aeiou' else ''} {name}"
 
 
-def _place(cfg: DataConfig, index: int) -> str:
-    """Where row ``index`` (0-based, as read) is in the source: a line of the file where that is known."""
+def _place(cfg: DataConfig, index: int, reference: str) -> str:
+    """Where row ``index`` (0-based, as read) is in the file ``reference``: a line of it where that is known."""
     if cfg.source == "csv":
         return f"row {index + 1} (line {index + 2} of the file, if no cell spans lines)"
     if cfg.source == "jsonl":
-        path, seen = data_file(cfg.path), -1
+        path, seen = data_file(reference), -1
         with open(path, encoding="utf-8") as fh:
             for number, line in enumerate(fh, start=1):
                 seen += bool(line.strip())  # pandas skips blank lines
@@ -289,7 +289,7 @@ def _require_strings(values: pd.Series, role: str, cfg: DataConfig, source: str)
         hint = ("a number is almost never a text: is it the wrong column?" if _kind(value) in ("a number", "a boolean")
                 else "join each into one string before training on it.")
         raise DataError(
-            f"Data '{source}' {role} column '{_shown(column)}' holds {_kind(value)}, not a string, at {_place(cfg, index)}: "
+            f"Data '{source}' {role} column '{_shown(column)}' holds {_kind(value)}, not a string, at {_place(cfg, index, source)}: "
             f"{_shown(repr(value))}. Every {role} must be a single string; {hint} Point {key} at the column holding "
             "the text, or fix the data."
         )
@@ -321,7 +321,7 @@ def _labels(values: pd.Series, cfg: DataConfig, source: str, report: dict) -> pd
     for index, value in enumerate(values.tolist()):
         if isinstance(value, _CONTAINERS):
             raise DataError(
-                f"Data '{source}' label column '{_shown(cfg.label_column)}' holds {_kind(value)} at {_place(cfg, index)}: "
+                f"Data '{source}' label column '{_shown(cfg.label_column)}' holds {_kind(value)} at {_place(cfg, index, source)}: "
                 f"{_shown(repr(value))}. Each row needs one label (a string or an integer id); multi-label data is not "
                 "supported. Point data.label_column at the right column or fix the data."
             )

@@ -57,10 +57,7 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
     import shutil
     from pathlib import Path
 
-    chain, seen = [], exc
-    while seen is not None and len(chain) < 8:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
+    chain = _chain(exc)
     path = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None)
     folder = Path(folder)
     probe = folder
@@ -120,7 +117,8 @@ def explain(exc: BaseException, runs_dir) -> PipelineError:
 
         store = store_error(exc, tracking_uri(runs_dir), before_work=False)
         return PipelineError(f"{doing.capitalize()} failed talking to MLflow: {store} {kept}")
-    if any(isinstance(e, MemoryError) for e in chain):
+    if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+           for e in chain):  # torch's OutOfMemoryError is a RuntimeError
         return PipelineError(
             f"Out of memory in {doing}. Lower the batch sizes (teacher.batch_size, distill.batch_size, capture.batch_size, "
             f"evaluate.batch_size) or data.max_length. {kept}")

@@ -101,15 +101,17 @@ def output_listing(folder: Path) -> dict[str, dict]:
     return listing
 
 
-def damaged_outputs(folder: Path, listing: dict[str, dict] | None) -> list[str]:
-    """What no longer matches a stage's output listing, as short phrases ('' when intact).
+def damaged_outputs(folder: Path, listing: dict[str, dict] | None) -> tuple[list[str], bool]:
+    """(what no longer matches a stage's output listing, as short phrases; whether ``listing`` was refreshed).
 
     Size first (truncation, a missing file); the content is re-hashed only when
     the modification time moved, so an untouched folder costs one stat per file.
+    A file whose mtime moved but whose content matches (a copied runs folder)
+    gets its new mtime in ``listing``, so the caller can save it and not hash again.
     """
     if listing is None:
-        return []  # manifests written before output listings existed
-    problems = []
+        return [], False  # manifests written before output listings existed
+    problems, refreshed = [], False
     for name, expected in listing.items():
         path = folder / name
         if not path.is_file():
@@ -118,6 +120,17 @@ def damaged_outputs(folder: Path, listing: dict[str, dict] | None) -> list[str]:
         stat = path.stat()
         if stat.st_size != expected["bytes"]:
             problems.append(f"{name} has {stat.st_size} bytes, {expected['bytes']} were written")
-        elif stat.st_mtime_ns != expected.get("mtime_ns") and sha256_file(path) != expected["sha256"]:
-            problems.append(f"{name} was modified after the stage wrote it")
-    return problems
+        elif stat.st_mtime_ns != expected.get("mtime_ns"):
+            if sha256_file(path) != expected["sha256"]:
+                problems.append(f"{name} was modified after the stage wrote it")
+            else:
+                expected["mtime_ns"], refreshed = stat.st_mtime_ns, True
+    return problems, refreshed
+
+
+def output_identity(manifest: dict) -> str:
+    """A digest of what a stage produced (its files' contents): a later stage records it for each stage it read."""
+    outputs = manifest.get("outputs")
+    if outputs is None:
+        return f"{manifest.get('fingerprint')}@{manifest.get('completed_at')}"
+    return hashlib.sha256(json.dumps(sorted((k, v["sha256"]) for k, v in outputs.items())).encode()).hexdigest()[:16]

@@ -8,6 +8,7 @@ A stage module in ``stages/`` declares:
     def run(ctx: StageContext) -> dict   # the stage's summary figures
     def fingerprint_inputs(config) -> dict   # optional: the part of READS that changes the output
                                              # (capture: students of another depth reuse the cache)
+    FILE_READS = [...]              # optional: the READS keys whose local files it reads (default: all READS)
 
 Its fingerprint hashes its version, the values of READS (or fingerprint_inputs),
 the contents of the local files behind them and the fingerprints of AFTER; a stage whose completed output carries the same fingerprint is
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from .config import PipelineConfig, to_yaml
 from .errors import LockedError, PipelineError, disk_full_error
-from .integrity import DigestCache, damaged_outputs, output_listing, path_digest
+from .integrity import MANIFEST, DigestCache, damaged_outputs, output_identity, output_listing, path_digest
 from .tracking import Tracker, config_hash, redact_uri, run_status
 
 log = logging.getLogger("pipeline")
@@ -101,7 +102,7 @@ def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cac
                   else {key: config.section(key) for key in module.READS}),
         "after": {dep: upstream[dep] for dep in module.AFTER},
     }
-    files = local_inputs(config, module.READS)
+    files = local_inputs(config, getattr(module, "FILE_READS", module.READS))
     if files:
         cache = cache or DigestCache()
         payload["files"] = {key: path_digest(path, cache) for key, path in files.items()}
@@ -127,11 +128,8 @@ def dependents(name: str) -> list[str]:
     return found
 
 
-MANIFEST_NAME = "manifest.json"
-
-
 def read_manifest(folder: Path) -> dict | None:
-    path = folder / MANIFEST_NAME
+    path = folder / MANIFEST
     if not path.is_file():
         return None
     try:
@@ -144,7 +142,7 @@ def read_manifest(folder: Path) -> dict | None:
 def write_json(path: Path, data) -> None:
     """Write JSON atomically (temp file + rename)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # ranks may write the same file
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)
 
@@ -173,8 +171,13 @@ class StageContext:
 
     def input(self, stage: str) -> Path:
         folder = self.run_dir / stage
-        if read_manifest(folder) is None:
+        manifest = read_manifest(folder)
+        if manifest is None:
             raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is not complete. Run without --only first.")
+        problems, _ = damaged_outputs(folder, manifest.get("outputs"))
+        if problems:
+            raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is damaged ({'; '.join(problems[:3])}). "
+                                f"Run without --only: {stage} reruns first.")
         return folder
 
     @property
@@ -338,14 +341,22 @@ def check_stage(run_dir: Path, name: str, fingerprint: str) -> tuple[str, dict |
     folder = run_dir / name
     manifest = read_manifest(folder)
     if manifest is None:
-        state = "running/interrupted" if (run_dir / f"{name}.partial").exists() else "pending"
         if folder.exists():  # a folder without a readable manifest: it was damaged, not never run
-            return "damaged", None, [f"{name}/{MANIFEST_NAME} is missing or unreadable"]
-        return state, None, []
+            return "damaged", None, [f"{name}/{MANIFEST} is missing or unreadable"]
+        return ("running/interrupted" if (run_dir / f"{name}.partial").exists() else "pending"), None, []
     if manifest.get("fingerprint") != fingerprint:
         return "stale", manifest, []
-    problems = [f"{name}/{p}" for p in damaged_outputs(folder, manifest.get("outputs"))]
-    return ("damaged" if problems else "done"), manifest, problems
+    problems, refreshed = damaged_outputs(folder, manifest.get("outputs"))
+    if problems:
+        return "damaged", manifest, [f"{name}/{p}" for p in problems]
+    if refreshed:  # same content, new mtimes (a copied runs folder): remember them, hash once
+        with contextlib.suppress(OSError):
+            write_json(folder / MANIFEST, manifest)
+    for before, identity in (manifest.get("upstream") or {}).items():
+        upstream = read_manifest(run_dir / before)
+        if upstream is not None and output_identity(upstream) != identity:
+            return "stale", manifest, [f"{before} was rerun with a different output since {name} read it"]
+    return "done", manifest, []
 
 
 def stage_status(config: PipelineConfig, runs_dir: Path) -> list[dict]:
@@ -459,6 +470,7 @@ def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracke
                 "completed_at": dt.datetime.now().isoformat(timespec="seconds"),
                 "duration_s": round(duration, 2), "summary": summary, "mlflow_run_id": stage_run_id,
                 "outputs": output_listing(partial),
+                "upstream": {before: output_identity(read_manifest(run_dir / before) or {}) for before in module.AFTER},
             }
             write_json(partial / "manifest.json", manifest)
             (partial / ".fingerprint").unlink(missing_ok=True)

@@ -101,6 +101,10 @@ def store_error(exc: BaseException, uri: str, before_work: bool = True) -> Pipel
     elif "unable to open database" in text or "readonly database" in text or "permission denied" in text:
         cause = (f"cannot be opened for writing ({where}: permissions or a read-only folder). Make it writable "
                  "or point --runs-dir at a writable folder")
+    elif local:
+        brief = redact(str(exc)).splitlines()[0][:200] if str(exc) else ""
+        cause = (f"refused the request ({type(exc).__name__}: {brief}). If the store was written by another MLflow "
+                 f"version or edited by hand, move {where} aside to start a fresh one")
     else:
         cause = (f"is unreachable or refused the request ({type(exc).__name__}). Start the server (make server) or "
                  "unset MLFLOW_TRACKING_URI to use the local sqlite store under the runs folder")

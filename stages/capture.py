@@ -36,6 +36,7 @@ log = logging.getLogger("pipeline")
 
 READS = ["precision", "capture", "distill.layer_map", "distill.relation_heads", "distill.loss", "student", "data.unlabeled_text", "seed"]
 AFTER = ["prepare", "teacher"]
+FILE_READS: list[str] = []  # no local file of its own: the teacher and data arrive through prepare and teacher
 VERSION = 2  # 2: the cache layout and fingerprint derive from the registered terms (pipeline/terms.py)
 
 

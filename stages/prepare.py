@@ -45,9 +45,8 @@ def run(ctx) -> dict:
         for split, shared in cleaning["train_texts_in_other_splits"].items():
             if shared:
                 log.warning("[prepare] %d %s texts also appear in train (kept: the splits are used as given)", shared, split)
-    present = set(splits["train"]["label"])
     # label_names fixes the ids (id i is label_names[i], as in a teacher fine-tuned on them); else alphabetical.
-    label_names = [n for n in cfg.label_names if n in present] if cfg.label_names else sorted(present)
+    label_names = list(cfg.label_names) if cfg.label_names else sorted(set(splits["train"]["label"]))
     label_ids = {name: i for i, name in enumerate(label_names)}
     tokenizer = load_tokenizer(tokenizer_reference(ctx.config), ctx.config.teacher.trust_remote_code)
 

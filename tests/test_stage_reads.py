@@ -62,7 +62,7 @@ def fingerprinted(stage: str) -> list[str]:
 
 
 def covered(key: str, declared: list[str]) -> bool:
-    return any(key == d or key.startswith(d + ".") or d.startswith(key + ".") for d in declared)
+    return any(key == d or key.startswith(d + ".") for d in declared)
 
 
 def test_recorder_sees_reads_inside_methods_and_nested_sections():
@@ -72,7 +72,7 @@ def test_recorder_sees_reads_inside_methods_and_nested_sections():
     assert config.data.max_length == 32 and config.section("export.opset") == 18
     assert {"student.init", "student.teacher_layers", "data.max_length", "export.opset"} <= reads
     assert not covered("evaluate.batch_size", ["evaluate.heatmap_examples", "seed"])
-    assert covered("evaluate.batch_size", ["evaluate"]) and covered("distill", ["distill.lr"])
+    assert covered("evaluate.batch_size", ["evaluate"]) and not covered("distill", ["distill.lr"])
 
 
 def test_every_key_a_stage_reads_is_declared(tmp_path, monkeypatch):

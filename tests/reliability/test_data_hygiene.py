@@ -293,3 +293,15 @@ def test_given_split_files_are_kept_exactly(run_copy, tmp_path):
     assert "prepare" not in planned(run_copy.config, run_copy.runs_dir, *overrides)
     write(files["test"][0], files["test"][1][:-1])
     assert "prepare" in planned(run_copy.config, run_copy.runs_dir, *overrides)
+
+
+def test_a_bad_cell_in_a_given_split_names_that_file_and_line(run_copy, tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"text": f"good review {i}", "label": NAMES[i % 2]}) + "\n" for i in range(30)))
+    test = tmp_path / "test.jsonl"
+    test.write_text(json.dumps({"text": "fine", "label": "pos"}) + "\n\n" + json.dumps({"text": ["a", "list"], "label": "neg"}) + "\n")
+    result = cli("run", run_copy.config, "data.source=jsonl", "data.path=null", "data.group_column=null",
+                 f"data.train={train}", f"data.test={test}", "--only", "prepare", "--runs-dir", str(run_copy.runs_dir))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    message = error_message(result.stderr)
+    assert str(test) in message and "row 2 (line 3 of the file)" in message and "a list" in message

@@ -285,3 +285,38 @@ def test_summary_leaves_out_figures_of_an_outdated_stage(tiny_run, tmp_path):
     assert outdated.returncode == 0, outdated.stderr[-3000:]
     assert "note: export figures are left out: its output is stale" in outdated.stdout
     assert "student ONNX int8" not in outdated.stdout and "student (PyTorch)" in outdated.stdout
+
+
+def test_a_stage_rerun_with_new_output_makes_its_readers_stale(tiny_run, tmp_path):
+    """Downstream manifests record what they read: a rerun upstream stage whose output changed reruns them
+    too, on any later run (not only the run that noticed the damage)."""
+    from pipeline.integrity import output_listing
+
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(tiny_run["runs_dir"], runs_dir)
+    distill = runs_dir / "tiny" / "distill"
+    (distill / "history.json").write_text((distill / "history.json").read_text() + "\n")
+    record = json.loads((distill / "manifest.json").read_text())
+    record["outputs"] = output_listing(distill)  # as if distill had been rerun and written this
+    (distill / "manifest.json").write_text(json.dumps(record))
+    assert planned("tiny", runs_dir) == ["evaluate", "export"]
+    status = cli("status", "tiny", "--runs-dir", str(runs_dir))
+    assert "evaluate   stale" in status.stdout and "distill was rerun with a different output" in status.stdout
+
+
+def test_only_refuses_to_read_a_damaged_input(tiny_run, tmp_path):
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(tiny_run["runs_dir"], runs_dir)
+    with open(runs_dir / "tiny" / "distill" / "student" / "model.safetensors", "r+b") as fh:
+        fh.truncate(10)
+    expect_error("run", "tiny", "--only", "evaluate", "--runs-dir", str(runs_dir), code=1,
+                 phrases=("needs the output of 'distill', which is damaged", "student/model.safetensors has 10 bytes"))
+
+
+def test_out_of_memory_is_explained(tmp_path):
+    from pipeline.errors import explain
+
+    error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    error.pipeline_stage = "distill"
+    message = str(explain(error, tmp_path))
+    assert message.startswith("Out of memory in the distill stage") and "batch_size" in message
