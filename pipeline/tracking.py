@@ -143,14 +143,11 @@ def relocate_artifacts(runs_dir: Path) -> None:
             with conn:
                 for table, column in ARTIFACT_COLUMNS:
                     if table in tables:
+                        # substr, not LIKE: sqlite's LIKE ignores case, a path does not
                         conn.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {column} = ? "
-                                     f"OR {column} LIKE ? ESCAPE '\\'",
-                                     (here, len(old) + 1, old, _like_prefix(old + "/")))
+                                     f"OR substr({column}, 1, ?) = ?",
+                                     (here, len(old) + 1, old, len(old) + 1, old + "/"))
             log.info("MLflow: the runs folder moved; artifact locations %s -> %s", old, here)
-
-
-def _like_prefix(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def tracking_uri(runs_dir: Path) -> str:
