@@ -412,6 +412,7 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
         if not any(to_run.values()):
             if dist.is_main:
                 log.info("All stages are complete and current; nothing to do (use --force to rerun).")
+            tracker.end_orphaned_runs()
             tracker.record_result(config, current)  # a pipeline run still lacking its result gets it
             return {"ran": [], "fingerprints": current}
         tracker.start_pipeline(config_yaml, config.flat(), config_hash(config_yaml))

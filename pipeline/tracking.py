@@ -225,7 +225,7 @@ class Tracker:
             experiment_id = experiment.experiment_id
         self.experiment_id = experiment_id
         self._mark_experiment_kind(experiment_id)
-        self._end_orphaned_runs()
+        self.end_orphaned_runs()
         record = self.run_dir / "mlflow_run.json"
         previous = json.loads(record.read_text()) if record.is_file() else {}
         parent_id = None
@@ -262,12 +262,20 @@ class Tracker:
 
         return f"{socket.gethostname()}:{self.run_dir.resolve()}"
 
-    def _end_orphaned_runs(self) -> None:
+    def end_orphaned_runs(self) -> None:
         """Mark KILLED the runs of this run folder still RUNNING: their process died (kill -9, power loss).
 
         The caller holds the run folder's lock, so no live pipeline owns them.
         """
-        runs = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
+        if not self.enabled:
+            return
+        experiment_id = getattr(self, "experiment_id", None)
+        if experiment_id is None:  # a run with nothing to do never starts the pipeline run
+            experiment = self.client.get_experiment_by_name(self.experiment)
+            if experiment is None:
+                return
+            experiment_id = experiment.experiment_id
+        runs = self.client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
         for run in runs:
             if run.data.tags.get(RUN_FOLDER_TAG) == self.run_folder:
                 self.client.set_terminated(run.info.run_id, status="KILLED")

@@ -320,3 +320,23 @@ def test_out_of_memory_is_explained(tmp_path):
     error.pipeline_stage = "distill"
     message = str(explain(error, tmp_path))
     assert message.startswith("Out of memory in the distill stage") and "batch_size" in message
+
+
+def test_a_run_with_nothing_to_do_also_ends_orphaned_runs(tiny_run, tmp_path):
+    import socket
+
+    import mlflow
+
+    from pipeline.tracking import RUN_FOLDER_TAG
+
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(tiny_run["runs_dir"], runs_dir)
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    folder = f"{socket.gethostname()}:{(runs_dir / 'tiny').resolve()}"
+    orphan = client.create_run(experiment, run_name="export", tags={RUN_FOLDER_TAG: folder}).info.run_id
+    other = client.create_run(experiment, run_name="export", tags={RUN_FOLDER_TAG: "elsewhere:/x"}).info.run_id
+    result = cli("run", "tiny", "--runs-dir", str(runs_dir))
+    assert result.returncode == 0 and "nothing to do" in result.stderr
+    assert client.get_run(orphan).info.status == "KILLED"
+    assert client.get_run(other).info.status == "RUNNING"  # another folder's run is not ours to end
