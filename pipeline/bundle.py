@@ -290,7 +290,7 @@ def convert_to_ort(models: list[Path], out_dir: Path, target_platform: str = "ar
 
 
 def latency_inputs(length: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0) -> dict:
-    """One sequence of exactly ``length`` tokens ([CLS] ... [SEP]), batch 1, int64."""
+    """One sequence of exactly ``length`` tokens (cls ... sep: [CLS] ... [SEP], <s> ... </s>), batch 1, int64."""
     rng = np.random.default_rng(seed)
     low = 1000 if vocab_size > 2000 else 1  # skip BERT's unused/special block when the vocabulary is large
     ids = rng.integers(low, vocab_size, size=(1, length), dtype=np.int64)
@@ -382,44 +382,168 @@ def latency_markdown(rows: list[dict], machine: str, load: dict | None = None) -
 
 # ---------------------------------------------------------------- tokenizer files
 
+# Special-token roles the bundle records, each with the transformers attribute(s) that name it, in order of preference.
+ROLES = {"cls": ("cls_token", "bos_token"), "sep": ("sep_token", "eos_token"), "pad": ("pad_token",),
+         "unk": ("unk_token",), "mask": ("mask_token",)}
+_ROLE_NAMES = {"cls": ("[CLS]", "<s>", "<cls>", "[BOS]", "<bos>"), "sep": ("[SEP]", "</s>", "<sep>", "[EOS]", "<eos>"),
+               "pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"), "mask": ("[MASK]", "<mask>")}
+_UNICODE_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
 
-def tokenizer_facts(tokenizer_json: Path) -> dict:
-    """What a mobile team needs to reproduce tokenization, read from tokenizer.json."""
-    spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+
+def role_tokens_from_config(folder: Path) -> dict[str, str]:
+    """{role: token string} from a save_pretrained folder's tokenizer_config.json / special_tokens_map.json (transformers' view)."""
+    found: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the later file wins
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        for role, keys in ROLES.items():
+            for key in keys:
+                value = config.get(key)
+                value = value.get("content") if isinstance(value, dict) else value  # older files store AddedToken dicts
+                if isinstance(value, str) and value:
+                    found[role] = value
+                    break
+    return found
+
+
+def _flatten(component, key: str) -> list[dict]:
+    """A normalizer / pre-tokenizer / post-processor with its Sequence wrappers unwrapped, in order."""
+    if not component:
+        return []
+    if component.get("type") == "Sequence":
+        return [part for child in component.get(key, []) for part in _flatten(child, key)]
+    return [component]
+
+
+def _token_ids(spec: dict) -> dict[str, int]:
+    """token -> id for the model vocabulary (WordPiece/BPE dict, Unigram [piece, score] list) and the added tokens."""
+    vocab = (spec.get("model") or {}).get("vocab") or {}
+    ids = dict(vocab) if isinstance(vocab, dict) else {entry[0]: i for i, entry in enumerate(vocab)}
+    ids.update({t["content"]: t["id"] for t in spec.get("added_tokens", [])})
+    return ids
+
+
+def _templates(spec: dict) -> tuple[list[str] | None, list[str] | None]:
+    """Single and pair templates as token lists ("$A", "$B" for the texts); None, None without a special-token post-processor."""
+    for post in _flatten(spec.get("post_processor"), "processors"):
+        kind = post.get("type")
+        if kind in ("BertProcessing", "RobertaProcessing"):
+            cls, sep = post["cls"][0], post["sep"][0]
+            pair = [cls, "$A", sep, sep, "$B", sep] if kind == "RobertaProcessing" else [cls, "$A", sep, "$B", sep]
+            return [cls, "$A", sep], pair
+        if kind == "TemplateProcessing":
+            def render(items):
+                return [item["SpecialToken"]["id"] if "SpecialToken" in item else "$" + item["Sequence"]["id"] for item in items]
+            return render(post.get("single", [])), render(post.get("pair", []))
+    return None, None
+
+
+def tokenizer_facts(tokenizer_json: Path, role_tokens: dict[str, str] | None = None) -> dict:
+    """What a mobile team needs to reproduce tokenization, read from tokenizer.json.
+
+    Special tokens are recorded by role (cls, sep, pad, unk, mask) in ``special_tokens``; ``role_tokens``
+    ({role: token}) names them, by default from the tokenizer_config.json next to ``tokenizer_json`` (what
+    transformers calls cls_token, sep_token, ...), else from the post-processor's template and the usual names.
+    ``special_token_ids`` keeps the older token -> id mapping of every special token.
+    """
+    tokenizer_json = Path(tokenizer_json)
+    spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     model = spec.get("model") or {}
-    normalizer = spec.get("normalizer") or {}
+    kind = model.get("type")
+    normalizers = _flatten(spec.get("normalizer"), "normalizers")
+    pre_tokenizers = _flatten(spec.get("pre_tokenizer"), "pretokenizers")
+    ids = _token_ids(spec)
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
     vocab = model.get("vocab") or {}
-    for token in ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"):
-        if token not in specials and isinstance(vocab, dict) and token in vocab:
-            specials[token] = vocab[token]
+    if isinstance(vocab, dict):
+        for token in ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"):
+            if token not in specials and token in vocab:
+                specials[token] = vocab[token]
+    single, pair = _templates(spec)
+    unk = model.get("unk_token")
+    if kind == "Unigram" and model.get("unk_id") is not None and isinstance(vocab, list):
+        unk = vocab[model["unk_id"]][0]
+    given = role_tokens if role_tokens is not None else role_tokens_from_config(tokenizer_json.parent)
+    roles = {}
+    for role in ROLES:
+        token = given.get(role)
+        if token is None and single and role in ("cls", "sep"):
+            marks = [t for t in single if not t.startswith("$")]
+            token = (marks[0] if role == "cls" else marks[-1]) if marks else None
+        if token is None and role == "unk":
+            token = unk
+        if token is None:
+            token = next((name for name in _ROLE_NAMES[role] if name in ids), None)
+        if token is not None and token in ids:
+            roles[role] = {"token": token, "id": ids[token]}
+    lowercase = any(n.get("type") == "Lowercase" or (n.get("type") == "BertNormalizer" and n.get("lowercase"))
+                    for n in normalizers)
+    strip = next((n.get("strip_accents") for n in normalizers if n.get("type") == "BertNormalizer"), None)
+    if any(n.get("type") == "StripAccents" for n in normalizers):
+        strip = True
+    byte_level = next((p for p in pre_tokenizers if p.get("type") == "ByteLevel"), None)
+    metaspace = next((p for p in pre_tokenizers if p.get("type") == "Metaspace"), None)
+
+    def text(template):
+        if not template:
+            return "text" if template is not None or single is None else None
+        return " ".join({"$A": "text", "$B": "text_pair"}.get(t, t) for t in template)
+
     return {
-        "type": model.get("type"),
-        "lowercase": bool(normalizer.get("lowercase", False)),
-        "strip_accents": normalizer.get("strip_accents"),
-        "normalizer": normalizer.get("type"),
+        "type": kind,
+        "lowercase": lowercase,
+        "strip_accents": strip,
+        "normalizer": (spec.get("normalizer") or {}).get("type"),
+        "normalizers": [n.get("type") for n in normalizers],
+        "unicode_normalization": next((n["type"] for n in normalizers if n.get("type") in _UNICODE_FORMS), None),
         "pre_tokenizer": (spec.get("pre_tokenizer") or {}).get("type"),
+        "pre_tokenizers": [p.get("type") for p in pre_tokenizers],
+        "byte_level": byte_level is not None,
+        "add_prefix_space": bool(byte_level.get("add_prefix_space")) if byte_level else None,
+        "metaspace": ({"replacement": metaspace.get("replacement"), "prepend_scheme": metaspace.get("prepend_scheme")}
+                      if metaspace else None),
         "continuing_subword_prefix": model.get("continuing_subword_prefix"),
         "max_input_chars_per_word": model.get("max_input_chars_per_word"),
-        "unk_token": model.get("unk_token"),
+        "merges": len(model.get("merges") or []) if kind == "BPE" else None,
+        "byte_fallback": model.get("byte_fallback"),
+        "unk_token": unk,
         "vocab_size": len(vocab),
         "special_token_ids": specials,
+        "special_tokens": roles,
+        "template": text(single) if single is not None else "text",
+        "pair_template": text(pair) if pair is not None else "text text_pair",
     }
 
 
-def write_bundle_tokenizer(source: Path, target_json: Path, target_vocab: Path, max_length: int) -> None:
-    """tokenizer.json with truncation at ``max_length`` and no padding, plus vocab.txt (one token per line, line number = id)."""
+def tokenizer_files(facts: dict) -> list[str]:
+    """The tokenizer files a bundle ships: tokenizer.json, plus vocab.txt for WordPiece (line number = id)."""
+    return ["tokenizer.json", "vocab.txt"] if facts.get("type") == "WordPiece" else ["tokenizer.json"]
+
+
+def write_bundle_tokenizer(source: Path, target_json: Path, target_vocab: Path, max_length: int) -> list[str]:
+    """tokenizer.json with truncation at ``max_length`` and no padding, plus for WordPiece vocab.txt (one token per line,
+    line number = id). Other models (BPE, Unigram) need their merges or scores, which only tokenizer.json holds.
+    Returns the names of the files written."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(source))
     tokenizer.enable_truncation(max_length)
     tokenizer.no_padding()
     tokenizer.save(str(target_json))
+    kind = json.loads(Path(target_json).read_text(encoding="utf-8")).get("model", {}).get("type")
+    if kind != "WordPiece":
+        return [Path(target_json).name]
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     by_id = sorted(vocab.items(), key=lambda item: item[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise RuntimeError("tokenizer ids are not contiguous; vocab.txt cannot represent them")
     target_vocab.write_text("".join(token + "\n" for token, _ in by_id), encoding="utf-8")
+    return [Path(target_json).name, Path(target_vocab).name]
 
 
 # ---------------------------------------------------------------- vocabulary trimming

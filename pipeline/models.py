@@ -38,8 +38,14 @@ def package_folder(package: str) -> Path:
     return folder
 
 
-def resolve_reference(reference: str) -> str:
-    """Turn a config model reference into something from_pretrained accepts."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+
+
+def resolve_reference(reference: str, tokenizer_only: bool = False) -> str:
+    """Turn a config model reference into something from_pretrained accepts.
+
+    ``tokenizer_only``: a local folder needs only tokenizer files (a tokenizer saved on its own).
+    """
     if reference.startswith("package:"):
         return str(package_folder(reference.removeprefix("package:")))
     path = Path(reference).expanduser()
@@ -47,6 +53,8 @@ def resolve_reference(reference: str) -> str:
     if looks_local:
         if not path.exists():
             raise ModelError(f"Model folder '{reference}' does not exist. Give an existing folder written by save_pretrained, a 'package:' reference, or a hub name.")
+        if tokenizer_only and any((path / name).is_file() for name in TOKENIZER_FILES):
+            return str(path.resolve())
         if not (path / "config.json").is_file():
             raise ModelError(
                 f"'{reference}' is not a supported model folder: it has no config.json. "
@@ -59,7 +67,7 @@ def resolve_reference(reference: str) -> str:
 def tokenizer_reference(config: PipelineConfig) -> str:
     teacher = config.teacher
     if teacher.tokenizer:
-        return resolve_reference(teacher.tokenizer)
+        return resolve_reference(teacher.tokenizer, tokenizer_only=True)
     if teacher.model == "random":
         return resolve_reference(PACKAGED_TEACHER)
     return resolve_reference(teacher.model)

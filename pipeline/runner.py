@@ -66,10 +66,10 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
         reference = getattr(config.data, key)
         return data_file(reference) if reference else None
 
-    def model_folder(reference):
+    def model_folder(reference, tokenizer_only=False):
         if not reference or reference == "random":
             return None
-        resolved = Path(resolve_reference(reference))
+        resolved = Path(resolve_reference(reference, tokenizer_only))
         return resolved if resolved.exists() else None
 
     student = config.student
@@ -77,7 +77,7 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
         "data.path": data_path,
         **{f"data.{split}": (lambda split=split: data_path(split)) for split in ("train", "validation", "test")},
         "teacher.model": lambda: model_folder(config.teacher.model),
-        "teacher.tokenizer": lambda: model_folder(config.teacher.tokenizer),
+        "teacher.tokenizer": lambda: model_folder(config.teacher.tokenizer, tokenizer_only=True),
         "student.pretrained": lambda: model_folder(student.pretrained) if student.init == "pretrained" else None,
     }
     found = {}

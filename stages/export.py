@@ -15,7 +15,7 @@
    and on real test sentences: teacher (PyTorch, ONNX fp32, ONNX int8), student
    (PyTorch, ONNX fp32, int8); then accuracy kept, speed-up and size against
    the int8 teacher, checked against export.targets.
-5. The bundle (bundle/): models, tokenizer.json, vocab.txt, labels.json,
+5. The bundle (bundle/): models, tokenizer.json (+ vocab.txt for WordPiece), labels.json,
    metadata.json (with sha256 of every file), README.md, predict.py,
    latency.json/.md. Logged to MLflow; the recommended graph is registered as
    `attention-distill-<config>` with alias `candidate`.
@@ -24,6 +24,8 @@ With export.trim_vocab the shipped graph and tokenizer keep only the tokens
 the train/validation text uses (plus specials): the embedding table shrinks,
 test words made of other pieces become shorter pieces or [UNK]; accuracy and
 size before and after are recorded (metadata.json, metrics.json: vocab_trim).
+Only WordPiece vocabularies are trimmed; for other tokenizer models (BPE, Unigram)
+trimming is skipped with a log line and vocab_trim {"applied": false, "reason": ...}.
 
 Outputs: bundle/, metrics.json (per-variant test metrics, same keys as
 evaluate's), export.json (summary figures).
@@ -187,26 +189,43 @@ def export_student(inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
     """The trained student as fp32 ONNX, parity-checked; with export.trim_vocab this graph is the "before" of the trimmed one."""
     model = load_classifier(str(inputs.student), attn_implementation="eager").eval()
     reference = B.torch_logits(model, inputs.test, inputs.pad)  # the PyTorch student every variant is compared with
-    full = export_fp32(model, inputs.test, inputs.pad, inputs.student / "tokenizer.json",
-                       (work if cfg.trim_vocab else out) / "model.onnx", reference, reference, inputs.names, cfg)
-    return export_trimmed(full, inputs, cfg, out, work) if cfg.trim_vocab else full
+    tokenizer_json = inputs.student / "tokenizer.json"
+    trim = cfg.trim_vocab and trim_supported(B.tokenizer_facts(tokenizer_json))
+    full = export_fp32(model, inputs.test, inputs.pad, tokenizer_json,
+                       (work if trim else out) / "model.onnx", reference, reference, inputs.names, cfg)
+    if cfg.trim_vocab and not trim:
+        reason = (f"vocabulary trimming supports WordPiece tokenizers only; this tokenizer is {full.facts['type']} "
+                  "(its merges or scores would have to be cut consistently), so the full vocabulary is shipped")
+        log.info("[export] export.trim_vocab skipped: %s", reason)
+        full.trim = {"enabled": False, "requested": True, "applied": False, "reason": reason,
+                     "tokenizer_model": full.facts["type"]}
+    return export_trimmed(full, inputs, cfg, out, work) if trim else full
 
 
-def export_fp32(model, test, pad, tokenizer_json, path, own_logits, reference, names, cfg) -> Shipped:
-    """``model`` as fp32 ONNX at ``path``: parity against ``own_logits`` (its PyTorch logits), metrics against ``reference``."""
+def trim_supported(facts: dict) -> bool:
+    """export.trim_vocab cuts WordPiece vocabularies only (bundle.trim_vocabulary); other models ship whole."""
+    return facts.get("type") == "WordPiece"
+
+
+def export_fp32(model, test, pad, tokenizer_json, path, own_logits, reference, names, cfg, role_tokens=None) -> Shipped:
+    """``model`` as fp32 ONNX at ``path``: parity against ``own_logits`` (its PyTorch logits), metrics against ``reference``.
+
+    ``role_tokens`` ({role: token}) names the special tokens when ``tokenizer_json`` has no tokenizer_config.json beside it."""
     logits, parity, ladder = export_checked(model, path, test, pad, own_logits, cfg)
     fp32 = variant_metrics(logits, reference, test.labels, names, path, count_parameters(model))
-    return Shipped(model=model, test=test, pad=pad, tokenizer_json=tokenizer_json, facts=B.tokenizer_facts(tokenizer_json),
+    facts = B.tokenizer_facts(tokenizer_json, role_tokens)
+    return Shipped(model=model, test=test, pad=pad, tokenizer_json=tokenizer_json, facts=facts,
                    fp32_path=path, fp32_logits=logits, fp32=fp32, reference=reference, parity=parity, ladder=ladder)
 
 
 def export_trimmed(full: Shipped, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
     """A smaller embedding table: the student cut to the tokens the training text uses, exported and checked again."""
     model, test, tokenizer_json, trim = trimmed_student(full.model, inputs.prepare, full.tokenizer_json, work, full.test,
-                                                        inputs.max_length)
+                                                        inputs.max_length, full.facts)
     pad = trim["pad_id"]
+    roles = {role: entry["token"] for role, entry in full.facts["special_tokens"].items()}
     shipped = export_fp32(model, test, pad, tokenizer_json, out / "model.onnx", B.torch_logits(model, test, pad),
-                          full.reference, inputs.names, cfg)
+                          full.reference, inputs.names, cfg, roles)
     before, after = full.fp32, shipped.fp32
     shipped.trim = {**trim, "before": _brief(before), "after": _brief(after)}
     log.info("[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
@@ -255,7 +274,7 @@ def measure_side_by_side(seed: int, inputs: Inputs, shipped: Shipped, int8: Int8
     """Batch-1 latency of the teacher and the student, PyTorch and ONNX (and int8), measured together (measure_latency)."""
     teacher_pt = load_classifier(str(inputs.teacher / "model")).eval()  # default attention backend, as users run it
     student_pt = load_classifier(str(inputs.student)).eval()
-    full_facts = B.tokenizer_facts(inputs.student / "tokenizer.json")  # the original vocabulary (the teacher's)
+    full_facts = B.tokenizer_facts(inputs.student / "tokenizer.json")  # roles from the student's tokenizer_config.json  # the original vocabulary (the teacher's)
     sample = np.random.default_rng(seed).permutation(len(shipped.test))[: cfg.latency_sentences]
     full_ids, shipped_ids = [list(inputs.test.input_ids[i]) for i in sample], [list(shipped.test.input_ids[i]) for i in sample]
     models = {
@@ -277,9 +296,10 @@ def measure_side_by_side(seed: int, inputs: Inputs, shipped: Shipped, int8: Int8
 
 def _spec(runtime, factory, tokenizer_facts, model_config) -> tuple:
     """A measure_latency model entry."""
-    specials = tokenizer_facts["special_token_ids"]
-    return (runtime, factory, tokenizer_facts["vocab_size"], specials.get("[CLS]", 101), specials.get("[SEP]", 102),
-            model_config.max_position_embeddings)
+    roles, legacy = tokenizer_facts["special_tokens"], tokenizer_facts["special_token_ids"]
+    cls = roles["cls"]["id"] if "cls" in roles else legacy.get("[CLS]", 101)
+    sep = roles["sep"]["id"] if "sep" in roles else legacy.get("[SEP]", 102)
+    return (runtime, factory, tokenizer_facts["vocab_size"], cls, sep, model_config.max_position_embeddings)
 
 
 def compare_with_int8_teacher(cfg, teacher_dir: Path, baseline: dict | None, variants: dict, recommended: str,
@@ -311,7 +331,10 @@ def write_bundle(ctx, inputs: Inputs, shipped: Shipped, figures: Figures, source
     ctx.write_json("bundle/latency.json", {"batch": 1, "machine": latency["machine"], **latency["load"],
                                            "rows": latency["rows"], "skipped": latency["skipped"]})
     (out / "latency.md").write_text(B.latency_markdown(latency["rows"], latency["machine"], latency["load"]))
-    B.write_bundle_tokenizer(shipped.tokenizer_json, out / "tokenizer.json", out / "vocab.txt", inputs.max_length)
+    written = B.write_bundle_tokenizer(shipped.tokenizer_json, out / "tokenizer.json", out / "vocab.txt", inputs.max_length)
+    if written != B.tokenizer_files(shipped.facts):
+        raise PipelineError(f"the bundle's tokenizer files {written} are not the ones metadata.json lists "
+                            f"({B.tokenizer_files(shipped.facts)})")
     ctx.write_json("bundle/labels.json", inputs.labels)
     B.copy_predict_script(out / "predict.py")
     metadata = bundle_metadata(ctx.config, inputs, shipped, figures, source)
@@ -400,10 +423,10 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         "max_length": max_length,
         "max_position_embeddings": shipped.model.config.max_position_embeddings,
         "labels": inputs.labels,
-        "tokenizer": {**shipped.facts, "files": ["tokenizer.json", "vocab.txt"], "template": "[CLS] text [SEP]",
-                      "pair_template": "[CLS] text [SEP] text_pair [SEP]",
+        "tokenizer": {**shipped.facts, "files": B.tokenizer_files(shipped.facts),
                       "truncation": f"longest first, to {max_length} tokens including specials",
-                      "padding": "right, with [PAD], to the longest sequence of the batch; attention_mask 0 there"},
+                      "padding": f"right, with {_token(shipped.facts, 'pad')}, to the longest sequence of the batch; "
+                                 "attention_mask 0 there"},
         "variants": {v: {"file": f, "ort_file": o, **{k: variants[key][k] for k in
                          ("accuracy", "macro_f1", "agreement_with_pytorch", "file_mb", "parameters")}}
                      for v, (f, key, o) in variant_files.items()},
@@ -487,8 +510,10 @@ def export_checked(student, path, split, pad, reference, cfg):
     return logits, {"max_abs_logit_diff": max_diff, "prediction_agreement": agreement}, ladder
 
 
-def trimmed_student(student, prepare, tokenizer_json, work, test, max_length):
-    """The student and tokenizer cut to the tokens train/validation use; test re-tokenized with the cut vocabulary."""
+def trimmed_student(student, prepare, tokenizer_json, work, test, max_length, full_facts):
+    """The student and tokenizer cut to the tokens train/validation use; test re-tokenized with the cut vocabulary.
+
+    ``full_facts``: tokenizer_facts of the untrimmed tokenizer (its special-token roles name the trimmed one's)."""
     keep = B.corpus_token_ids(prepare, tokenizer_json)
     trimmed_json = work / "tokenizer.trimmed.json"
     kept = B.trim_vocabulary(tokenizer_json, keep, trimmed_json)
@@ -499,12 +524,12 @@ def trimmed_student(student, prepare, tokenizer_json, work, test, max_length):
     pairs = [r["text_pair"] for r in records] if records and "text_pair" in records[0] else None
     ids = B.tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs)
     split = B.IdSplit(ids, test.labels)
-    facts = B.tokenizer_facts(trimmed_json)
-    unk_new, unk_old = facts["special_token_ids"]["[UNK]"], B.tokenizer_facts(tokenizer_json)["special_token_ids"]["[UNK]"]
+    facts = B.tokenizer_facts(trimmed_json, {role: entry["token"] for role, entry in full_facts["special_tokens"].items()})
+    unk_new, unk_old = facts["special_tokens"]["unk"]["id"], full_facts["special_tokens"]["unk"]["id"]
     changed = sum(a != [kept[i] for i in b] for a, b in zip(test.input_ids, ids))
-    info = {"enabled": True, "kept_tokens": len(kept), "original_vocab": original_vocab, "source_splits": "train, validation, unlabeled",
+    info = {"enabled": True, "applied": True, "kept_tokens": len(kept), "original_vocab": original_vocab, "source_splits": "train, validation, unlabeled",
             "test_unk_rate_before": _rate(test.input_ids, unk_old), "test_unk_rate_after": _rate(ids, unk_new),
-            "test_texts_tokenized_differently": changed, "pad_id": facts["special_token_ids"]["[PAD]"]}
+            "test_texts_tokenized_differently": changed, "pad_id": facts["special_tokens"]["pad"]["id"]}
     return student, split, trimmed_json, info
 
 
@@ -640,15 +665,12 @@ def baseline_comparison(cfg, teacher_accuracy: float, baseline: dict, shipped: d
 def readme_values(config, metadata: dict, latency: dict) -> dict:
     """The README's placeholders, rendered from metadata.json and the latency figures."""
     facts, quant = metadata["tokenizer"], metadata["quantization"]
-    specials = facts["special_token_ids"]
     recommended = metadata["recommended"]
     chosen = metadata["variants"][recommended]
     rows = ["| variant | file | accuracy | macro-F1 | agreement with PyTorch student | size MB |", "|---|---|---:|---:|---:|---:|"]
     for v, info in metadata["variants"].items():
         rows.append(f"| {v}{' (recommended)' if v == recommended else ''} | `{info['file']}` | {info['accuracy']:.4f} | "
                     f"{info['macro_f1']:.4f} | {info['agreement_with_pytorch']:.4f} | {info['file_mb']:.2f} |")
-    lowercase = facts["lowercase"]
-    accents = lowercase and facts.get("strip_accents") in (None, True)
     ort_version = metadata["runtime"]["onnxruntime"]
     if "int8" not in metadata["variants"]:
         verdict = "int8 quantization was switched off (export.quantize: false)."
@@ -669,19 +691,16 @@ def readme_values(config, metadata: dict, latency: dict) -> dict:
         "versus_int8_teacher": "" if not metadata.get("versus_int8_teacher") else (
             "Against what you would ship without distillation, the fine-tuned teacher quantized to int8 the same way:\n\n"
             + "\n".join(f"- {line}" for line in comparison_lines(metadata["versus_int8_teacher"]))),
-        "accent_note": ", accents stripped" if accents else "",
-        "subword_prefix": facts.get("continuing_subword_prefix") or "##", "max_chars": facts.get("max_input_chars_per_word") or 100,
-        "pair_note": " (text pairs: `[CLS] a [SEP] b [SEP]`)",
-        "cls_id": specials.get("[CLS]"), "sep_id": specials.get("[SEP]"), "pad_id": specials.get("[PAD]"), "unk_id": specials.get("[UNK]"),
-        "vocab_size": facts["vocab_size"],
-        "vocab_note": "" if not metadata["vocab_trim"]["enabled"] else (
-            f" The vocabulary was trimmed to the {metadata['vocab_trim']['kept_tokens']} tokens the training text uses "
-            f"(of {metadata['vocab_trim']['original_vocab']}): use this bundle's vocab.txt / tokenizer.json, never the "
-            "original BERT vocabulary; words made of other pieces become shorter pieces or `[UNK]`."),
+        "tokenize_section": tokenize_section(facts, metadata["max_length"], metadata["vocab_trim"]),
+        "cls_token": _token(facts, "cls"), "sep_token": _token(facts, "sep"),
+        "pad_note": (f"`{facts['special_tokens']['pad']['token']}` = {facts['special_tokens']['pad']['id']}"
+                     if "pad" in facts.get("special_tokens", {}) else "any id (this tokenizer has no pad token; masked out)"),
+        "empty_text": _empty_text(facts),
         "ort_version": ort_version, "ort_version_short": ".".join(ort_version.split(".")[:2]),
         "latency_table": B.latency_markdown(latency["rows"], "see latency.json", latency["load"]).split("\n", 2)[2].strip(),
-        "config": config.name, "experiment": metadata["source"]["mlflow_experiment"],
-        "parent_run": metadata["source"]["mlflow_parent_run_id"], "stage_run": metadata["source"]["mlflow_export_run_id"],
+        "config": config.name, "experiment": metadata["source"]["mlflow_experiment"] or "none (tracking off)",
+        "parent_run": metadata["source"]["mlflow_parent_run_id"] or "none",
+        "stage_run": metadata["source"]["mlflow_export_run_id"] or "none",
         "registered_model": (f"`{metadata['source']['registered_model']}` (alias `{ALIAS}`)"
                              if metadata["source"]["registered_model"] else "none (export.register_model off or MLflow disabled)"),
         "quant_summary": _why(quant) if quant.get("per_channel") is not None else "off",
@@ -700,7 +719,8 @@ def files_table(metadata: dict) -> str:
     described += [
         ("required_operators.config", "operators the `.ort` file(s) use: input of a reduced ONNX Runtime build"),
         ("tokenizer.json", f"the tokenizer (Hugging Face `tokenizers` format; truncation at {max_length}, no padding)"),
-        ("vocab.txt", "the WordPiece vocabulary, one token per line; line number (from 0) = token id"),
+        *([("vocab.txt", "the WordPiece vocabulary, one token per line; line number (from 0) = token id")]
+          if "vocab.txt" in metadata["tokenizer"].get("files", ["vocab.txt"]) else []),
         ("labels.json", "output index -> label name"),
         ("metadata.json", "inputs, outputs, tokenizer facts, accuracy and size per variant, sha256 of every other file"),
         ("latency.md, latency.json", "latency at batch 1 on the export machine (use the ratios, not the milliseconds)"),
@@ -711,6 +731,126 @@ def files_table(metadata: dict) -> str:
     rows += [f"| `{name}` | {what} |" if "," not in name else f"| `{name.split(', ')[0]}`, `{name.split(', ')[1]}` | {what} |"
              for name, what in described]
     return "\n".join(rows)
+
+
+def _token(facts: dict, role: str) -> str:
+    """The special token playing ``role`` (cls, sep, pad, unk, mask), or a word for its absence: never None."""
+    entry = facts.get("special_tokens", {}).get(role)
+    return entry["token"] if entry else f"(no {role} token)"
+
+
+def _empty_text(facts: dict) -> str:
+    """What an empty text tokenizes to: the single template's special tokens alone."""
+    marks = [t for t in facts.get("template", "text").split() if t not in ("text", "text_pair")]
+    return f"`{' '.join(marks)}`" if marks else "no tokens at all"
+
+
+def _specials_line(facts: dict) -> str:
+    roles = facts.get("special_tokens", {})
+    parts = [f"`{entry['token']}` = {entry['id']} ({role})" for role, entry in roles.items()]
+    return "Special token ids: " + (", ".join(parts) if parts else "none") + "."
+
+
+def _normalize_step(facts: dict) -> str:
+    """One sentence for the normalizer of a non-WordPiece tokenizer.json."""
+    steps = []
+    for kind in facts.get("normalizers", []):
+        steps.append({"NFC": "Unicode NFC", "NFD": "Unicode NFD", "NFKC": "Unicode NFKC", "NFKD": "Unicode NFKD",
+                      "Lowercase": "lower-case", "StripAccents": "strip accents (combining marks)",
+                      "Strip": "strip surrounding whitespace", "Replace": "replace patterns (see tokenizer.json)",
+                      "Prepend": "prepend a marker (see tokenizer.json)", "Precompiled": "SentencePiece's precompiled "
+                      "character map (NFKC-like; see tokenizer.json)",
+                      "BertNormalizer": "BERT cleaning" + (", lower-case" if facts.get("lowercase") else "")}.get(kind, kind))
+    return ("Normalize: " + ", then ".join(steps) + "." if steps
+            else "Normalize: nothing (**cased**: the text is used as is, no lower-casing or Unicode normalization).")
+
+
+def tokenize_section(facts: dict, max_length: int, trim: dict) -> str:
+    """The README's "1. Tokenize" text for the tokenizer the bundle really ships (WordPiece, byte-level BPE, Unigram...)."""
+    kind, cls, sep, unk = facts.get("type"), _token(facts, "cls"), _token(facts, "sep"), _token(facts, "unk")
+    template, pair = facts.get("template", "text"), facts.get("pair_template", "")
+    pair_note = f" (text pairs: `{pair.replace('text_pair', 'b').replace('text', 'a')}`)" if pair else ""
+    truncate = (f"Truncate to **{max_length} tokens including `{cls}` and `{sep}`** (drop pieces from the end, keep the "
+                f"final `{sep}`)." if template != "text" else f"Truncate to **{max_length} tokens** (drop pieces from the end).")
+    vocab_size = facts["vocab_size"]
+    if trim.get("enabled"):
+        vocab_note = (f" The vocabulary was trimmed to the {trim['kept_tokens']} tokens the training text uses "
+                      f"(of {trim['original_vocab']}): use this bundle's vocab.txt / tokenizer.json, never the "
+                      f"original BERT vocabulary; words made of other pieces become shorter pieces or `{unk}`.")
+    elif trim.get("requested"):
+        vocab_note = f" The vocabulary was not trimmed (export.trim_vocab): {trim.get('reason', '')}."
+    else:
+        vocab_note = ""
+    if kind == "WordPiece" and facts.get("pre_tokenizer") == "BertPreTokenizer":
+        lowercase = facts.get("lowercase")
+        accents = ", accents stripped" if lowercase and facts.get("strip_accents") in (None, True) else ""
+        case = f"**uncased** (lower-case{accents})" if lowercase else "**cased** (no lower-casing)"
+        prefix, max_chars = facts.get("continuing_subword_prefix") or "##", facts.get("max_input_chars_per_word") or 100
+        return "\n".join([
+            f"WordPiece, {case}, exactly as `tokenizer.json` does it:", "",
+            "1. Normalize: drop control characters, map whitespace to spaces, put spaces around CJK characters"
+            + (f", lower-case{accents}." if lowercase else "."),
+            "2. Pre-tokenize: split on whitespace and around every punctuation character.",
+            "3. WordPiece each word: greedy longest match from the start of the word against `vocab.txt`; pieces after the",
+            f"   first carry the `{prefix}` prefix; a word with no match (or longer than {max_chars} characters) becomes `{unk}`.",
+            f"4. Add special tokens: `{template}`{pair_note}.",
+            f"5. {truncate}", "",
+            f"{_specials_line(facts)}",
+            f"Vocabulary size {vocab_size}.{vocab_note} Check your port against `predict.py` on a few hundred sentences: "
+            "the ids must be identical.",
+            "Libraries that read `tokenizer.json` or `vocab.txt` directly save you writing this (for example a BERT WordPiece",
+            "tokenizer in your app's ML kit of choice), but keep the " + ("lower-casing and the " if lowercase else "")
+            + "truncation length."])
+    pre = facts.get("pre_tokenizers", [])
+    if facts.get("byte_level"):
+        prefix = (" A space is first added in front of the text, so the first word is treated like any other."
+                  if facts.get("add_prefix_space") else "")
+        pre_step = ("Pre-tokenize (byte-level, GPT-2 / RoBERTa style): split into words, numbers, punctuation and "
+                    "whitespace runs with the GPT-2 regular expression, keeping a word's leading space; then map every "
+                    "UTF-8 byte to one printable character (GPT-2's byte-to-unicode table: a space becomes `Ġ`)." + prefix)
+    elif facts.get("metaspace"):
+        meta = facts["metaspace"]
+        first = {"always": " and add one in front of the text", "first": " and add one in front of the text",
+                 "never": ""}.get(meta.get("prepend_scheme"), "")
+        pre_step = (f"Pre-tokenize (SentencePiece style, Metaspace): replace every space with `{meta.get('replacement')}`"
+                    f"{first}; each `{meta.get('replacement')}` starts a new word.")
+    elif "BertPreTokenizer" in pre:
+        pre_step = "Pre-tokenize: split on whitespace and around every punctuation character."
+    elif pre:
+        pre_step = f"Pre-tokenize: {', then '.join(pre)} (see `tokenizer.json` -> `pre_tokenizer`)."
+    else:
+        pre_step = "Pre-tokenize: none (the model splits the whole normalized text)."
+    if kind == "BPE":
+        name = "byte-level BPE" if facts.get("byte_level") else "BPE"
+        model_step = (f"BPE each word: start from single characters{' (bytes)' if facts.get('byte_level') else ''} and "
+                      f"apply the {facts.get('merges') or 0} merges of `tokenizer.json` -> `model.merges`, always the "
+                      "highest-priority (earliest listed) pair present, until none applies; each resulting piece's id is "
+                      "`model.vocab[piece]`." + (" Every byte is in the vocabulary, so no text is unknown."
+                                                 if facts.get("byte_level") else f" Pieces not in the vocabulary become `{unk}`."))
+    elif kind == "Unigram":
+        name = "Unigram (SentencePiece)"
+        model_step = ("Unigram each word: of all ways to cut it into pieces of `tokenizer.json` -> `model.vocab` "
+                      "([piece, log-probability] pairs, id = position), take the one with the highest total log-probability "
+                      f"(Viterbi); characters no piece covers become `{unk}`.")
+    elif kind == "WordPiece":
+        name = "WordPiece"
+        model_step = (f"WordPiece each word: greedy longest match against the vocabulary; pieces after the first carry the "
+                      f"`{facts.get('continuing_subword_prefix') or '##'}` prefix; a word with no match becomes `{unk}`.")
+    else:
+        name = str(kind)
+        model_step = f"{kind} model: see `tokenizer.json` -> `model`."
+    return "\n".join([
+        f"{name}, {'**uncased** (lower-cased)' if facts.get('lowercase') else '**cased**'}, exactly as `tokenizer.json` does it:", "",
+        f"1. {_normalize_step(facts)}",
+        f"2. {pre_step}",
+        f"3. {model_step}",
+        f"4. Add special tokens: `{template}`{pair_note}." if template != "text" else "4. Add special tokens: none.",
+        f"5. {truncate}", "",
+        f"{_specials_line(facts)}",
+        f"Vocabulary size {vocab_size}.{vocab_note} Check your port against `predict.py` on a few hundred sentences: "
+        "the ids must be identical.",
+        "Writing this by hand is error-prone: prefer a library that loads Hugging Face `tokenizer.json` files directly, "
+        "and keep the truncation length."])
 
 
 def _why(quant: dict) -> str:

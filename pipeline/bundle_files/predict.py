@@ -2,9 +2,12 @@
 """Reference classifier for this bundle: onnxruntime + tokenizers + numpy, nothing else.
 
 It is the executable specification of how to call the model: tokenize with
-tokenizer.json (WordPiece, "[CLS] text [SEP]", truncated to metadata
-max_length), feed int64 input_ids and attention_mask, apply softmax to the
-logits. Port this file, not the training code.
+tokenizer.json (the model, normalization and special-token template it holds,
+e.g. WordPiece "[CLS] text [SEP]" or byte-level BPE "<s> text </s>"; see
+metadata.json "tokenizer" and README.md), truncated to metadata max_length, pad
+with the pad token (metadata.json tokenizer.special_tokens.pad), feed int64
+input_ids and attention_mask, apply softmax to the logits. Port this file,
+not the training code.
 
     pip install onnxruntime tokenizers numpy
     python predict.py "a gripping, beautifully acted film" "a tedious mess"
@@ -12,7 +15,7 @@ logits. Port this file, not the training code.
     python predict.py --model model.int8.ort "works with the ORT format file too"
     python predict.py --verify "..."    # refuse a model whose sha256 differs from metadata.json
 
-An empty text is valid: it is classified as "[CLS] [SEP]".
+An empty text is valid: it is classified as its special tokens alone ("[CLS] [SEP]", "<s> </s>").
 The model file's sha256 is checked against metadata.json on every run: a
 mismatch is a warning, or an error with --verify.
 
@@ -56,6 +59,14 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def pad_token_id(tokenizer: dict) -> int:
+    """The pad token's id: metadata.json tokenizer.special_tokens.pad (by role), else the older special_token_ids["[PAD]"]."""
+    roles = tokenizer.get("special_tokens") or {}
+    if "pad" in roles:
+        return int(roles["pad"]["id"])
+    return int(tokenizer["special_token_ids"]["[PAD]"])  # bundles written before roles were recorded
+
+
 class BundleClassifier:
     """Tokenizer + ONNX Runtime session + label names, all read from the bundle folder.
 
@@ -81,7 +92,7 @@ class BundleClassifier:
             raise PredictError(f'{bundle / "labels.json"} must map "0", "1", ... to label names; {REBUILD}') from None
         try:
             self.max_length = int(self.metadata["max_length"])
-            self.pad_id = int(self.metadata["tokenizer"]["special_token_ids"]["[PAD]"])
+            self.pad_id = pad_token_id(self.metadata["tokenizer"])
             variants = self.metadata["variants"]
             model = model or variants[self.metadata["recommended"]]["file"]
             path = Path(model) if Path(model).is_absolute() or Path(model).exists() else bundle / model
@@ -94,7 +105,7 @@ class BundleClassifier:
             self.tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises a bare Exception
             raise PredictError(f"{bundle / 'tokenizer.json'} is not a tokenizers file ({exc}); {REBUILD}") from None
-        self.tokenizer.enable_truncation(self.max_length)  # same cut as training: [CLS] + tokens + [SEP] <= max_length
+        self.tokenizer.enable_truncation(self.max_length)  # same cut as training: specials + tokens <= max_length
         self.tokenizer.no_padding()  # padding is done per batch below, only up to the longest text
         if not path.is_file():
             raise PredictError(f"model file {path} does not exist; this bundle's models: {', '.join(shipped)}")
@@ -117,7 +128,7 @@ class BundleClassifier:
                                f"{[o.name for o in self.session.get_outputs()]} (expected input_ids, attention_mask -> logits)")
 
     def encode(self, texts: list[str], pairs: list[str] | None = None) -> dict:
-        """int64 input_ids / attention_mask, right-padded with [PAD] to the longest text of the batch."""
+        """int64 input_ids / attention_mask, right-padded with the pad token to the longest text of the batch."""
         items = list(zip(texts, pairs)) if pairs is not None else list(texts)
         encodings = self.tokenizer.encode_batch(items)
         longest = max(len(e.ids) for e in encodings)

@@ -1,0 +1,162 @@
+"""Tokenizer kinds through the bundle: a RoBERTa-style byte-level BPE and a SentencePiece-style Unigram teacher tokenizer.
+
+Each tokenizer is trained offline on a few hundred Rotten Tomatoes sentences, saved as a transformers
+save_pretrained folder, and the whole `tiny` pipeline runs with it (the random teacher takes its vocabulary
+size from ``len(tokenizer)``). The bundle must record the special tokens by role, describe the tokenizer it
+really ships, skip vocabulary trimming (WordPiece only) with its reason, and predict.py must reproduce the
+recorded accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pipeline import bundle as B
+from pipeline.data import rotten_tomatoes_path
+from tests.conftest import read_json, run_cli
+
+
+def corpus(n: int = 600) -> list[str]:
+    frame = pd.read_csv(rotten_tomatoes_path())
+    return [str(text) for text in frame["text"].tolist()[:n]]
+
+
+def save_folder(tokenizer, folder: Path, **specials) -> None:
+    """A tokenizer saved on its own with save_pretrained (tokenizer files only, no model config)."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
+    fast.save_pretrained(folder)
+
+
+def byte_level_bpe(folder: Path) -> dict:
+    """RoBERTa style: byte-level BPE, <s> text </s>, specials <s> <pad> </s> <unk> <mask> (ids 0..4)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=800, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", tokenizer.token_to_id("</s>")),
+                                                            ("<s>", tokenizer.token_to_id("<s>")))
+    save_folder(tokenizer, folder, bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
+                pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    return {"model": "BPE", "template": "<s> text </s>",
+            "roles": {"cls": ("<s>", 0), "pad": ("<pad>", 1), "sep": ("</s>", 2), "unk": ("<unk>", 3), "mask": ("<mask>", 4)}}
+
+
+def unigram_metaspace(folder: Path) -> dict:
+    """SentencePiece style: NFKC + lower-case, Metaspace, Unigram, [CLS] text [SEP], pad/unk/mask named <pad> <unk> <mask>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.train_from_iterator(corpus(), trainers.UnigramTrainer(
+        vocab_size=600, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "<mask>"], unk_token="<unk>"))
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    save_folder(tokenizer, folder, cls_token="[CLS]", sep_token="[SEP]", pad_token="<pad>", unk_token="<unk>",
+                mask_token="<mask>")
+    return {"model": "Unigram", "template": "[CLS] text [SEP]",
+            "roles": {"pad": ("<pad>", 0), "unk": ("<unk>", 1), "cls": ("[CLS]", 2), "sep": ("[SEP]", 3), "mask": ("<mask>", 4)}}
+
+
+KINDS = {"byte_level_bpe": byte_level_bpe, "unigram_metaspace": unigram_metaspace}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_bundle_for_tokenizer_kind(kind, tmp_path):
+    folder = tmp_path / "tokenizer"
+    expected = KINDS[kind](folder)
+    runs_dir = tmp_path / "runs"
+    result = run_cli("run", "tiny", f"teacher.tokenizer={folder}", "export.trim_vocab=true", "tracking.enabled=false",
+                     "data.max_examples=200", runs_dir=runs_dir)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_dir = runs_dir / "tiny"
+    bundle = run_dir / "export" / "bundle"
+    metadata = read_json(bundle / "metadata.json")
+    tok = metadata["tokenizer"]
+
+    # special tokens by role, with the ids the tokenizer really uses
+    assert tok["type"] == expected["model"]
+    assert {role: (e["token"], e["id"]) for role, e in tok["special_tokens"].items()} == expected["roles"]
+    assert tok["template"] == expected["template"]
+    shipped = B.tokenize_texts(bundle / "tokenizer.json", ["a fine film"], metadata["max_length"])[0]
+    assert shipped[0] == expected["roles"]["cls"][1] and shipped[-1] == expected["roles"]["sep"][1]
+
+    # trimming is WordPiece-only: skipped with its reason, the full vocabulary shipped
+    trim = metadata["vocab_trim"]
+    assert trim["applied"] is False and trim["requested"] is True and not trim["enabled"]
+    assert "WordPiece" in trim["reason"] and expected["model"] in trim["reason"]
+    assert "export.trim_vocab skipped" in result.stderr + result.stdout
+    assert tok["vocab_size"] == len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+
+    # files: no vocab.txt for non-WordPiece; metadata and README list what is there
+    files = {p.name for p in bundle.iterdir()}
+    assert "vocab.txt" not in files and tok["files"] == ["tokenizer.json"]
+    assert set(metadata["files"]) == files - {"metadata.json"}
+    readme = (bundle / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Files", 1)[1].split("Check the download", 1)[0]
+    listed = {cell.strip("` ") for line in table.splitlines() if line.startswith("| `")
+              for cell in line.split("|")[1].split(",")}
+    assert listed == files
+
+    # the README describes the shipped tokenizer and its real special tokens
+    assert "None" not in readme and "{{" not in readme
+    section = readme.split("## 1. Tokenize", 1)[1].split("## 2.", 1)[0].strip()
+    assert expected["model"] in section.splitlines()[0] and not section.startswith("WordPiece")
+    for token, token_id in expected["roles"].values():
+        assert f"`{token}` = {token_id}" in readme
+    cls, sep = expected["roles"]["cls"][0], expected["roles"]["sep"][0]
+    assert readme.count(f"// ids: {cls} ... {sep}") == 2  # Kotlin and Swift sketches
+    assert f"`{expected['template']}`" in readme and "not trimmed" in readme
+    if kind == "byte_level_bpe":
+        assert "byte-level" in readme and "merges" in readme and "**cased**" in readme
+    else:
+        assert "NFKC" in readme and "lower-case" in readme and "Viterbi" in readme and "\u2581" in readme
+
+    # predict.py (pad id by role) reproduces the recorded accuracy of the recommended variant
+    proc = subprocess.run([sys.executable, "-I", "predict.py", "--eval", str(run_dir / "prepare" / "test.jsonl")],
+                          cwd=bundle, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    evaluation = json.loads(proc.stdout.strip().splitlines()[-1])
+    chosen = metadata["variants"][metadata["recommended"]]
+    assert evaluation["model"] == chosen["file"] and evaluation["accuracy"] == chosen["accuracy"]
+
+
+def test_predict_reads_the_pad_id_by_role_or_the_older_key():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bundle_predict", B.BUNDLE_TEMPLATES / "predict.py")
+    predict = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(predict)
+    pad_token_id = predict.pad_token_id
+    assert pad_token_id({"special_tokens": {"pad": {"token": "<pad>", "id": 1}}, "special_token_ids": {"<pad>": 1}}) == 1
+    assert pad_token_id({"special_token_ids": {"[PAD]": 0, "[CLS]": 101}}) == 0  # bundles written before roles
+
+
+def test_wordpiece_facts_keep_the_old_keys_and_add_roles(tmp_path):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "film", "##s"])}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    facts = B.tokenizer_facts(tmp_path / "tokenizer.json")  # no tokenizer_config.json: roles from the template and names
+    assert facts["special_token_ids"] == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+    assert {r: e["id"] for r, e in facts["special_tokens"].items()} == {"cls": 2, "sep": 3, "pad": 0, "unk": 1, "mask": 4}
+    assert facts["template"] == "[CLS] text [SEP]" and facts["pair_template"] == "[CLS] text [SEP] text_pair [SEP]"
+    assert facts["lowercase"] is True and B.tokenizer_files(facts) == ["tokenizer.json", "vocab.txt"]
