@@ -152,13 +152,19 @@ def test_corrupted_cache_shard(run_copy):
     data[100] ^= 0xFF
     shard.write_bytes(bytes(data))
     before = run_copy.snapshot()
+    # The capture manifest's digests catch it before distill reads anything...
     expect_error(*args(run_copy, only="distill"), code=1,
-                 phrases=(f"teacher cache shard {shard} is corrupted", "checksum", "--from capture"))
+                 phrases=("needs the output of 'capture', which is damaged", "cache/shard-00001.bin was modified",
+                          "capture reruns first"))
     assert_complete_stages_untouched(before, run_copy.run_dir)
+    # ...and the cache's own checksums (what online readers rely on) as well.
+    from pipeline.cache import TeacherCache
+    from pipeline.errors import CacheError
+
+    with pytest.raises(CacheError, match=f"shard {shard} is corrupted.*checksum.*--from capture"):
+        TeacherCache(run_copy.run_dir / "capture" / "cache")
     # The fix: recompute the cache.
     assert cli(*args(run_copy, only="capture")).returncode == 0
-    from pipeline.cache import TeacherCache
-
     TeacherCache(run_copy.run_dir / "capture" / "cache")
 
 
@@ -167,6 +173,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_copy):
     from pipeline.config import load_config
     from pipeline.data import global_batches
     from pipeline.inference import TrainingData
+    from pipeline.integrity import output_listing
 
     config = load_config(run_copy.config)
     train = TrainingData(run_copy.run_dir / "prepare")
@@ -176,6 +183,10 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_copy):
     meta = json.loads(meta_path.read_text())
     meta["logits"][example - meta["first"]] = [math.nan] * len(meta["logits"][0])
     meta_path.write_text(json.dumps(meta))
+    manifest_path = run_copy.run_dir / "capture" / "manifest.json"  # as if the teacher itself had produced the NaN
+    manifest = json.loads(manifest_path.read_text())
+    manifest["outputs"] = output_listing(run_copy.run_dir / "capture")
+    manifest_path.write_text(json.dumps(manifest))
     before = run_copy.snapshot()
     expect_error(*args(run_copy, only="distill"), code=1,
                  phrases=("distill: the loss became non-finite at optimizer step 4", "term(s): kd",
