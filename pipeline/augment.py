@@ -25,7 +25,8 @@ import torch
 
 
 def word_spans(ids: list[int], continuation: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) token spans of the words between [CLS] and [SEP] (a '##' piece continues the word before it)."""
+    """[start, end) token spans of the words between the first and last (special) token: a piece marked as a
+    continuation (``continuation_mask``) joins the word before it."""
     spans = []
     for position in range(1, len(ids) - 1):
         if continuation[ids[position]] and spans:
@@ -81,17 +82,37 @@ def augment(sentences: list[list[int]], copies: int, seed: int, *, mask_id: int,
     return out
 
 
-def continuation_mask(tokenizer) -> np.ndarray:
-    """True for vocabulary ids that continue a word (WordPiece '##' pieces)."""
+def word_marker(tokenizer) -> tuple[str, bool]:
+    """(marker, marks_start): WordPiece marks a piece that continues a word ('##'); byte-level BPE
+    ('\u0120', RoBERTa's 'Ġ') and SentencePiece / Metaspace ('\u2581', '▁') mark a piece that starts one."""
     vocab = tokenizer.get_vocab()
+    if any(token.startswith("##") for token in vocab):
+        return "##", False
+    for marker in ("\u0120", "\u2581"):
+        if sum(token.startswith(marker) for token in vocab) > len(vocab) // 10:
+            return marker, True
+    return "##", False
+
+
+def continuation_mask(tokenizer) -> np.ndarray:
+    """True for vocabulary ids that continue a word (a WordPiece '##' piece; a BPE / SentencePiece piece
+    without the word-start marker). Special tokens never continue a word."""
+    vocab = tokenizer.get_vocab()
+    marker, marks_start = word_marker(tokenizer)
+    specials = set(tokenizer.all_special_ids)
     mask = np.zeros(max(vocab.values()) + 1, dtype=bool)
     for token, index in vocab.items():
-        mask[index] = token.startswith("##")
+        mask[index] = index not in specials and (not token.startswith(marker) if marks_start else token.startswith(marker))
     return mask
 
 
 def word_candidates(tokenizer, sentences: list[list[int]]) -> np.ndarray:
     """Ids of alphabetic whole-word tokens that occur in ``sentences`` (replacement candidates)."""
+    marker, marks_start = word_marker(tokenizer)
     seen = np.unique(np.fromiter((t for ids in sentences for t in ids), dtype=np.int64))
     tokens = tokenizer.convert_ids_to_tokens(seen.tolist())
-    return np.array([i for i, token in zip(seen, tokens) if token.isalpha() and len(token) > 1], dtype=np.int64)
+    if marks_start:  # a word-start piece; the text after its marker must be a word
+        words = [token[len(marker):] if token.startswith(marker) else "" for token in tokens]
+    else:
+        words = tokens
+    return np.array([i for i, word in zip(seen, words) if word.isalpha() and len(word) > 1], dtype=np.int64)

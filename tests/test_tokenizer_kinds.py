@@ -160,3 +160,27 @@ def test_wordpiece_facts_keep_the_old_keys_and_add_roles(tmp_path):
     assert {r: e["id"] for r, e in facts["special_tokens"].items()} == {"cls": 2, "sep": 3, "pad": 0, "unk": 1, "mask": 4}
     assert facts["template"] == "[CLS] text [SEP]" and facts["pair_template"] == "[CLS] text [SEP] text_pair [SEP]"
     assert facts["lowercase"] is True and B.tokenizer_files(facts) == ["tokenizer.json", "vocab.txt"]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_augmentation_finds_whole_words_for_every_tokenizer_kind(kind, tmp_path):
+    """Word spans and replacement candidates follow the tokenizer's own word marker ('##' continues a word;
+    'Ġ' and '▁' start one), so masking, swaps and span cuts work on words, not pieces."""
+    from transformers import AutoTokenizer
+
+    from pipeline.augment import continuation_mask, word_candidates, word_spans
+
+    KINDS[kind](tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    sentence = "a gripping and beautifully acted performance overall"
+    ids = tokenizer(sentence)["input_ids"]
+    continuation = continuation_mask(tokenizer)
+    spans = word_spans(ids, continuation)
+    words = [tokenizer.decode(ids[start:end]).strip() for start, end in spans]
+    assert words == sentence.split()
+    assert any(end - start > 1 for start, end in spans), "the sentence should hold a word of several pieces"
+    candidates = set(word_candidates(tokenizer, [ids]).tolist())
+    one_piece = [ids[start] for start, end in spans if end - start == 1 and tokenizer.decode([ids[start]]).strip().isalpha()
+                 and len(tokenizer.decode([ids[start]]).strip()) > 1]
+    assert one_piece and set(one_piece) <= candidates
+    assert not candidates & set(tokenizer.all_special_ids)
