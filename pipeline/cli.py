@@ -138,10 +138,7 @@ def _dispatch(args) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         from .summary import print_summary
 
-        from .runner import stage_status
-
-        states = {row["stage"]: row["state"] for row in stage_status(config, Path(args.runs_dir))}
-        print_summary(Path(args.runs_dir) / config.name, result["ran"], states)
+        print_summary(Path(args.runs_dir) / config.name, result["ran"], result["states"])
     return 0
 
 

@@ -359,6 +359,11 @@ def check_stage(run_dir: Path, name: str, fingerprint: str) -> tuple[str, dict |
     return "done", manifest, []
 
 
+def stage_states(run_dir: Path, current: dict[str, str]) -> dict[str, str]:
+    """done / stale / damaged / pending / running-interrupted of every stage, for the given fingerprints."""
+    return {name: check_stage(run_dir, name, current[name])[0] for name in STAGES if name in current}
+
+
 def stage_status(config: PipelineConfig, runs_dir: Path) -> list[dict]:
     """done / stale / damaged / pending for every stage (used by `make status`)."""
     run_dir = Path(runs_dir) / config.name
@@ -413,8 +418,9 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
             if dist.is_main:
                 log.info("All stages are complete and current; nothing to do (use --force to rerun).")
             tracker.end_orphaned_runs()
-            tracker.record_result(config, current)  # a pipeline run still lacking its result gets it
-            return {"ran": [], "fingerprints": current}
+            states = stage_states(run_dir, current)
+            tracker.record_result(config, current, {s for s, state in states.items() if state == "done"})
+            return {"ran": [], "fingerprints": current, "states": states}
         tracker.start_pipeline(config_yaml, config.flat(), config_hash(config_yaml))
         ran, status = [], "FAILED"
         try:
@@ -439,8 +445,9 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
             raise
         finally:
             tracker.end_pipeline(status)
-        tracker.record_result(config, current)  # the result on the pipeline run (never fails the run)
-        return {"ran": ran, "fingerprints": current}
+        states = stage_states(run_dir, current)  # checked once: the MLflow result and the CLI summary use them
+        tracker.record_result(config, current, {s for s, state in states.items() if state == "done"})
+        return {"ran": ran, "fingerprints": current, "states": states}
 
 
 def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracker: Tracker, dist: Distributed) -> None:

@@ -299,7 +299,7 @@ class Tracker:
             log.warning("MLflow: could not mark experiment %s as model training (%s)", experiment_id, _brief_error(exc))
 
     # ------------------------------------------------------------------ the result, on the pipeline run
-    def record_result(self, config, current: dict[str, str]) -> None:
+    def record_result(self, config, current: dict[str, str], done: set[str] | None = None) -> None:
         """Put the run's result on the pipeline (parent) run, so pipeline runs compare in the runs table.
 
         Headline metrics, a markdown description (results table, the command that reproduces the
@@ -307,12 +307,13 @@ class Tracker:
         and the train/validation/test splits as dataset inputs; figures only from stages that are
         complete and current. Called when a pipeline run finishes, and when nothing needed doing (a
         pipeline run recorded before its result was, or whose result changed, gets it then).
-        Never fails the pipeline: MLflow refusing something is a warning.
+        Never fails the pipeline: MLflow refusing something is a warning. ``done``: the stages whose
+        outputs are complete and current, when the caller has checked them already.
         """
         if not self.enabled:
             return
         try:
-            self._record_result(config, current)
+            self._record_result(config, current, done)
         except Exception as exc:
             log.warning("MLflow: the result was not recorded on the pipeline run (%s); the stage outputs are complete "
                         "and the next run tries again", _brief_error(exc))
@@ -334,8 +335,8 @@ class Tracker:
             return None
         return run.info.run_id if run.info.lifecycle_stage == "active" else None
 
-    def _record_result(self, config, current: dict[str, str]) -> None:
-        from .runner import STAGES, check_stage
+    def _record_result(self, config, current: dict[str, str], done: set[str] | None) -> None:
+        from .runner import stage_states
 
         ran_now = self.parent_id is not None  # stages ran in this process (start_pipeline attached a parent)
         parent_id = self.parent_id or self._recorded_parent(config)
@@ -345,7 +346,8 @@ class Tracker:
         run = self.client.get_run(parent_id)
         if not ran_now:
             self._mark_experiment_kind(run.info.experiment_id)
-        done = {name for name in STAGES if name in current and check_stage(self.run_dir, name, current[name])[0] == "done"}
+        if done is None:
+            done = {name for name, state in stage_states(self.run_dir, current).items() if state == "done"}
         result = pipeline_result(config, self.run_dir, done)
         datasets = "prepare" in done
         digest = hashlib.sha256(json.dumps([result, datasets and current.get("prepare")], sort_keys=True,
