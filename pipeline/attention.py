@@ -3,8 +3,11 @@
 Fast kernels (SDPA, FlashAttention) never materialise attention probabilities,
 and with ``output_attentions=True`` transformers 5.x SDPA returns an empty tuple.
 So we never ask the model for attentions: forward hooks on the self-attention
-``query`` / ``key`` / ``value`` Linear layers capture the projections under any
-backend, and the losses recompute only the scores they need.
+query / key / value Linear layers (named per family in pipeline/families.py,
+e.g. BERT's ``query``, DistilBERT's ``q_lin``, DeBERTa's ``query_proj``)
+capture the projections under any backend, and the losses recompute only the
+scores they need. For DeBERTa the recomputed scores are its content-to-content
+relation, not its full attention (see pipeline/families.py).
 """
 
 from __future__ import annotations
@@ -15,22 +18,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """Strip DDP / accelerate (``.module``) and torch.compile (``._orig_mod``) wrappers."""
-    while True:
-        for attr in ("module", "_orig_mod"):
-            inner = getattr(model, attr, None)
-            if isinstance(inner, nn.Module):  # not truthiness: an empty ModuleList is falsy
-                model = inner
-                break
-        else:
-            return model
-
-
-def self_attention(model: nn.Module, layer: int) -> nn.Module:
-    """The ``BertSelfAttention``-style module of encoder layer ``layer``."""
-    return unwrap_model(model).base_model.encoder.layer[layer].attention.self
+from .families import projection, self_attention, unwrap_model
 
 
 @contextlib.contextmanager
@@ -41,6 +29,9 @@ def capture_projections(
 ) -> Iterator[dict[int, dict[str, torch.Tensor]]]:
     """Capture the Q/K/V projection outputs of the given encoder layers.
 
+    ``kinds`` are the family-independent names query / key / value; the module
+    hooked for each is the family's (pipeline/families.py).
+
     Yields ``{layer: {kind: tensor [B, N, D]}}`` (D = all heads concatenated),
     filled by the next forward pass. Tensors keep their autograd graph, so a
     student loss can backprop through them; capture a teacher under
@@ -49,9 +40,14 @@ def capture_projections(
     Independent of ``attn_implementation`` (sdpa, eager, flash): only the Linear
     outputs are read, never ``output_attentions``.
 
+    Only the first call of each projection within one call of the attention
+    module is the content projection: DeBERTa-v2/v3 with shared keys calls its
+    query/key projections a second time on the relative-position embeddings,
+    which is not captured.
+
     Gradient checkpointing: with non-reentrant checkpointing (the transformers
     default) the backward pass re-runs the layer and the hooks fire again; each
-    entry holds the LAST value seen, i.e. the recomputed one after backward.
+    entry holds the LAST attention call's value, i.e. the recomputed one after backward.
     Compute the loss from the entries before calling ``backward()``. With
     ``use_reentrant=True`` the first forward runs without grad, so captured
     tensors carry no graph: use non-reentrant checkpointing with this capture.
@@ -63,18 +59,21 @@ def capture_projections(
     captured: dict[int, dict[str, torch.Tensor]] = {i: {} for i in layers}
     handles = []
 
-    def make_hook(slot: dict[str, torch.Tensor], kind: str):
+    def make_hook(slot: dict[str, torch.Tensor], kind: str, seen: set):
         def hook(_module, _inputs, output):
-            slot[kind] = output  # overwrite: the last call (e.g. a checkpoint recompute) wins
+            if kind in seen:  # a second call inside the same attention call (DeBERTa's position projection)
+                return
+            seen.add(kind)
+            slot[kind] = output  # overwrite: the last attention call (e.g. a checkpoint recompute) wins
 
         return hook
 
     try:
         for i in layers:
-            attn = self_attention(model, i)
+            seen: set[str] = set()  # kinds captured in the current call of layer i's attention module
+            handles.append(self_attention(model, i).register_forward_pre_hook(lambda *_, seen=seen: seen.clear()))
             for kind in kinds:
-                proj = getattr(attn, kind)
-                handles.append(proj.register_forward_hook(make_hook(captured[i], kind)))
+                handles.append(projection(model, i, kind).register_forward_hook(make_hook(captured[i], kind, seen)))
         yield captured
     finally:
         for h in handles:
@@ -129,6 +128,7 @@ __all__ = [
     "attention_probs",
     "capture_projections",
     "relation_scores",
+    "projection",
     "self_attention",
     "split_heads",
     "unwrap_model",

@@ -1,4 +1,4 @@
-"""Finding, loading, checking and building BERT-style models.
+"""Finding, loading, checking and building encoder classifiers of the supported families (pipeline/families.py).
 
 Model references in configs are one of:
   * ``package:<pip package>``: a model folder shipped inside an installed
@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
 from .errors import ConfigError, ModelError
+from .families import attn_implementation, encoder_layers, family_of, layer_prefix, usable_positions, zero_attention_dropout
 from .pruning import prune_ffn, top_neurons
 from .terms import TERMS
 
@@ -124,27 +126,39 @@ def check_against_models(config: PipelineConfig) -> None:
     """Checks that need the teacher's shape; all problems reported at once (exit 2)."""
     try:
         teacher_cfg = teacher_model_config(config)
+        family = family_of(teacher_cfg, "teacher")  # an unsupported family fails here, before any work
     except ModelError as exc:
         raise ConfigError(f"teacher.model: {exc}") from None
     problems = []
     depth = teacher_cfg.num_hidden_layers
     hidden, heads = teacher_cfg.hidden_size, teacher_cfg.num_attention_heads
-    positions = getattr(teacher_cfg, "max_position_embeddings", None)
+    positions = usable_positions(teacher_cfg)
     student = config.student
     if student.init == "teacher_layers":
         bad = [i for i in student.teacher_layers if not 0 <= i < depth]
         if bad:
             problems.append(f"student.teacher_layers: layer(s) {bad} do not exist; the teacher has {depth} layers (0..{depth - 1}).")
-        ffn = getattr(teacher_cfg, "intermediate_size", None)
+        ffn = getattr(teacher_cfg, family.ffn_size_key, None)
         if student.ffn_size is not None and ffn is not None and student.ffn_size > ffn:
             problems.append(f"student.ffn_size: {student.ffn_size} is above the teacher's {ffn} feed-forward neurons per layer.")
+    if not config.teacher.finetune and config.data.label_names and teacher_cfg.num_labels == len(config.data.label_names):
+        try:  # the data's order is known only when data.label_names gives it; otherwise the teacher stage checks
+            check_teacher_labels(teacher_cfg, config.data.label_names, config.teacher.model)
+        except ModelError as exc:
+            problems.append(f"data.label_names: {exc}")
     student_depth = config.student_depth() or depth
     pretrained_cfg = None
     if student.init == "pretrained":  # its own shape, from its config.json (no weights are read)
         try:
             pretrained_cfg = AutoConfig.from_pretrained(resolve_reference(student.pretrained))
+            family_of(pretrained_cfg, "pretrained student")
         except (ModelError, OSError, ValueError) as exc:
-            problems.append(f"student.pretrained: could not read the model config of '{student.pretrained}': {exc}")
+            problems.append(f"student.pretrained: could not use '{student.pretrained}': {exc}")
+            pretrained_cfg = None
+        else:
+            mismatch = student_tokenizer_problem(config)
+            if mismatch:
+                problems.append(f"student.pretrained: {mismatch}")
     if pretrained_cfg is not None:
         student_depth = pretrained_cfg.num_hidden_layers
         # layer_map 'last' / 'uniform' are resolved at run time with the teacher's depth for a pretrained student.
@@ -164,13 +178,17 @@ def check_against_models(config: PipelineConfig) -> None:
     s_hidden, s_heads = hidden, heads
     if pretrained_cfg is not None:
         s_hidden, s_heads = pretrained_cfg.hidden_size, pretrained_cfg.num_attention_heads
-        s_positions = getattr(pretrained_cfg, "max_position_embeddings", None)
+        s_positions = usable_positions(pretrained_cfg)
         if s_positions and config.data.max_length > s_positions:
             problems.append(f"data.max_length: {config.data.max_length} is above the pretrained student's {s_positions} position embeddings.")
     if student.init == "random":
         s_hidden, s_heads = student.random.hidden_size, student.random.num_heads
-        if config.data.max_length > student.random.max_position_embeddings:
-            problems.append(f"data.max_length: {config.data.max_length} is above student.random.max_position_embeddings {student.random.max_position_embeddings}.")
+        s_positions = usable_positions(random_student_config(teacher_cfg, student.random))
+        if config.data.max_length > s_positions:
+            lost = student.random.max_position_embeddings - s_positions
+            problems.append(f"data.max_length: {config.data.max_length} is above student.random.max_position_embeddings "
+                            f"{student.random.max_position_embeddings}" + (f" less the {lost} positions a {family.name} model "
+                                                                             "reserves (pad_token_id + 1)." if lost else "."))
     uses_relations = any(getattr(config.distill.loss, name) > 0 and any(t.relation for t in term.targets)
                          for name, term in TERMS.items())
     relation_heads = config.distill.relation_heads
@@ -192,6 +210,36 @@ def label_maps(label_names: list[str]) -> tuple[dict[int, str], dict[str, int]]:
     return dict(enumerate(label_names)), {name: i for i, name in enumerate(label_names)}
 
 
+_GENERIC_LABEL = re.compile(r"LABEL_\d+")
+
+
+def teacher_label_names(model_config) -> list[str] | None:
+    """The checkpoint's label names by id, or None when it has only transformers' placeholders (LABEL_0, ...)."""
+    id2label = {int(i): str(name) for i, name in (getattr(model_config, "id2label", None) or {}).items()}
+    names = [id2label.get(i) for i in range(model_config.num_labels)]
+    if None in names or all(_GENERIC_LABEL.fullmatch(name) for name in names):
+        return None
+    return names
+
+
+def check_teacher_labels(model_config, label_names: list[str], reference: str) -> None:
+    """A fine-tuned teacher with real label names must predict the data's labels under the same ids."""
+    names = teacher_label_names(model_config)
+    if names is None or names == list(label_names):
+        return
+    teacher = ", ".join(f"{i}={n}" for i, n in enumerate(names))
+    data = ", ".join(f"{i}={n}" for i, n in enumerate(label_names))
+    if sorted(names) == sorted(label_names):
+        raise ModelError(
+            f"Teacher '{reference}' numbers its labels {teacher}, the data {data}: the same labels in another order, so "
+            f"every teacher prediction would be read as the wrong label. Set data.label_names: [{', '.join(names)}] "
+            "(the teacher's order) so the data uses the teacher's ids.")
+    raise ModelError(
+        f"Teacher '{reference}' was fine-tuned on the labels {{{teacher}}} but the data has {{{data}}}. With "
+        "teacher.finetune: false the teacher's labels are used as they are: give data whose label column holds the "
+        "teacher's label names, or set teacher.finetune: true to train a new head on these labels.")
+
+
 def load_classifier(reference: str, label_names: list[str] | None = None, trust_remote_code: bool = False,
                     attn_implementation: str = "sdpa", require_labels: bool = False):
     """Load a sequence classifier from a folder or hub name.
@@ -203,16 +251,21 @@ def load_classifier(reference: str, label_names: list[str] | None = None, trust_
     if label_names is not None:
         id2label, label2id = label_maps(label_names)
         kwargs = dict(num_labels=len(label_names), id2label=id2label, label2id=label2id)
-    if require_labels and label_names is not None:
+    try:
         cfg = AutoConfig.from_pretrained(reference, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"Could not read the model config of '{reference}': {exc}") from exc
+    if require_labels and label_names is not None:
         if cfg.num_labels != len(label_names):
             raise ModelError(
                 f"Teacher '{reference}' has {cfg.num_labels} output labels but the data has {len(label_names)} "
                 f"({', '.join(label_names)}). Set teacher.finetune: true to train a new head, or use a teacher fine-tuned on these labels."
             )
+        check_teacher_labels(cfg, label_names, reference)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            reference, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, use_safetensors=True, **kwargs
+            reference, trust_remote_code=trust_remote_code, attn_implementation=_kernel(cfg, attn_implementation),
+            use_safetensors=True, **kwargs
         )
     except (OSError, ValueError) as exc:
         raise ModelError(f"Could not load a classifier from '{reference}': {exc}") from exc
@@ -231,12 +284,12 @@ def build_teacher_for_finetune(config: PipelineConfig, label_names: list[str], v
                            teacher.attn_implementation, require_labels=not teacher.finetune)
 
 
-def encoder_layers(model) -> torch.nn.ModuleList:
-    base = getattr(model, "module", model).base_model
+def _kernel(model_config, requested: str) -> str:
+    """The attention kernel to load with: the requested one, eager for a family without it; unknown families as asked."""
     try:
-        return base.encoder.layer
-    except AttributeError:
-        raise ModelError(f"{type(model).__name__} is not a BERT-style encoder (no encoder.layer list); supported: BERT, RoBERTa, MiniLM, ELECTRA-style models.") from None
+        return attn_implementation(model_config, requested)
+    except ModelError:  # not a supported family: loading still works (only capture and student building need the table)
+        return requested
 
 
 def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = None) -> torch.nn.Module:
@@ -246,6 +299,7 @@ def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = Non
     with the highest ``ffn_scores[teacher layer]`` (pipeline/pruning.py).
     """
     student = config.student
+    family = family_of(teacher, "teacher")
     if student.init == "teacher_layers":
         # DistilBERT-style: same width, a subset of the teacher's layers copied in.
         cfg = copy.deepcopy(teacher.config)  # never share a config object between two models
@@ -253,48 +307,93 @@ def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = Non
         model = type(teacher)(cfg)
         source = teacher.state_dict()
         target = model.state_dict()
-        layer_prefix = _layer_prefix(teacher)
+        prefix = layer_prefix(teacher)
         for key in target:
             src_key = key
-            if key.startswith(layer_prefix):
-                index, rest = key[len(layer_prefix):].split(".", 1)
-                src_key = f"{layer_prefix}{student.teacher_layers[int(index)]}.{rest}"
+            if key.startswith(prefix):
+                index, rest = key[len(prefix):].split(".", 1)
+                src_key = f"{prefix}{student.teacher_layers[int(index)]}.{rest}"
             target[key] = source[src_key].clone()
         model.load_state_dict(target)
-        if student.ffn_size is not None and student.ffn_size < cfg.intermediate_size:
+        if student.ffn_size is not None and student.ffn_size < getattr(cfg, family.ffn_size_key):
             if ffn_scores is None:
                 raise ModelError("student.ffn_size needs FFN importance scores from the teacher (pipeline.pruning.ffn_importance)")
             for layer, source_index in zip(encoder_layers(model), student.teacher_layers):
-                prune_ffn(layer, top_neurons(ffn_scores[source_index], student.ffn_size))
-            model.config.intermediate_size = student.ffn_size
-    elif student.init == "pretrained":
+                prune_ffn(layer, top_neurons(ffn_scores[source_index], student.ffn_size), family)
+            setattr(model.config, family.ffn_size_key, student.ffn_size)
+    elif student.init == "pretrained":  # any supported family with the teacher's tokenizer (checked with the config)
         model = load_classifier(resolve_reference(student.pretrained), _labels(teacher), attn_implementation=student.attn_implementation)
         if student.num_layers:
             encoder_layers(model)[:] = encoder_layers(model)[: student.num_layers]
             model.config.num_hidden_layers = student.num_layers
-    else:
-        cfg = random_bert_config(student.random, teacher.config.vocab_size, teacher.config.num_labels)
-        cfg.id2label, cfg.label2id = teacher.config.id2label, teacher.config.label2id
-        model = BertForSequenceClassification(cfg)
+    else:  # random weights, the teacher's family, student.random's shape
+        model = type(teacher)(random_student_config(teacher.config, student.random))
     # Attention dropout 0 in the student: eager attention returns weights after
     # dropout (rows stop summing to 1) and the KL target must be a distribution.
-    # BERT's self-attention reads its dropout probability from this module.
-    model.config.attention_probs_dropout_prob = 0.0
-    for layer in encoder_layers(model):
-        layer.attention.self.dropout.p = 0.0
-    model.set_attn_implementation(student.attn_implementation)
+    zero_attention_dropout(model)
+    model.set_attn_implementation(attn_implementation(model.config, student.attn_implementation))
     return model
+
+
+def random_student_config(teacher_config, shape: RandomBert):
+    """The teacher's architecture config (family, vocabulary, labels, position scheme) with ``shape``'s size."""
+    family = family_of(teacher_config, "teacher")
+    cfg = copy.deepcopy(teacher_config)  # never share a config object between two models
+    cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads = shape.hidden_size, shape.num_layers, shape.num_heads
+    cfg.max_position_embeddings = shape.max_position_embeddings
+    setattr(cfg, family.ffn_size_key, shape.intermediate_size)
+    setattr(cfg, family.hidden_dropout_key, shape.dropout)
+    setattr(cfg, family.attention_dropout_key, shape.dropout)
+    for key in family.hidden_sized:  # e.g. ELECTRA's embedding width, DeBERTa's pooler width
+        setattr(cfg, key, shape.hidden_size)
+    return cfg
+
+
+def _tokenizer_parts(tokenizer) -> dict:
+    """How a fast tokenizer turns text into ids (its tokenizer.json without padding/truncation settings)."""
+    if not getattr(tokenizer, "is_fast", False):
+        return {"class": type(tokenizer).__name__}
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    return {part: spec.get(part) for part in ("normalizer", "pre_tokenizer", "model", "post_processor")}
+
+
+def tokenizer_difference(teacher_tokenizer, student_tokenizer) -> str | None:
+    """Why two tokenizers would give different ids for the same text, or None when they agree."""
+    a, b = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
+    if a != b:
+        shared = a.keys() & b.keys()
+        moved = sum(a[t] != b[t] for t in shared)
+        return (f"the vocabularies differ (teacher {len(a)} tokens, student {len(b)}; {len(a.keys() - shared)} only in "
+                f"the teacher's, {len(b.keys() - shared)} only in the student's, {moved} shared tokens with another id)")
+    ta, tb = _tokenizer_parts(teacher_tokenizer), _tokenizer_parts(student_tokenizer)
+    differing = [part for part in ta.keys() | tb.keys() if ta.get(part) != tb.get(part)]
+    if differing:
+        return f"the vocabularies match but the {', '.join(sorted(differing))} differ(s)"
+    return None
+
+
+def student_tokenizer_problem(config: PipelineConfig) -> str | None:
+    """A pretrained student must read the teacher's token ids: its tokenizer must be the teacher's (not just its name)."""
+    student = config.student.pretrained
+    try:
+        theirs = load_tokenizer(resolve_reference(student))
+    except ModelError as exc:
+        return (f"'{student}' has no tokenizer to compare with the teacher's ({exc}). Save the student's tokenizer "
+                "with it: the student reads the teacher's token ids, so the pipeline checks that they tokenize alike.")
+    try:
+        ours = load_tokenizer(tokenizer_reference(config), config.teacher.trust_remote_code)
+    except ModelError:
+        return None  # the teacher's tokenizer problem is reported by prepare with its own message
+    difference = tokenizer_difference(ours, theirs)
+    if difference is None:
+        return None
+    return (f"the tokenizer of '{student}' is not the teacher's: {difference}. The student is trained on the "
+            "teacher's token ids, so it must use the same tokenizer (same vocabulary and rules). Choose a pretrained "
+            "student trained with the teacher's tokenizer, or use student.init 'teacher_layers' or 'random'.")
 
 
 def _labels(model) -> list[str]:
     return [model.config.id2label[i] for i in range(model.config.num_labels)]
-
-
-def _layer_prefix(model) -> str:
-    for name, _ in model.named_modules():
-        if name.endswith("encoder.layer"):
-            return name + "."
-    raise ModelError(f"{type(model).__name__} has no encoder.layer list; student init from teacher layers needs a BERT-style model.")
 
 
 def count_parameters(model) -> int:

