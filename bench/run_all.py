@@ -16,6 +16,8 @@ What runs, in this order (each part's figures are measured in this run unless sa
 3. training   bench/micro.py: samples/s of plain CE vs distillation steps (cached / online teacher)
 4. capture    bench/micro.py: teacher inference vs capture; cache bytes per example of the run
 5. attention  bench/attention_kl.py (chunked vs naive attention KL, time and peak memory)
+7. scale      the committed bench/results/scale.{json,md,png} (bench/scale.py: time and peak memory per stage
+              at 10k / 100k / 1M examples; about 40 minutes, run on its own)
 
 Precision: --precision auto (default) keeps the config's precision, except that a configured bf16 is
 measured in fp32 on a CPU where bf16 is not native (a timed matmul decides; AVX2-only CPUs run bf16
@@ -46,6 +48,7 @@ from common import BENCH, ROOT, STAGES, spread  # noqa: E402  (also puts the rep
 
 MARKER = ".bench-runs-dir"  # only a runs folder carrying this file is ever wiped
 ABLATION_FILE = BENCH / "results" / "ablation.json"  # written by bench/ablation.py (header + results)
+SCALE_FILE = BENCH / "results" / "scale.json"  # written by bench/scale.py (about 40 minutes: run on its own)
 LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student PyTorch fp32", "student ONNX fp32",
                   "student ONNX int8"]
 REFERENCE = "teacher PyTorch fp32"
@@ -337,6 +340,18 @@ def ablation_part(config: str) -> dict:
             "command": header["command"], "date": header["date"], "header": header, "rows": rows,
             "current_default_variant": current, "markdown": "### " + tables.replace("\n## ", "\n### "),
             "teacher": {"accuracy": teacher.get("teacher_accuracy"), "macro_f1": teacher.get("teacher_macro_f1")}}
+
+
+def scale_part() -> dict:
+    """The committed scale benchmark (bench/scale.py: the corpus enlarged to 10k / 100k / 1M examples)."""
+    data = read_json(SCALE_FILE)
+    markdown = SCALE_FILE.with_suffix(".md")
+    if data is None or "results" not in data or not markdown.is_file():
+        raise RuntimeError(f"{SCALE_FILE} (or scale.md) is missing or unreadable; run python bench/scale.py")
+    body = markdown.read_text().split("\n", 1)[1].lstrip("\n")  # without its title
+    return {"source": str(SCALE_FILE.relative_to(ROOT)), "command": data["command"], "date": data["date"],
+            "machine": data["machine"], "verdict": data["verdict"],
+            "markdown": body.replace("](scale.png)", "](bench/results/scale.png)")}
 
 
 def default_variant(config: str, variants: dict, names: list[str]) -> str | None:
@@ -641,9 +656,18 @@ def render(report: dict) -> str:
                   f"Grouping makes the epoch **{grouping['speedup']:.2f}x** faster."]
     else:
         lines += [f"**Not measured:** {section_error(errors, 'grouping')}."]
+    lines += ["", "## 7. Data at scale (`bench/scale.py`)", ""]
+    scale = sections.get("scale")
+    if scale:
+        lines += [f"Read from the committed [`{scale['source']}`]({scale['source']}) (measured on {scale['machine']}, "
+                  f"{scale['date']}; about 40 minutes, so not rerun by `make bench`): made by `{scale['command']}`.", "",
+                  scale["markdown"].rstrip()]
+    else:
+        lines += [f"**Not available:** {section_error(errors, 'scale')}."]
     lines += ["", "## Reproduce", "", "```", "make bench                      # or: .venv/bin/python bench/run_all.py",
               "python bench/micro.py           # training-cost and capture micro-benchmarks alone",
               "python bench/attention_kl.py    # attention KL alone", "python bench/ablation.py        # the loss ablation (long)",
+              "python bench/scale.py           # data at scale: 10k / 100k / 1M examples (long)",
               "```", "", f"Logs of this run: `{rel(report['files']['logs'])}`.", ""]
     return "\n".join(lines)
 
@@ -757,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
             sections["capture_run"] = capture
         part("versus", lambda: versus_part(config, overrides, run_dir, runs_dir, logs, preset["extra_seeds"]))
     part("ablation", lambda: ablation_part(config))
+    part("scale", scale_part)
     part("grouping", lambda: grouping_part(config, overrides, runs_dir, logs))
 
     def micro_part():

@@ -15,7 +15,9 @@ example's token count n. With the built-in targets:
 Per relation, ``store: auto`` picks probabilities or vectors, whichever is
 smaller for the data's lengths (probs grow with n^2, vectors with n*D).
 Shards are memory-mapped when read; a shard whose checksum does not match is
-reported by name.
+reported by name. Rows listed in a shard's ``bare`` carry logits only: the
+cache budget (capture.max_cache_gb) held no relation targets for them
+(:func:`relation_subset`); the reader keeps per-example facts as numpy arrays.
 """
 
 from __future__ import annotations
@@ -53,9 +55,16 @@ class CacheLayout:
     def record_size(self, n: int) -> int:
         return int(sum(np.prod(shape) for _, shape in self.fields(n)))
 
-    def bytes_per_example(self, lengths: np.ndarray) -> float:
+    def example_bytes(self, lengths: np.ndarray) -> np.ndarray:
+        """Bytes each example takes in the cache (its record plus its fp32 logits), one size per distinct length."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        sizes, inverse = np.unique(lengths, return_inverse=True)
         item = np.dtype(DTYPES[self.dtype]).itemsize
-        return float(np.mean([self.record_size(int(n)) * item + self.num_labels * 4 for n in lengths]))
+        per_size = np.array([self.record_size(int(n)) * item + self.num_labels * 4 for n in sizes], dtype=np.int64)
+        return per_size[inverse.reshape(-1)] if len(lengths) else np.zeros(0, np.int64)
+
+    def bytes_per_example(self, lengths: np.ndarray) -> float:
+        return float(np.mean(self.example_bytes(lengths)))
 
     def to_json(self) -> dict:
         return {"pairs": self.plan.pairs, "relation_heads": self.plan.relation_heads, "terms": list(self.plan.terms),
@@ -78,8 +87,25 @@ def choose_stores(plan: TargetPlan, lengths: np.ndarray, hidden: int, store: str
 
 
 def estimate_bytes(layout: CacheLayout, lengths: np.ndarray) -> int:
-    item = np.dtype(DTYPES[layout.dtype]).itemsize
-    return int(sum(layout.record_size(int(n)) * item + layout.num_labels * 4 for n in lengths))
+    return int(layout.example_bytes(lengths).sum())
+
+
+def relation_subset(layout: CacheLayout, logits_layout: CacheLayout, lengths: np.ndarray, budget: float,
+                    seed: int = 0) -> np.ndarray:
+    """Which examples keep their relation targets when the full cache would exceed ``budget`` bytes.
+
+    Every example keeps its logits; the rest of the budget goes to relation targets for a seeded random
+    subset of the examples (random, so no movie, source file or length range is favoured), as many as fit
+    in permutation order. Returns a boolean mask over ``lengths``; empty budget left: all False.
+    """
+    lengths = np.asarray(lengths)
+    left = budget - float(logits_layout.example_bytes(lengths).sum())
+    extra = layout.example_bytes(lengths) - logits_layout.example_bytes(lengths)  # what relation targets add per example
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    fits = int(np.searchsorted(np.cumsum(extra[order]), left, side="right")) if left > 0 else 0
+    keep = np.zeros(len(lengths), dtype=bool)
+    keep[order[:fits]] = True
+    return keep
 
 
 def shard_ranges(num_examples: int, shard_size: int) -> list[tuple[int, int]]:
@@ -100,8 +126,11 @@ def shard_complete(folder: Path, shard: int) -> bool:
 
 
 def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.ndarray, lengths: list[int], first: int,
-                logits_only: bool = False) -> dict:
-    """Write one shard atomically: data then index, each via a temp file + rename."""
+                logits_only: bool = False, bare: list[int] | None = None) -> dict:
+    """Write one shard atomically: data then index, each via a temp file + rename.
+
+    ``bare``: positions in the shard whose records are empty (logits only: the cache budget held no relation
+    targets for them)."""
     data_path = folder / f"shard-{shard:05d}.bin"
     tmp = data_path.with_suffix(".bin.tmp")
     offsets = np.cumsum([0] + [len(r) for r in records])
@@ -113,6 +142,8 @@ def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.
     os.replace(tmp, data_path)
     meta = {"first": first, "count": len(records), "lengths": lengths, "logits_only": logits_only, "offsets": offsets.tolist(),
             "logits": logits.tolist(), "bytes": data_path.stat().st_size, "sha256": sha256_file(data_path)}
+    if bare:
+        meta["bare"] = [int(b) for b in bare]
     index_tmp = folder / f"shard-{shard:05d}.json.tmp"
     index_tmp.write_text(json.dumps(meta))
     os.replace(index_tmp, folder / f"shard-{shard:05d}.json")
@@ -156,7 +187,7 @@ class TeacherCache:
         plan = TargetPlan(pairs=layout["pairs"], relation_heads=layout["relation_heads"], terms=layout["terms"])
         self.layout = CacheLayout(plan, layout["num_labels"], layout["hidden"], layout["stores"], layout["dtype"])
         self.shards = []
-        self.where = {}  # example index -> (shard, position)
+        firsts = []
         for shard in range(index["num_shards"]):
             path = self.folder / f"shard-{shard:05d}.bin"
             meta = json.loads((self.folder / f"shard-{shard:05d}.json").read_text())
@@ -166,9 +197,16 @@ class TeacherCache:
                     "Delete that file and rerun the same command with --from capture to recompute the cache."
                 )
             data = np.memmap(path, dtype=DTYPES[self.layout.dtype], mode="r") if meta["bytes"] else np.zeros(0)
+            # Per-example facts as numpy (a million examples are arrays, not millions of Python objects).
+            meta["lengths"] = np.asarray(meta["lengths"], dtype=np.int64)
+            meta["offsets"] = np.asarray(meta["offsets"], dtype=np.int64)
+            meta["logits"] = np.asarray(meta["logits"], dtype=np.float32).reshape(-1, self.layout.num_labels)
+            bare = np.zeros(meta["count"], dtype=bool)
+            bare[meta.get("bare", [])] = True
+            meta["bare"] = bare
             self.shards.append((data, meta))
-            for position in range(meta["count"]):
-                self.where[meta["first"] + position] = (shard, position)
+            firsts.append((meta["first"], shard))
+        self.where = ShardLookup(firsts, [meta["count"] for _, meta in self.shards])
 
     def batch(self, indices, padded_length: int, device) -> dict:
         """Targets for these examples, padded to ``padded_length`` with zeros."""
@@ -177,10 +215,10 @@ class TeacherCache:
         for row, index in enumerate(indices):
             shard, position = self.where[int(index)]
             data, meta = self.shards[shard]
-            n = meta["lengths"][position]
-            start = meta["offsets"][position]
+            n = int(meta["lengths"][position])
+            start = int(meta["offsets"][position])
             logits.append(meta["logits"][position])
-            if meta.get("logits_only"):  # augmented rows: the objective skips their relation terms
+            if meta.get("logits_only") or meta["bare"][position]:  # logits only: the objective skips their relation terms
                 continue
             for name, shape in self.layout.fields(n):
                 size = int(np.prod(shape))
@@ -193,9 +231,30 @@ class TeacherCache:
                     fields[name][row, :, :n, :n] = value
                 else:
                     fields[name][row, :n] = value
-        targets = {"logits": torch.tensor(logits, dtype=torch.float32, device=device)}
+        targets = {"logits": torch.as_tensor(np.stack(logits), dtype=torch.float32, device=device)}
         for key, target, _ in self.layout.plan.teacher_keys():
             value = target.unflatten(key, fields, self.layout.stores.get(target.name), device)
             if value is not None:
                 targets[key] = value
         return targets
+
+
+class ShardLookup:
+    """example index -> (shard, position in it), from each shard's first example and count (shards hold
+    contiguous ranges), without a per-example table."""
+
+    def __init__(self, firsts: list[tuple[int, int]], counts: list[int]):
+        ordered = sorted(firsts)
+        self.starts = np.array([first for first, _ in ordered], dtype=np.int64)
+        self.shard_ids = np.array([shard for _, shard in ordered], dtype=np.int64)
+        self.counts = np.array([counts[shard] for _, shard in ordered], dtype=np.int64)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        slot = int(np.searchsorted(self.starts, index, side="right")) - 1
+        position = int(index) - int(self.starts[slot]) if slot >= 0 else -1
+        if slot < 0 or position >= self.counts[slot]:
+            raise KeyError(index)
+        return int(self.shard_ids[slot]), position
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -451,23 +453,89 @@ def check_splits(splits: dict[str, pd.DataFrame], cfg: DataConfig) -> None:
             )
 
 
-def tokenize_split(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int) -> tuple[list[list[int]], int]:
-    """Token ids without padding (padding happens per batch); also the count of truncated texts."""
-    full = tokenizer(texts, pairs, truncation=False, add_special_tokens=True)["input_ids"]
-    truncated = sum(len(ids) > max_length for ids in full)
+def tokenize_split(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int) -> tuple[list[list[int]], list[bool]]:
+    """Token ids of a batch of texts without padding (padding happens per batch), and per text whether truncation cut it.
+
+    A fast tokenizer keeps what truncation removed in each encoding's ``overflowing``, so counting truncations
+    needs no second, untruncated pass; a slow (Python) tokenizer has no encodings and is asked again without truncation.
+    """
     enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, add_special_tokens=True)
-    return enc["input_ids"], truncated
+    if enc.encodings is not None:
+        return enc["input_ids"], [bool(e.overflowing) for e in enc.encodings]
+    full = tokenizer(texts, pairs, truncation=False, add_special_tokens=True)["input_ids"]
+    return enc["input_ids"], [len(ids) > max_length for ids in full]
 
 
-def pad_batch(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest sequence in the batch: input_ids and attention_mask."""
+TOKENIZE_BATCH = 1000  # texts per tokenizer call while streaming a split into Arrow
+
+
+def tokenize_num_proc() -> int | None:
+    """Processes for tokenizing: every core but one where the machine has more than two, else the calling process."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cores - 1, 8) if cores > 2 else None
+
+
+def tokenize_to_disk(encode, texts: pd.Series, pairs: pd.Series | None, labels: np.ndarray, folder: Path,
+                     desc: str = "tokenize", progress: bool = False) -> dict:
+    """One split tokenized in batches straight into Arrow at ``folder`` (the ``save_to_disk`` layout, memory-mapped when read).
+
+    ``encode(texts, pairs) -> (ids, truncated flags)`` tokenizes one batch (:func:`tokenize_split`). Token ids
+    never exist as one Python list: each batch goes to an Arrow file as it is made, so memory stays flat in the
+    number of examples; the truncation count and token lengths come from Arrow columns of the same pass. Written
+    to a temporary folder and renamed into place; ``progress`` shows a bar while tokenizing. Returns ``examples``,
+    ``truncated``, ``mean_tokens``, ``max_tokens``.
+    """
+    import datasets
+    import pyarrow.compute as pc
+
+    columns = {"text": texts.to_numpy(dtype=object), "label": np.asarray(labels, dtype=np.int64)}
+    if pairs is not None:
+        columns["text_pair"] = pairs.astype(str).to_numpy(dtype=object)
+    source = datasets.Dataset.from_dict(columns)
+    features = datasets.Features({"input_ids": datasets.List(datasets.Value("int32")), "label": datasets.Value("int64"),
+                                  "truncated": datasets.Value("bool")})
+
+    def batch(rows: dict) -> dict:
+        ids, truncated = encode(rows["text"], rows.get("text_pair"))
+        return {"input_ids": ids, "label": rows["label"], "truncated": truncated}
+
+    folder = Path(folder)
+    work = folder.parent / f".{folder.name}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    bars_were_on = datasets.is_progress_bar_enabled()
+    try:
+        if progress:
+            datasets.enable_progress_bars()
+        encoded = source.map(batch, batched=True, batch_size=TOKENIZE_BATCH, num_proc=tokenize_num_proc(),
+                             remove_columns=source.column_names, features=features, desc=desc,
+                             cache_file_name=str(work / "encoded.arrow"), load_from_cache_file=False,
+                             new_fingerprint=f"tokenize-{folder.name}")
+        if not bars_were_on:
+            datasets.disable_progress_bars()
+        lengths = pc.list_value_length(encoded.data.table.column("input_ids")).to_numpy()
+        facts = {"examples": len(encoded), "truncated": int(pc.sum(encoded.data.table.column("truncated")).as_py() or 0),
+                 "mean_tokens": int(lengths.sum()) / max(len(lengths), 1), "max_tokens": int(lengths.max()) if len(lengths) else 0}
+        encoded.remove_columns("truncated").save_to_disk(str(work / "split"))
+        del encoded, source
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(work / "split", folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not bars_were_on:
+            datasets.disable_progress_bars()
+    return facts
+
+
+def pad_batch(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest sequence in the batch: input_ids and attention_mask (sequences: lists or arrays)."""
     longest = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+    ids = np.full((len(sequences), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(sequences), longest), dtype=np.int64)
     for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        ids[row, : len(seq)] = seq
         mask[row, : len(seq)] = 1
-    return ids, mask
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:

@@ -3,35 +3,85 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .data import pad_batch
+from .errors import CacheError
+
+RELATION_ROWS = "relation_rows.npy"  # capture's choice under capture.max_cache_gb: which relational rows have relation targets
+
+
+class TokenIds(Sequence):
+    """The ``input_ids`` column of a memory-mapped Arrow split, read lazily.
+
+    ``ids[i]`` is one example's ids as a list, ``ids[a:b]`` a list of them, :meth:`arrays` numpy views for a
+    batch: nothing is copied until an example is asked for, so a split of millions of examples costs its
+    offsets, not Python objects. Each Arrow chunk keeps its own values (views of the mapped file) and offsets.
+    """
+
+    def __init__(self, column):
+        self._values = [chunk.values.to_numpy(zero_copy_only=False) for chunk in column.chunks]
+        self._offsets = [chunk.offsets.to_numpy() for chunk in column.chunks]
+        self._starts = np.cumsum([0] + [len(chunk) for chunk in column.chunks])
+        self.lengths = (np.concatenate([np.diff(o) for o in self._offsets]) if self._offsets else np.zeros(0)).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _array(self, index: int) -> np.ndarray:
+        chunk = int(np.searchsorted(self._starts, index, side="right")) - 1
+        offsets, row = self._offsets[chunk], index - self._starts[chunk]
+        return self._values[chunk][offsets[row]:offsets[row + 1]]
+
+    def arrays(self, indices) -> list[np.ndarray]:
+        """The ids of these examples (non-negative indices) as numpy views, in order."""
+        return [self._array(int(i)) for i in indices]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._array(i).tolist() for i in range(*index.indices(len(self)))]
+        index = int(index)
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"example {index} of a split of {len(self)}")
+        return self._array(index % len(self)).tolist()
+
+    def __iter__(self):
+        for values, offsets in zip(self._values, self._offsets):
+            for row in range(len(offsets) - 1):
+                yield values[offsets[row]:offsets[row + 1]].tolist()
 
 
 class TokenizedSplit:
-    """One split as written by the prepare stage (Arrow via `datasets`, memory-mapped)."""
+    """One split as written by the prepare stage (Arrow via `datasets`, memory-mapped).
+
+    ``input_ids`` reads examples lazily (:class:`TokenIds`); ``labels`` and ``lengths`` are numpy arrays
+    taken from the Arrow columns, so no split is ever held as Python lists.
+    """
 
     def __init__(self, prepare_dir: Path, split: str, folder: Path | None = None):
         import datasets
 
         self.dataset = datasets.load_from_disk(str(folder or Path(prepare_dir) / "tokenized" / split))
-        self.input_ids: list[list[int]] = self.dataset["input_ids"]
-        self.labels = np.asarray(self.dataset["label"], dtype=np.int64)
-        self.lengths = np.asarray([len(x) for x in self.input_ids])
+        table = self.dataset.with_format("arrow")[:]  # zero-copy: the mapped table (save_to_disk leaves no index mapping)
+        self.input_ids = TokenIds(table.column("input_ids"))
+        self.labels = table.column("label").to_numpy().astype(np.int64, copy=False)
+        self.lengths = self.input_ids.lengths
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def batch(self, indices, pad_id: int, device) -> dict:
-        ids, mask = pad_batch([self.input_ids[i] for i in indices], pad_id)
+        indices = np.asarray(indices)
+        ids, mask = pad_batch(self.input_ids.arrays(indices), pad_id)
         return {
             "input_ids": ids.to(device),
             "attention_mask": mask.to(device),
-            "labels": torch.as_tensor(self.labels[np.asarray(indices)]).to(device),
-            "indices": np.asarray(indices),
+            "labels": torch.as_tensor(self.labels[indices]).to(device),
+            "indices": indices,
         }
 
 
@@ -41,6 +91,9 @@ class TrainingData:
 
     Rows below ``relational`` (train + unlabeled) get every configured teacher
     target; augmented rows get the teacher's logits only, so the cache stays small.
+    When the capture stage could store relation targets for only some rows
+    (``capture.max_cache_gb``), ``relation_rows.npy`` in its folder says which;
+    the others train with logits only.
     """
 
     def __init__(self, prepare: Path, capture: Path | None = None):
@@ -53,7 +106,16 @@ class TrainingData:
             self.parts.append(TokenizedSplit(prepare, "augmented", Path(capture) / "augmented"))
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
         self.lengths = np.concatenate([p.lengths for p in self.parts])
+        self.labels = np.concatenate([p.labels for p in self.parts])
         self.relational = int(sum(len(p) for name, p in zip(self.names, self.parts) if name != "augmented"))
+        self.has_relations = np.arange(len(self)) < self.relational
+        chosen = Path(capture) / RELATION_ROWS if capture is not None else None
+        if chosen is not None and chosen.is_file():
+            kept = np.load(chosen)
+            if kept.shape != (self.relational,):
+                raise CacheError(f"{chosen} marks {kept.shape[0]} examples but the training data has {self.relational} "
+                                 "with relation targets; it belongs to another run. Rerun with --from capture.")
+            self.has_relations[: self.relational] = kept
 
     def __len__(self):
         return int(self.offsets[-1])
@@ -61,12 +123,11 @@ class TrainingData:
     def batch(self, indices, pad, device):
         indices = np.asarray(indices)
         which = np.searchsorted(self.offsets, indices, side="right") - 1
-        ids = [self.parts[w].input_ids[i - self.offsets[w]] for w, i in zip(which, indices)]
-        labels = [int(self.parts[w].labels[i - self.offsets[w]]) for w, i in zip(which, indices)]
+        ids = [self.parts[w].input_ids.arrays([i - self.offsets[w]])[0] for w, i in zip(which, indices)]
         input_ids, mask = pad_batch(ids, pad)
         return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
-                "labels": torch.tensor(labels, device=device), "indices": indices,
-                "relation_rows": torch.as_tensor(indices < self.relational, device=device)}
+                "labels": torch.as_tensor(self.labels[indices], device=device), "indices": indices,
+                "relation_rows": torch.as_tensor(self.has_relations[indices], device=device)}
 
 
 def label_names(prepare_dir: Path) -> list[str]:

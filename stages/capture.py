@@ -4,8 +4,13 @@ Only what the configured loss terms need is stored (logits; the targets the
 terms in pipeline/terms.py declare, e.g. per mapped teacher layer the attention /
 value relations as probabilities or as raw vectors, whichever is smaller, or
 hidden states), unpadded, fp16 by default,
-in checksummed shards. The size is estimated before anything is written; above
-capture.max_cache_gb the stage stops and points to capture.mode: online.
+in checksummed shards. The size is estimated before anything is written; when
+the full cache would exceed capture.max_cache_gb, every example keeps its
+logits and relation targets are stored for a seeded random subset of the
+examples, as many as fit (relation_rows.npy says which; the others train with
+CE + logit KD only), said in the log and recorded in capture.json and the
+stage's metrics. If fewer than capture.min_relation_fraction of the examples
+would keep them, the stage stops and points to capture.mode: online.
 Completed shards survive an interruption and are verified, not recomputed.
 With several processes, shards are divided between ranks.
 
@@ -15,7 +20,7 @@ replacement, n-gram spans) to augmented/; the teacher labels them here with
 logits only (or online, inside each step), so the cache stays small.
 
 Outputs: cache/shard-*.bin + shard-*.json, cache/index.json, capture.json,
-augmented/ (Arrow, when augmenting).
+relation_rows.npy (only when the budget forced a subset), augmented/ (Arrow, when augmenting).
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ import logging
 
 import numpy as np
 
-from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, shard_complete, shard_ranges,
-                            write_index, write_shard)
+from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, relation_subset, shard_complete,
+                            shard_ranges, write_index, write_shard)
 from pipeline.errors import CacheError
 from pipeline.augment import augment, continuation_mask, nearest_words, word_candidates
-from pipeline.inference import TokenizedSplit, TrainingData, pad_id
+from pipeline.inference import RELATION_ROWS, TokenizedSplit, TrainingData, pad_id
 from pipeline.models import load_classifier, load_tokenizer
 from pipeline.objective import teacher_targets, target_plan
 
@@ -44,7 +49,9 @@ def fingerprint_inputs(config) -> dict:
     """Fingerprint inputs: which teacher targets the configured terms need (TargetPlan.needed: target names,
     their teacher layers, relation heads), not the loss weights' values, not which student layer each is
     matched to, so students of another depth reuse the cache."""
-    return {"targets": target_plan(config).needed(), "capture": config.capture.model_dump(), "precision": config.precision,
+    # min_relation_fraction only decides whether an over-budget capture stops; a cache it lets through is the same
+    capture = config.capture.model_dump(exclude={"min_relation_fraction"})
+    return {"targets": target_plan(config).needed(), "capture": capture, "precision": config.precision,
             "unlabeled": config.data.unlabeled_text, **({"seed": config.seed} if config.capture.augment.copies else {})}
 
 
@@ -76,12 +83,16 @@ def run(ctx) -> dict:
     if ctx.is_main:
         log.info("[capture] estimated cache size %.1f MB (%.0f bytes per example, stores %s, %s)",
                  estimate / 1e6, per_example, layout.stores, layout.dtype)
-    if estimate > config.capture.max_cache_gb * 1e9:
-        raise CacheError(
-            f"The teacher cache would take an estimated {estimate / 1e9:.2f} GB ({per_example:.0f} bytes per example), "
-            f"above capture.max_cache_gb={config.capture.max_cache_gb}. Set capture.mode=online (the teacher runs inside "
-            "each training step, nothing stored), map fewer layers, shorten data.max_length, or raise capture.max_cache_gb."
-        )
+    keep = fit_budget(config.capture, layout, logits_layout, lengths, relational, estimate)
+    if ctx.is_main:
+        chosen = ctx.out / RELATION_ROWS
+        if keep is None:
+            chosen.unlink(missing_ok=True)
+        else:
+            tmp = ctx.out / (RELATION_ROWS + ".tmp")
+            with open(tmp, "wb") as fh:
+                np.save(fh, keep)
+            tmp.replace(chosen)
     folder = ctx.out / "cache"
     folder.mkdir(exist_ok=True)
     pad = pad_id(prepare)
@@ -99,20 +110,50 @@ def run(ctx) -> dict:
         shard_plan, shard_layout = (logits_layout.plan, logits_layout) if logits_only else (plan, layout)
         records, logits = capture_shard(teacher, train, first, last, shard_plan, shard_layout, config.capture.batch_size,
                                         pad, ctx, on_batch=bar.update)
-        write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first, logits_only)
+        bare = [] if logits_only or keep is None else np.flatnonzero(~keep[first:last]).tolist()
+        for position in bare:  # the budget holds only logits for these rows
+            records[position] = records[position][:0]
+        write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first, logits_only, bare)
     bar.close()
     ctx.barrier()
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
+    relation_examples = relational if keep is None else int(keep.sum())
     summary = {"mode": "cached", "examples": int(len(lengths)), "cache_bytes": int(total),
                "bytes_per_example": total / len(lengths), "estimated_bytes": estimate, "shards": len(ranges),
-               "stores": layout.stores, "dtype": layout.dtype, "logits_only_examples": int(len(lengths) - relational),
-               "augmented_examples": augmented}
+               "stores": layout.stores, "dtype": layout.dtype, "logits_only_examples": int(len(lengths) - relation_examples),
+               "augmented_examples": augmented, "over_budget": keep is not None, "relation_examples": relation_examples,
+               "relation_fraction": relation_examples / max(relational, 1)}
     if ctx.is_main:
         write_index(folder, len(ranges), int(len(lengths)), layout)
         ctx.write_json("capture.json", summary)
-        ctx.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths)})
+        ctx.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths),
+                         "relation_fraction": summary["relation_fraction"]})
         log.info("[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths))
     return {k: v for k, v in summary.items() if not isinstance(v, dict)}
+
+
+def fit_budget(cfg, layout: CacheLayout, logits_layout: CacheLayout, lengths: np.ndarray, relational: int,
+               estimate: int) -> np.ndarray | None:
+    """None when the full cache fits capture.max_cache_gb; else which of the ``relational`` rows keep their relation
+    targets (every row keeps its logits), or a CacheError when too few would (capture.min_relation_fraction)."""
+    budget = cfg.max_cache_gb * 1e9
+    if estimate <= budget:
+        return None
+    logits_rest = estimate_bytes(logits_layout, lengths[relational:])  # augmented rows: logits only either way
+    keep = relation_subset(layout, logits_layout, lengths[:relational], budget - logits_rest)
+    fraction = float(keep.mean()) if relational else 0.0
+    if not keep.any() or fraction < cfg.min_relation_fraction:
+        raise CacheError(
+            f"The teacher cache would take an estimated {estimate / 1e9:.2f} GB ({estimate / len(lengths):.0f} bytes per "
+            f"example), above capture.max_cache_gb={cfg.max_cache_gb}, and within it relation targets fit for only "
+            f"{fraction:.1%} of the {relational} examples (capture.min_relation_fraction={cfg.min_relation_fraction}). "
+            "Set capture.mode=online (the teacher runs inside each training step, nothing stored), map fewer layers, "
+            "shorten data.max_length, or raise capture.max_cache_gb."
+        )
+    log.warning("[capture] the full cache would take %.2f GB, above capture.max_cache_gb=%g: storing logits for every "
+                "example and relation targets for %d of %d examples (%.1f%%, a seeded random subset); the others train "
+                "with CE + logit KD only", estimate / 1e9, cfg.max_cache_gb, int(keep.sum()), relational, 100 * fraction)
+    return keep
 
 
 def capture_shard(teacher, data, first: int, last: int, plan, layout, batch_size: int, pad: int, dist,

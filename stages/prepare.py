@@ -1,5 +1,10 @@
 """Stage 1, prepare: load the dataset, split it deterministically, tokenize once.
 
+Tokenization streams: batches of texts go straight into Arrow files (datasets'
+batched map, several processes where the machine has more than two cores), and
+the truncation count comes from the same pass, so memory stays flat in the
+number of examples; the readers memory-map what is written here.
+
 Outputs (runs/<config>/prepare/):
   train.jsonl, validation.jsonl, test.jsonl  plain records {"text", "label"} (+ "text_pair")
   unlabeled.jsonl                            in-domain text without labels (if data.unlabeled_text)
@@ -13,10 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
-import datasets
-
-from pipeline.data import SPLITS, load_splits, tokenize_split
+from pipeline.data import SPLITS, load_splits, tokenize_split, tokenize_to_disk
 from pipeline.models import load_tokenizer, tokenizer_reference
 
 log = logging.getLogger("pipeline")
@@ -54,30 +58,32 @@ def run(ctx) -> dict:
              "source": cfg.source, "rows": {k: cleaning[k] for k in ("rows_read", "missing_labels", "empty_texts", "duplicates")},
              "missing_label_values": cleaning["missing_label_values"], "max_text_chars": cleaning["max_text_chars"],
              "cut_texts": cleaning["cut_texts"], "given_splits": cleaning["given"], "splits": {}}
+    max_length = cfg.max_length
+    bars = sys.stderr.isatty()  # as the stage context's progress bars: in terminals, not in CI logs
+
+    def encode(texts, pairs):  # one batch; looked up here at call time, so a test can watch what the tokenizer sees
+        return tokenize_split(tokenizer, texts, pairs, max_length)
+
     total_truncated = 0
     for split in SPLITS:
         part = splits[split]
-        records = part[["text", "label"] + (["text_pair"] if "text_pair" in part else [])].to_dict("records")
-        with open(ctx.out / f"{split}.jsonl", "w", encoding="utf-8") as fh:
-            for record in records:
-                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-        pairs = part["text_pair"].astype(str).tolist() if "text_pair" in part else None
-        ids, truncated = tokenize_split(tokenizer, part["text"].tolist(), pairs, cfg.max_length)
-        total_truncated += truncated
-        labels = [label_ids[name] for name in part["label"]]
-        datasets.Dataset.from_dict({"input_ids": ids, "label": labels}).save_to_disk(str(ctx.out / "tokenized" / split))
-        lengths = [len(x) for x in ids]
+        write_records(ctx.out / f"{split}.jsonl", part[["text", "label"] + (["text_pair"] if "text_pair" in part else [])])
+        facts = tokenize_to_disk(encode, part["text"], part["text_pair"] if "text_pair" in part else None,
+                                 part["label"].map(label_ids).to_numpy(), ctx.out / "tokenized" / split,
+                                 desc=f"tokenize {split}", progress=bars)
+        total_truncated += facts["truncated"]
+        counts = part["label"].value_counts()
         stats["splits"][split] = {
-            "examples": len(part), "truncated": truncated,
+            "examples": len(part), "truncated": facts["truncated"],
             "groups": int(part["group"].nunique()) if "group" in part else None,
-            "class_counts": {name: int((part["label"] == name).sum()) for name in label_names},
-            "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
+            "class_counts": {name: int(counts.get(name, 0)) for name in label_names},
+            "mean_tokens": facts["mean_tokens"], "max_tokens": facts["max_tokens"],
         }
     if unlabeled is not None and len(unlabeled):
-        ids, _ = tokenize_split(tokenizer, unlabeled["text"].tolist(), None, cfg.max_length)
-        datasets.Dataset.from_dict({"input_ids": ids, "label": [-1] * len(ids)}).save_to_disk(str(ctx.out / "tokenized" / "unlabeled"))
+        facts = tokenize_to_disk(encode, unlabeled["text"], None, [-1] * len(unlabeled), ctx.out / "tokenized" / "unlabeled",
+                                 desc="tokenize unlabeled", progress=bars)
         unlabeled.to_json(ctx.out / "unlabeled.jsonl", orient="records", lines=True, force_ascii=False)
-        stats["splits"]["unlabeled"] = {"examples": len(ids)}
+        stats["splits"]["unlabeled"] = {"examples": facts["examples"]}
     if total_truncated:
         log.info("[prepare] %d texts were longer than data.max_length=%d tokens and were truncated", total_truncated, cfg.max_length)
     ctx.write_json("labels.json", {str(i): name for i, name in enumerate(label_names)})
@@ -92,3 +98,10 @@ def run(ctx) -> dict:
         log.info("[prepare] %s: %d examples, classes %s", split, stats["splits"][split]["examples"], stats["splits"][split]["class_counts"])
     return summary
 
+
+def write_records(path, frame, chunk: int = 10_000) -> None:
+    """One JSON object per row, written a chunk of rows at a time (never the whole split as Python dicts)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for start in range(0, len(frame), chunk):
+            for record in frame.iloc[start:start + chunk].to_dict("records"):
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
