@@ -4,11 +4,14 @@
     python bench/ablation.py --only ce_only kd    # a subset
     python bench/ablation.py --extra "precision=fp32"   # overrides applied to every variant
 
-The base run (teacher and default student) is run once; each variant reuses its
-prepare / teacher stages (hard-linked: their fingerprints match, so the runner
-skips them) and reruns capture only if the variant needs other teacher targets.
-Every variant runs the real pipeline through evaluate; figures come from the
-stages' own metrics.json and manifests.
+Built on the pipeline's sweeps (`python -m pipeline sweep`, pipeline/sweep.py): the
+variants below are written as two sweep files into the runs folder, `ablation` (losses
+and tuning, run through evaluate) and `depth` (run through export, for the int8
+latency the depth table trades against). The sweeps run prepare / teacher / capture
+once and hard-link them into every variant whose fingerprints match (capture reruns
+only for a variant that needs other teacher targets); every figure comes from the
+variants' own stage outputs (metrics.json, manifests). The sweeps' own tables,
+Pareto plots and MLflow sweep runs are there too (runs/ablation/<config>/sweeps/).
 """
 
 from __future__ import annotations
@@ -16,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, STAGES  # noqa: E402  (also puts the repository on the path)
+from common import ROOT  # noqa: E402  (also puts the repository on the path)
 
 LOSS = "distill.loss={{ce: {ce}, kd: {kd}, attention: {att}, value_relation: {vr}, hidden: {hid}}}"
 
@@ -55,24 +57,35 @@ VARIANTS = {
 EXPORT = ["export.latency_lengths=[128]", "export.latency_threads=[1]"]
 
 
-def run(config: str, runs_dir: Path, overrides: list[str], log, last_stage: str = "evaluate") -> float:
-    command = [sys.executable, "-m", "pipeline", "run", config, *overrides, "--to", last_stage, "--runs-dir", str(runs_dir)]
+SWEEPS = {"ablation": ("ablation", "tuning"), "depth": ("depth",)}  # sweep name -> the tables it runs
+
+
+def sweep_file(runs: Path, sweep: str, names: list[str]) -> Path | None:
+    """The sweep file (YAML) for the chosen variants of one sweep; None when none was chosen."""
+    import yaml
+
+    from pipeline.config import parse_override
+
+    chosen = [n for n in names if VARIANTS[n][0] in SWEEPS[sweep]]
+    if not chosen:
+        return None
+    variants = {}
+    for name in chosen:
+        overrides = [*VARIANTS[name][2], *(EXPORT if sweep == "depth" else [])]
+        variants[name] = {"description": VARIANTS[name][1],
+                          "overrides": {".".join(parse_override(o)[0]): parse_override(o)[1] for o in overrides}}
+    path = runs / f"{sweep}.yaml"
+    path.write_text(yaml.safe_dump({"description": f"bench/ablation.py: {sweep}", "variants": variants}, sort_keys=False))
+    return path
+
+
+def run_sweep(config: str, runs_dir: Path, sweep: Path, extra: list[str], log, last_stage: str) -> None:
+    command = [sys.executable, "-m", "pipeline", "sweep", config, str(sweep), *extra, "--to", last_stage,
+               "--runs-dir", str(runs_dir)]
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
-    started = time.time()
-    result = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        raise SystemExit(f"variant failed ({' '.join(overrides)}); see the log")
-    return time.time() - started
-
-
-def link_upstream(source: Path, target: Path) -> None:
-    """Hard-link the base run's stages; the runner reruns exactly those whose fingerprints differ
-    (a rerun writes <stage>.partial and renames it, so the base files are never modified)."""
-    target.mkdir(parents=True, exist_ok=True)
-    for stage in STAGES:
-        if (source / stage).is_dir() and not (target / stage).exists():
-            shutil.copytree(source / stage, target / stage, copy_function=os.link)
+    if subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+        raise SystemExit(f"sweep {sweep} failed; see {log.name}")
 
 
 def collect(run_dir: Path, exported: bool) -> dict:
@@ -168,25 +181,22 @@ def main() -> None:
     args = parser.parse_args()
     runs = Path(args.runs_dir)
     runs.mkdir(parents=True, exist_ok=True)
-    base_dir = runs / "base"
     names = args.only or list(VARIANTS)
+    folders = {}
     with open(runs / "ablation.log", "a") as log:
-        run(args.config, base_dir, args.extra, log)  # teacher + default student, shared upstream
-        results = {}
-        for name in names:
-            variant_dir = runs / name
-            link_upstream(base_dir / args.config, variant_dir / args.config)
-            depth = VARIANTS[name][0] == "depth"
-            run(args.config, variant_dir, [*args.extra, *VARIANTS[name][2], *(EXPORT if depth else [])], log,
-                last_stage="export" if depth else "evaluate")
-            results[name] = collect(variant_dir / args.config, exported=depth)
-            partial = Path(args.out) / "ablation.partial.json"
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps(results, indent=2))
-            print(f"{name:>16}: accuracy {results[name]['accuracy']:.4f}, retention {results[name]['retention']:.4f}", flush=True)
+        for sweep in SWEEPS:  # ablation first: its first variant runs the shared stages, depth links them
+            path = sweep_file(runs, sweep, names)
+            if path is None:
+                continue
+            run_sweep(args.config, runs, path, args.extra, log, "export" if sweep == "depth" else "evaluate")
+            folders.update({n: runs / args.config / "sweeps" / sweep / n for n in names if VARIANTS[n][0] in SWEEPS[sweep]})
+    results = {}
+    for name in names:  # in the order asked for
+        results[name] = collect(folders[name], exported=VARIANTS[name][0] == "depth")
+        print(f"{name:>16}: accuracy {results[name]['accuracy']:.4f}, retention {results[name]['retention']:.4f}", flush=True)
 
     header = {"config": args.config, "command": "python bench/ablation.py " + " ".join(sys.argv[1:]),
-              "machine": machine(), "precision": precision(base_dir / args.config), "date": time.strftime("%Y-%m-%d")}
+              "machine": machine(), "precision": precision(folders[names[0]]), "date": time.strftime("%Y-%m-%d")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ablation.json").write_text(json.dumps({"header": header, "results": results}, indent=2))

@@ -1,4 +1,4 @@
-"""Command line: `python -m pipeline run|status|validate CONFIG [key=value ...]`."""
+"""Command line: `python -m pipeline run|status|validate CONFIG [key=value ...]`, `python -m pipeline sweep CONFIG SWEEP.yaml`."""
 
 from __future__ import annotations
 
@@ -22,12 +22,45 @@ examples:
   python -m pipeline run tiny --only evaluate --force     # one stage
   python -m pipeline status bert_small                    # done / stale / pending per stage
   python -m pipeline validate bert_small                  # check the config, run nothing
+  python -m pipeline sweep bert_small configs/sweeps/depth.yaml --pick "retention>=0.98"   # variants, table, pick
 
 Stages: prepare -> teacher -> capture -> distill -> evaluate -> export.
 Outputs go to RUNS_DIR/<config>/<stage>/ (default runs/); MLflow data to
 $MLFLOW_TRACKING_URI or sqlite RUNS_DIR/mlflow.db. Configs live in configs/<name>.yaml.
 Exit codes: 0 ok, 1 run error, 2 config error, 130 interrupted by Ctrl-C or SIGTERM (rerun to resume).
 status states: done, stale (inputs changed), damaged (an output file changed on disk), pending.
+"""
+
+
+SWEEP_HELP = """\
+Run every variant of a sweep file as an ordinary pipeline run, compare them and pick one.
+
+The sweep file lists named variants, each a set of config overrides:
+
+  description: three student depths
+  overrides: {export.latency_lengths: [128]}     # optional, for every variant
+  pick: retention>=0.98                          # optional default for --pick
+  variants:
+    depth1: {description: 1 layer, overrides: {student.teacher_layers: [5]}}
+    depth2: {overrides: {student.teacher_layers: [0, 5]}}
+
+Each variant runs in RUNS_DIR/<config>/sweeps/<sweep>/<variant>/. A stage whose
+fingerprint matches a complete stage of the config's run folder or of an earlier
+variant is hard-linked from there, not rerun: prepare, teacher and capture run once.
+In MLflow the variants' pipeline runs are nested under one sweep run.
+
+The sweep ends with a table (sweep.md, sweep.csv, sweep.json) and a Pareto plot
+(pareto.png: retention against latency and against size) in the sweep folder and
+on the sweep run. --pick chooses the fastest variant meeting the constraint and
+moves the registry alias 'champion' to its registered version; when none meets it,
+the sweep says how close each came, leaves the alias alone and exits 1.
+Pick metrics: retention, accuracy_kept, accuracy, latency_ms, mb, speedup, size_ratio.
+Rerunning an interrupted sweep continues where it stopped.
+
+examples:
+  python -m pipeline sweep bert_small configs/sweeps/depth.yaml --pick "retention>=0.98"
+  python -m pipeline sweep bert_small configs/sweeps/depth.yaml --pick "latency_ms<=5" distill.epochs=1
+  make sweep CONFIG=bert_small SWEEP=configs/sweeps/depth.yaml PICK="mb<=10"
 """
 
 
@@ -50,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--only", choices=STAGES, help="run only this stage (its inputs must be complete)")
     run.add_argument("--to", dest="to_stage", choices=STAGES, help="stop after this stage (e.g. --to evaluate skips export)")
     run.add_argument("--force", action="store_true", help="rerun stages even when their outputs are current")
+    sweep = sub.add_parser(
+        "sweep", help="run a sweep's variants (shared stages once), compare them, pick the one to ship",
+        description=SWEEP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sweep.add_argument("config", help="config name in configs/ (e.g. bert_small, tiny) or a path to a .yaml file")
+    sweep.add_argument("sweep", help="sweep file (YAML), e.g. configs/sweeps/depth.yaml")
+    sweep.add_argument("overrides", nargs="*", metavar="key=value",
+                       help="config overrides for every variant (applied after the sweep file's)")
+    sweep.add_argument("--pick", help="constraint for the variant to ship, e.g. 'retention>=0.98', 'latency_ms<=5', "
+                                      "'mb<=10' (several: comma-separated); default: the sweep file's pick, if any")
+    sweep.add_argument("--to", dest="to_stage", choices=STAGES,
+                       help="stop every variant after this stage (e.g. --to evaluate: no export, so no latency, size "
+                            "or registered version to pick by)")
+    sweep.add_argument("--runs-dir", default=os.environ.get("RUNS_DIR", "runs"), help="root of run folders (default: runs, or $RUNS_DIR)")
+    sweep.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
     sub.add_parser("status", parents=[common], help="show done / stale / pending for each stage")
     sub.add_parser("validate", parents=[common], help="validate the config (and the model shapes) and print it")
     return parser
@@ -112,19 +159,14 @@ def _interrupt(signum, frame):
 
 def _dispatch(args) -> int:
     from .config import load_config, to_yaml
-    from .models import check_against_models
-
-    from .runner import resolve_precision
 
     runs_dir = Path(args.runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
         raise ConfigError(f"--runs-dir {runs_dir} is a file, not a folder. Give a folder (it is created if missing), "
                           "e.g. --runs-dir runs.")
-    config = load_config(args.config, args.overrides)
-    if config.precision == "auto":  # resolved once, so the run folder and MLflow record what really ran
-        config = config.model_copy(update={"precision": resolve_precision("auto")})
-        log.debug("precision auto -> %s", config.precision)
-    check_against_models(config)
+    if args.command == "sweep":
+        return _sweep(args)
+    config = _resolved(load_config(args.config, args.overrides))
     if args.command == "validate":
         print(to_yaml(config), end="")
         return 0
@@ -139,6 +181,29 @@ def _dispatch(args) -> int:
         from .summary import print_summary
 
         print_summary(Path(args.runs_dir) / config.name, result["ran"], result["states"])
+    return 0
+
+
+def _resolved(config):
+    """A loaded config as it runs: precision auto resolved once (recorded in the run folder and MLflow), shapes checked."""
+    from .models import check_against_models
+    from .runner import resolve_precision
+
+    if config.precision == "auto":
+        config = config.model_copy(update={"precision": resolve_precision("auto")})
+        log.debug("precision auto -> %s", config.precision)
+    check_against_models(config)
+    return config
+
+
+def _sweep(args) -> int:
+    from .sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.config, args.sweep, args.overrides, resolve=_resolved)  # every variant checked first
+    result = run_sweep(sweep, Path(args.runs_dir), pick=args.pick, to_stage=args.to_stage)
+    print()
+    print((result["folder"] / "sweep.md").read_text())
+    print(f"sweep folder: {result['folder']}  (sweep.md, sweep.csv, sweep.json, pareto.png)")
     return 0
 
 

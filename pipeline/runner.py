@@ -400,16 +400,22 @@ def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | N
 
 
 def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, from_stage: str | None = None,
-                 only: str | None = None, to_stage: str | None = None) -> dict:
+                 only: str | None = None, to_stage: str | None = None, run_dir: Path | None = None,
+                 sweep_run_id: str | None = None, run_name: str | None = None) -> dict:
+    """Run the stages that are not complete and current.
+
+    ``run_dir`` defaults to ``runs_dir/<config name>``; a sweep gives each variant its own folder
+    (``sweep_run_id``: the MLflow sweep run the variant's pipeline run is nested under, ``run_name`` its name).
+    """
     runs_dir = Path(runs_dir)
-    run_dir = runs_dir / config.name
+    run_dir = Path(run_dir) if run_dir is not None else runs_dir / config.name
     dist = Distributed(config)
     lock = run_lock(run_dir) if dist.is_main else contextlib.nullcontext()
     with lock:
         dist.barrier()
         config_yaml = to_yaml(config)
         tracker = Tracker(runs_dir, run_dir, config.tracking.experiment or config.name,
-                          enabled=dist.is_main and config.tracking.enabled)
+                          enabled=dist.is_main and config.tracking.enabled, sweep_run_id=sweep_run_id, run_name=run_name)
         if dist.is_main:
             (run_dir / "config.yaml").write_text(config_yaml)
         current = fingerprints(config, runs_dir)

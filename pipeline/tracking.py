@@ -157,11 +157,14 @@ def tracking_uri(runs_dir: Path) -> str:
 class Tracker:
     """Thin wrapper over the mlflow client API; disabled on non-main ranks."""
 
-    def __init__(self, runs_dir: Path, run_dir: Path, experiment: str, enabled: bool = True):
+    def __init__(self, runs_dir: Path, run_dir: Path, experiment: str, enabled: bool = True,
+                 sweep_run_id: str | None = None, run_name: str | None = None):
         self.enabled = enabled
         self.runs_dir = Path(runs_dir)
         self.run_dir = Path(run_dir)
         self.experiment = experiment
+        self.sweep_run_id = sweep_run_id  # a sweep's variant: its pipeline run is nested under the sweep run
+        self.run_name = run_name or f"{experiment}-pipeline"
         self.parent_id: str | None = None
         self.stage_id: str | None = None
         if not enabled:
@@ -236,9 +239,10 @@ class Tracker:
                     parent_id = run.info.run_id
         if parent_id is None:
             run = self.client.create_run(
-                experiment_id, run_name=f"{self.experiment}-pipeline",
+                experiment_id, run_name=self.run_name,
                 tags={"attention_distill.role": "pipeline", "attention_distill.config": self.experiment,
-                      RUN_FOLDER_TAG: self.run_folder},
+                      RUN_FOLDER_TAG: self.run_folder,
+                      **({"mlflow.parentRunId": self.sweep_run_id} if self.sweep_run_id else {})},
             )
             parent_id = run.info.run_id
             items = list(param_strings(flat_params).items())
@@ -248,6 +252,8 @@ class Tracker:
             log.info("MLflow: new parent run %s in experiment '%s' (%s)", parent_id, self.experiment, redact_uri(self.uri))
         else:
             self.client.update_run(parent_id, status="RUNNING")
+            if self.sweep_run_id:  # a variant resumed under a (new) sweep run
+                self.client.set_tag(parent_id, "mlflow.parentRunId", self.sweep_run_id)
             log.info("MLflow: re-attached to parent run %s", parent_id)
         self.parent_id = parent_id
         tmp = record.with_suffix(".tmp")

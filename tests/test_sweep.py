@@ -1,0 +1,208 @@
+"""Sweeps (issue 15 item 2): three tiny variants, shared stages once, the table, the plot and the pick.
+
+One sweep of configs/sweeps/tiny_depth.yaml is run for the module (about a minute of stage work);
+the other tests rerun it with other picks, which must do no stage work.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import mlflow
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.runner import STAGES
+from pipeline.sweep import Constraint, choose, load_sweep, parse_pick, pareto_front
+from tests.conftest import ROOT, read_json, run_cli
+
+SWEEP = "configs/sweeps/tiny_depth.yaml"
+VARIANTS = ["first", "last", "both"]
+MODEL = "attention-distill-tiny"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("sweep_runs")
+    result = run_cli("sweep", "tiny", SWEEP, "--pick", "mb<=1000", runs_dir=runs_dir, timeout=1800)
+    assert result.returncode == 0, result.stderr[-4000:]
+    folder = runs_dir / "tiny" / "sweeps" / "tiny_depth"
+    return {"runs_dir": runs_dir, "folder": folder, "first": result,
+            "client": mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")}
+
+
+def _runs(client, **tags):
+    experiment = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    return [r for r in runs if all(r.data.tags.get(f"attention_distill.{k}") == v for k, v in tags.items())]
+
+
+def _champion(client) -> str:
+    return str(client.get_model_version_by_alias(MODEL, "champion").version)
+
+
+def _rows(folder) -> dict[str, dict]:
+    return {row["variant"]: row for row in read_json(folder / "sweep.json")["variants"]}
+
+
+def _stage_work(folder) -> dict:
+    """Every variant's stage manifests: (completed_at, MLflow run) per stage, to show nothing reran."""
+    return {(v, s): (m["completed_at"], m["mlflow_run_id"])
+            for v in VARIANTS for s in STAGES if (m := read_json(folder / v / s / "manifest.json"))}
+
+
+def test_shared_stages_run_once(sweep):
+    folder, client = sweep["folder"], sweep["client"]
+    for stage in ("prepare", "teacher", "capture"):
+        assert len(_runs(client, stage=stage)) == 1, stage  # one MLflow stage run for the whole sweep
+        manifests = [read_json(folder / v / stage / "manifest.json") for v in VARIANTS]
+        assert len({m["mlflow_run_id"] for m in manifests}) == 1
+        # the later variants hold hard links to the first one's files, not copies
+        first = next(p for p in (folder / "first" / stage).rglob("*") if p.is_file() and p.name != "manifest.json")
+        for v in VARIANTS[1:]:
+            assert os.path.samefile(first, folder / v / stage / first.relative_to(folder / "first" / stage))
+    for stage in ("distill", "evaluate", "export"):  # the variants' own stages: one each
+        assert len(_runs(client, stage=stage)) == 3, stage
+    students = {v: read_json(folder / v / "distill" / "student" / "config.json")["num_hidden_layers"] for v in VARIANTS}
+    assert students == {"first": 1, "last": 1, "both": 2}
+
+
+def test_variants_are_children_of_one_sweep_run(sweep):
+    client = sweep["client"]
+    (sweep_run,) = _runs(client, role="sweep")
+    pipelines = _runs(client, role="pipeline")
+    assert sorted(r.info.run_name for r in pipelines) == sorted(f"tiny-{v}" for v in VARIANTS)
+    assert {r.data.tags["mlflow.parentRunId"] for r in pipelines} == {sweep_run.info.run_id}
+    assert "| variant | description | layers |" in sweep_run.data.tags["mlflow.note.content"]
+    artifacts = {a.path for a in client.list_artifacts(sweep_run.info.run_id, "sweep")}
+    assert {"sweep/sweep.md", "sweep/sweep.csv", "sweep/sweep.json", "sweep/pareto.png"} <= artifacts
+
+
+def test_table_and_plot(sweep):
+    folder = sweep["folder"]
+    rows = _rows(folder)
+    assert list(rows) == VARIANTS
+    for name, row in rows.items():  # the table's figures are the variant's own stage outputs
+        export = read_json(folder / name / "export" / "metrics.json")
+        evaluate = read_json(folder / name / "evaluate" / "metrics.json")
+        assert row["retention"] == evaluate["retention"]
+        assert row["accuracy"] == export[f"onnx_{export['recommended']}"]["accuracy"]
+        assert row["mb"] == export[f"onnx_{export['recommended']}"]["file_mb"]
+        assert row["size_ratio"] == export["versus_int8_teacher"]["size_vs_int8_teacher"]
+        assert row["speedup"] == export["versus_int8_teacher"]["speedup_vs_int8_teacher"]["L=16"]
+        assert row["latency_ms"] > 0 and row["wall_s"] > 0
+        assert row["registered"].startswith(f"{MODEL}/")
+    assert len({row["registered"] for row in rows.values()}) == 3
+    # wall time: the stages a variant ran itself; the first one also ran the shared ones
+    seconds = {(v, s): read_json(folder / v / s / "manifest.json")["duration_s"] for v in VARIANTS for s in STAGES}
+    assert rows["first"]["wall_s"] == pytest.approx(sum(seconds["first", s] for s in STAGES), abs=0.11)
+    assert rows["both"]["wall_s"] == pytest.approx(sum(seconds["both", s] for s in STAGES[3:]), abs=0.11)
+    with open(folder / "sweep.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert [r["variant"] for r in table] == VARIANTS and float(table[2]["mb"]) == rows["both"]["mb"]
+    markdown = (folder / "sweep.md").read_text()
+    assert markdown.count("\n| ") >= 5 and "int8 teacher (baseline)" in markdown
+    assert "Shared (run once" in markdown and "teacher (" in markdown
+    assert (folder / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pick_moves_champion_to_the_fastest_meeting_the_constraint(sweep):
+    rows = _rows(sweep["folder"])
+    fastest = min(rows.values(), key=lambda r: r["latency_ms"])
+    assert read_json(sweep["folder"] / "sweep.json")["pick"]["picked"] == fastest["variant"]
+    assert _champion(sweep["client"]) == fastest["registered"].rsplit("/", 1)[1]
+    assert f"Picked '{fastest['variant']}'" in sweep["first"].stderr
+
+
+def test_rerun_does_no_stage_work_and_a_new_pick_moves_the_alias(sweep):
+    folder, client = sweep["folder"], sweep["client"]
+    before, stage_runs = _stage_work(folder), len(_runs(client, role="stage"))
+    rows = _rows(folder)
+    slowest = max(rows.values(), key=lambda r: r["latency_ms"])
+    # only the slowest variant meets a latency floor at its own latency: the alias must follow the constraint
+    result = run_cli("sweep", "tiny", SWEEP, "--pick", f"latency_ms>={slowest['latency_ms']}", runs_dir=sweep["runs_dir"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _stage_work(folder) == before
+    assert len(_runs(client, role="stage")) == stage_runs
+    assert len(_runs(client, role="sweep")) == 1  # the same sweep run, re-attached
+    assert _champion(client) == slowest["registered"].rsplit("/", 1)[1]
+    assert "stages run now" not in result.stdout and "running (fingerprint" not in result.stderr
+
+
+def test_no_variant_meets_the_constraint(sweep):
+    client = sweep["client"]
+    champion = _champion(client)
+    result = run_cli("sweep", "tiny", SWEEP, "--pick", "retention>=1.5", runs_dir=sweep["runs_dir"])
+    assert result.returncode == 1
+    assert "No variant meets retention>=1.5" in result.stderr
+    for name, row in _rows(sweep["folder"]).items():
+        assert f"{name}: retention {row['retention']:.4g} (needs >= 1.5, off by {1.5 - row['retention']:.4g})" in result.stderr
+    assert "'champion' alias was not moved" in result.stderr
+    assert _champion(client) == champion
+    assert read_json(sweep["folder"] / "sweep.json")["pick"]["picked"] is None
+
+
+# ---------------------------------------------------------------- the sweep file and the pick, without running
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("variant:\n  a: {}\n", "variant: unknown key. Did you mean 'variants'?"),
+    ("variants:\n  a: {overides: {seed: 1}}\n", "variants.a.overides: unknown key. Did you mean 'overrides'?"),
+    ("variants: {}\n", "variants: Dictionary should have at least 1 item"),
+    ("variants:\n  'a b': {}\n", '"a b" is not a usable variant name'),
+    ("variants:\n  a: {overrides: {student.teacher_layer: [0]}}\n", "variant 'a'"),
+    ("variants:\n  a: {overrides: {distill.epochs: -1}}\n", "distill.epochs"),
+    ("variants:\n  a: {overrides: {name: other}}\n", "sets 'name', which the variants must share"),
+    ("pick: fast\nvariants:\n  a: {}\n", "'fast' is not a constraint"),
+    ("- a\n- b\n", "must hold a mapping"),
+])
+def test_bad_sweep_file_is_one_clear_error(tmp_path, text, expected):
+    with pytest.raises(ConfigError) as info:
+        load_sweep("tiny", _write(tmp_path, text))
+    assert expected in str(info.value)
+    if "variant 'a'" in expected:
+        assert "did you mean 'student.teacher_layers'?" in str(info.value)
+
+
+def test_bad_sweep_exits_2_before_any_work(tmp_path):
+    result = run_cli("sweep", "tiny", str(_write(tmp_path, "variants:\n  a: {overides: {}}\n")), runs_dir=tmp_path / "r")
+    assert result.returncode == 2
+    assert "overides: unknown key" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "r" / "tiny").exists()
+    missing = run_cli("sweep", "tiny", "configs/sweeps/nope.yaml", runs_dir=tmp_path / "r")
+    assert missing.returncode == 2 and "Sweep file configs/sweeps/nope.yaml not found" in missing.stderr
+
+
+def test_sweep_file_resolves_every_variant(tmp_path):
+    sweep = load_sweep("tiny", ROOT / SWEEP, ["seed=7"])
+    assert sweep.variants == VARIANTS
+    assert [c.student.teacher_layers for c in sweep.configs.values()] == [[0], [1], [0, 1]]
+    assert {c.distill.epochs for c in sweep.configs.values()} == {1}  # the sweep's common overrides
+    assert {c.seed for c in sweep.configs.values()} == {7}  # the command line's
+    assert {c.name for c in sweep.configs.values()} == {"tiny"}
+
+
+def test_pick_grammar_and_choice():
+    assert parse_pick("retention>=0.98, latency_ms<5") == [Constraint("retention", ">=", 0.98),
+                                                             Constraint("latency_ms", "<", 5.0)]
+    for bad in ("retention=0.9", "speed>=2", "mb<=ten", ""):
+        with pytest.raises(ConfigError, match="is not a constraint"):
+            parse_pick(bad)
+    rows = [{"variant": "a", "retention": 0.99, "latency_ms": 4.0, "mb": 9.0},
+            {"variant": "b", "retention": 0.97, "latency_ms": 2.0, "mb": 5.0},
+            {"variant": "c", "retention": 0.985, "latency_ms": 3.0, "mb": 12.0},
+            {"variant": "d", "retention": 0.995, "latency_ms": None, "mb": 8.0}]
+    assert choose(rows, parse_pick("retention>=0.98"))[0]["variant"] == "c"  # fastest that meets it; unmeasured last
+    assert choose(rows, parse_pick("retention>=0.98,mb<=10"))[0]["variant"] == "a"
+    assert choose(rows, parse_pick("latency_ms<=2.5"))[0]["variant"] == "b"
+    picked, lines = choose(rows, parse_pick("retention>=0.999"))
+    assert picked is None and "a: retention 0.99 (needs >= 0.999, off by 0.009)" in "\n".join(lines)
+    assert [r["variant"] for r in pareto_front(rows, "latency_ms")] == ["b", "c", "a"]
+    assert [r["variant"] for r in pareto_front(rows, "mb")] == ["b", "d"]
