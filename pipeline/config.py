@@ -263,6 +263,9 @@ class CaptureConfig(Section):
     mode: Literal["cached", "online"] = "cached"
     store: Literal["auto", "probs", "vectors"] = "auto"
     max_cache_gb: float = Field(4.0, gt=0)
+    min_relation_fraction: float = Field(
+        0.1, ge=0, le=1, description="above max_cache_gb: logits for every example plus relation targets for as many "
+                                     "as fit, if that is at least this fraction of them; else the stage stops (1: always stop)")
     shard_size: int = Field(2048, ge=1, le=1_000_000)
     batch_size: BatchSize = 64
     dtype: Literal["float16", "float32"] = "float16"

@@ -7,8 +7,14 @@
    drops more than export.max_int8_drop points, safer settings are tried
    (pooler/classifier in fp32, then first/last layers in fp32 with 7-bit
    weights); if none fits, int8 is marked not recommended and fp32 is.
-3. ORT format (model.int8.ort, plus model.ort when fp32 is recommended) and
-   required_operators.config for reduced mobile builds.
+3. The text-in model (pipeline/text_model.py): model.text.onnx, the tokenizer
+   as onnxruntime-extensions operators in front of the recommended graph,
+   strings in, probabilities and label out; shipped only if it reproduces
+   predict.py's token ids and predictions on the whole test split, otherwise
+   metadata.json says why. ORT format (model.int8.ort, model.text.ort, plus
+   model.ort when fp32 is recommended) and required_operators.config for
+   reduced mobile builds. ONNX Runtime's mobile usability checker on the
+   shipped graph (pipeline/mobile.py): NNAPI and CoreML verdicts.
 4. The baseline a user would ship instead: the teacher exported and quantized
    with the student's int8 setting (test accuracy, file size). Latency at batch
    1 of every model side by side (interleaved rounds) at the configured lengths
@@ -17,7 +23,8 @@
    the int8 teacher, checked against export.targets.
 5. The bundle (bundle/): models, tokenizer.json (+ vocab.txt for WordPiece), labels.json,
    metadata.json (with sha256 of every file), README.md, predict.py,
-   latency.json/.md. Logged to MLflow; the recommended graph is registered as
+   latency.json/.md, and demo.html (+ demo/: onnxruntime-web) when the browser
+   runtime is installed (pipeline/bundle_files/web). Logged to MLflow; the recommended graph is registered as
    `attention-distill-<config>` with alias `candidate`.
 
 With export.trim_vocab the shipped graph and tokenizer keep only the tokens
@@ -46,6 +53,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import bundle as B
+from pipeline import mobile as MOBILE
+from pipeline import text_model as TM
 from pipeline.errors import PipelineError
 from pipeline.inference import TokenizedSplit, label_names, pad_id
 from pipeline.metrics import classification_report
@@ -56,7 +65,7 @@ log = logging.getLogger("pipeline")
 
 READS = ["export"]
 AFTER = ["prepare", "teacher", "distill"]
-VERSION = 2
+VERSION = 3
 
 ALIAS = "candidate"
 
@@ -72,14 +81,16 @@ def run(ctx) -> dict:
     shipped = export_student(inputs, cfg, out, work)  # 1. fp32 ONNX and parity (vocabulary trimmed or not)
     int8 = quantize(shipped, inputs.names, cfg, out, work)  # 2. int8 within the accuracy budget
     recommended = "int8" if int8 and int8.setting["within_budget"] else "fp32"
-    ort = convert_to_ort(shipped, int8, recommended, cfg, out)  # 3. ORT format
+    text = build_text_model(inputs, shipped, int8, recommended, out)  # 3. text in, probabilities out (tokenizer operators)
+    ort = convert_to_ort(shipped, int8, recommended, text, inputs.prepare, cfg, out)  # ORT format
+    mobile = check_mobile(shipped, int8, recommended)  # what NNAPI and CoreML could take of the shipped graph
     teacher = export_teacher(inputs, int8, cfg, work)  # 4. the baseline a user would ship instead
     latency = measure_side_by_side(ctx.config.seed, inputs, shipped, int8, teacher, cfg)  # every model side by side
     variants = {"onnx_fp32": shipped.fp32, **({"onnx_int8": int8.metrics} if int8 else {})}
     figures = Figures(
         examples=len(shipped.test), variants=variants, recommended=recommended, parity=shipped.parity,
         quant=int8.setting if int8 else None, attempts=int8.attempts if int8 else [],
-        trim=shipped.trim or {"enabled": False}, ort=ort, latency=latency,
+        trim=shipped.trim or {"enabled": False}, ort=ort, latency=latency, text_model=text, mobile=mobile,
         comparison=compare_with_int8_teacher(cfg, inputs.teacher, teacher.baseline, variants, recommended, latency["rows"]))
     metadata = write_bundle(ctx, inputs, shipped, figures, mlflow_source(ctx))  # 5. the bundle files
     shutil.rmtree(work)
@@ -161,6 +172,8 @@ class Figures:
     ort: dict  # ORT-format files, their agreement with the .onnx
     latency: dict  # rows, skipped, load, machine
     comparison: dict | None  # versus_int8_teacher (the baseline inside); None without int8
+    text_model: dict  # the text-in model: {"shipped": true, file, check...} or {"shipped": false, "why": ...}
+    mobile: dict  # the mobile usability checker's verdicts: "shipped" (the recommended graph) and "fp32"
 
     @property
     def int8_recommended(self) -> bool:
@@ -245,11 +258,57 @@ def quantize(shipped: Shipped, names, cfg, out: Path, work: Path) -> Int8 | None
     return Int8(path=path, setting=setting, attempts=attempts, metrics=metrics, logits=logits)
 
 
-def convert_to_ort(shipped: Shipped, int8: Int8 | None, recommended: str, cfg, out: Path) -> dict:
-    """ORT-format twins of model.int8.onnx and, when fp32 is recommended, of model.onnx; each must agree with its .onnx."""
+def build_text_model(inputs: Inputs, shipped: Shipped, int8: Int8 | None, recommended: str, out: Path) -> dict:
+    """model.text.onnx: the tokenizer as onnxruntime-extensions operators in front of the recommended graph, checked
+    against predict.py on the whole test split (text_model.ship); where it cannot be built exactly, the reason."""
+    classifier = int8.path if recommended == "int8" else shipped.fp32_path
+    text = TM.ship(classifier, shipped.tokenizer_json, shipped.facts, inputs.max_length, test_records(inputs.prepare), shipped.pad,
+                   out / "model.text.onnx")
+    if text["shipped"]:
+        check = text["check"]
+        log.info("[export] text-in model %s: identical token ids on %d/%d test texts, prediction agreement %.4f",
+                 text["file"], check["token_ids_identical"], check["examples"], check["prediction_agreement"])
+    else:
+        log.info("[export] no text-in model: %s", text["why"])
+    return text
+
+
+def check_mobile(shipped: Shipped, int8: Int8 | None, recommended: str) -> dict:
+    """ONNX Runtime's mobile usability checker on the recommended graph (and the fp32 one when int8 is shipped):
+    NNAPI and CoreML partitions, dynamic shapes, CoreML's dimension limit against the vocabulary (mobile.usability)."""
+    vocab = shipped.facts["vocab_size"]
+    result = {"shipped": MOBILE.usability(int8.path if recommended == "int8" else shipped.fp32_path, vocab)}
+    if recommended == "int8":
+        result["fp32"] = MOBILE.usability(shipped.fp32_path, vocab)
+    verdicts = {name: p["verdict_with_fixed_shapes"] for name, p in result["shipped"]["providers"].items()}
+    fp32_verdicts = {name: p["verdict_with_fixed_shapes"] for name, p in result.get("fp32", result["shipped"])["providers"].items()}
+    if all(v == "NO" for v in fp32_verdicts.values()):
+        result["static_qdq_int8"] = {"built": False, "why": (
+            "not built: even the fp32 graph gets NO from the checker for NNAPI and CoreML (with fixed shapes too), so "
+            "static QDQ quantization, which only changes how the MatMuls are quantized, cannot make the hardware "
+            "providers worth using; ship for the CPU execution provider")}
+    else:
+        result["static_qdq_int8"] = {"built": False, "why": "not implemented in this export; the fp32 graph's verdicts "
+                                                             f"are {fp32_verdicts}"}
+    log.info("[export] mobile usability (%s): %s; %s", result["shipped"]["model"],
+             ", ".join(f"{name} {verdict}" for name, verdict in verdicts.items()), result["shipped"]["recommendation"])
+    return result
+
+
+def test_records(prepare: Path) -> list[dict]:
+    """The test split's records ({"text", "label"[, "text_pair"]}) as prepare wrote them."""
+    with open(prepare / "test.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def convert_to_ort(shipped: Shipped, int8: Int8 | None, recommended: str, text: dict, prepare: Path, cfg, out: Path) -> dict:
+    """ORT-format twins of model.int8.onnx, of model.onnx when fp32 is recommended, and of the text-in model;
+    each must agree with its .onnx."""
     graphs = ([(int8.path, int8.logits)] if int8 else []) + ([(shipped.fp32_path, shipped.fp32_logits)]
                                                               if recommended == "fp32" else [])
-    info = B.convert_to_ort([path for path, _ in graphs], out, cfg.ort_target_platform)
+    text_path = out / text["file"] if text["shipped"] else None
+    info = B.convert_to_ort([path for path, _ in graphs] + ([text_path] if text_path else []), out, cfg.ort_target_platform,
+                            custom_op_library=TM.extensions_library() if text_path else None)
     for path, onnx_logits in graphs:
         ort_file = out / info["files"][path.name]
         ort_logits = B.onnx_logits(ort_file, shipped.test, shipped.pad)
@@ -257,6 +316,15 @@ def convert_to_ort(shipped: Shipped, int8: Int8 | None, recommended: str, cfg, o
         info.setdefault("agreement_with_onnx", {})[ort_file.name] = agreement
         if agreement < 1.0:
             log.warning("[export] %s disagrees with %s on %.2f%% of the test split", ort_file.name, path.name, 100 * (1 - agreement))
+    if text_path:
+        texts = [record["text"] for record in test_records(prepare)]
+        ort_file = out / info["files"][text_path.name]
+        agreement = float((TM.run(ort_file, texts)[1] == TM.run(text_path, texts)[1]).mean())
+        info.setdefault("agreement_with_onnx", {})[ort_file.name] = agreement
+        text["ort_file"] = ort_file.name
+        if agreement < 1.0:
+            log.warning("[export] %s disagrees with %s on %.2f%% of the test split", ort_file.name, text_path.name,
+                        100 * (1 - agreement))
     return info
 
 
@@ -338,6 +406,10 @@ def write_bundle(ctx, inputs: Inputs, shipped: Shipped, figures: Figures, source
     ctx.write_json("bundle/labels.json", inputs.labels)
     B.copy_predict_script(out / "predict.py")
     metadata = bundle_metadata(ctx.config, inputs, shipped, figures, source)
+    metadata["demo"] = B.write_demo(out, metadata["name"], metadata["variants"][figures.recommended]["file"],
+                                    inputs.max_length)  # demo.html: the model in a browser (onnxruntime-web)
+    if not metadata["demo"]["shipped"]:
+        log.info("[export] no demo.html: %s", metadata["demo"]["why"])
     (out / "README.md").write_text(B.render_template("README.md", readme_values(ctx.config, metadata, latency)))
     metadata["files"] = B.file_table(out)
     ctx.write_json("bundle/metadata.json", metadata)
@@ -438,6 +510,8 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         "vocab_trim": figures.trim,
         "versus_int8_teacher": figures.comparison,
         "ort_format": figures.ort,
+        "text_model": figures.text_model,
+        "mobile_usability": figures.mobile,
         "evaluation": {"split": "test", "examples": figures.examples},
         "latency_file": "latency.json",
         "source": source,
@@ -458,7 +532,8 @@ def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
     fp32, comparison, quant = figures.variants["onnx_fp32"], figures.comparison, figures.quant
     summary = {"opset": cfg.opset, "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
                "parity_agreement": figures.parity["prediction_agreement"], "fp32_accuracy": fp32["accuracy"],
-               "fp32_mb": fp32["file_mb"], "recommended": figures.recommended}
+               "fp32_mb": fp32["file_mb"], "recommended": figures.recommended,
+               "text_model_shipped": figures.text_model["shipped"]}
     if comparison:
         summary.update({"accuracy_kept": comparison["accuracy_kept"], "size_vs_int8_teacher": comparison["size_vs_int8_teacher"],
                         **{f"speedup_vs_int8_teacher_{k.replace('=', '')}": v for k, v in comparison["speedup_vs_int8_teacher"].items()},
@@ -704,6 +779,8 @@ def readme_values(config, metadata: dict, latency: dict) -> dict:
         "registered_model": (f"`{metadata['source']['registered_model']}` (alias `{ALIAS}`)"
                              if metadata["source"]["registered_model"] else "none (export.register_model off or MLflow disabled)"),
         "quant_summary": _why(quant) if quant.get("per_channel") is not None else "off",
+        "text_model_section": text_model_section(metadata),
+        "mobile_section": mobile_section(metadata),
     }
 
 
@@ -716,6 +793,11 @@ def files_table(metadata: dict) -> str:
                       ("model.int8.ort", "`model.int8.onnx` in ORT format, for ONNX Runtime Mobile")]
     if metadata["variants"]["fp32"]["ort_file"]:
         described.append(("model.ort", "`model.onnx` in ORT format, for ONNX Runtime Mobile"))
+    text = metadata.get("text_model") or {}
+    if text.get("shipped"):
+        described += [(text["file"], f"text in, probabilities out: the tokenizer (onnxruntime-extensions operators) in front "
+                                     f"of `{text['classifier']}`; needs the extensions library"),
+                      (text["ort_file"], f"`{text['file']}` in ORT format, for ONNX Runtime Mobile + extensions")]
     described += [
         ("required_operators.config", "operators the `.ort` file(s) use: input of a reduced ONNX Runtime build"),
         ("tokenizer.json", f"the tokenizer (Hugging Face `tokenizers` format; truncation at {max_length}, no padding)"),
@@ -725,12 +807,122 @@ def files_table(metadata: dict) -> str:
         ("metadata.json", "inputs, outputs, tokenizer facts, accuracy and size per variant, sha256 of every other file"),
         ("latency.md, latency.json", "latency at batch 1 on the export machine (use the ratios, not the milliseconds)"),
         ("predict.py", "reference classifier (onnxruntime + tokenizers + numpy only): the executable spec"),
+        *([("demo.html", "type a sentence, see the label and probabilities: the model in your browser (onnxruntime-web, "
+                         "files in `demo/`; serve the folder with `python -m http.server`)")]
+          if (metadata.get("demo") or {}).get("shipped") else []),
+        *[(name, "the demo's runtime: onnxruntime-web (WebAssembly) or the JavaScript tokenizer, copied from npm")
+          for name in (metadata.get("demo") or {}).get("files", [])[1:]],
         ("README.md", "this file"),
     ]
     rows = ["| file | what it is |", "|---|---|"]
     rows += [f"| `{name}` | {what} |" if "," not in name else f"| `{name.split(', ')[0]}`, `{name.split(', ')[1]}` | {what} |"
              for name, what in described]
     return "\n".join(rows)
+
+
+def mobile_section(metadata: dict) -> str:
+    """The README's "Mobile execution providers" section: the usability checker's verdicts."""
+    mobile = metadata["mobile_usability"]
+    lines = [MOBILE.markdown(mobile["shipped"])]
+    if "fp32" in mobile:
+        fp32 = mobile["fp32"]["providers"]
+        lines += ["", "The fp32 graph `model.onnx` for comparison: " + ", ".join(
+            f"{name} {p['as_shipped']['supported_nodes']}/{p['as_shipped']['nodes']} nodes, {p['verdict']} "
+            f"({p['verdict_with_fixed_shapes']} with fixed shapes)" for name, p in fp32.items()) + "."]
+    lines += ["", f"Static QDQ int8 variant: {mobile['static_qdq_int8']['why']}.",
+              "The text-in model runs on the CPU provider: its tokenizer operators exist only there."]
+    return "\n".join(lines)
+
+
+def text_model_section(metadata: dict) -> str:
+    """The README's "Text in, probabilities out" section: how to run model.text.ort on Android and iOS, or why there is none."""
+    text, labels = metadata.get("text_model") or {}, len(metadata["labels"])
+    if not text.get("shipped"):
+        return ("This bundle has no text-in model: " + text.get("why", "it was not built") + ". Tokenize as in step 1 and "
+                "feed the ids-in model as in steps 2 and 3.")
+    check, ort_version = text["check"], metadata["runtime"]["onnxruntime"]
+    ext = text.get("onnxruntime_extensions", "0.15.2")
+    differences = "\n".join(f"- {line}" for line in text.get("known_differences", []))
+    return TEXT_MODEL_SECTION.format(
+        file=text["file"], ort=text["ort_file"], ort_stem=text["ort_file"].removesuffix(".ort"), classifier=text["classifier"],
+        max_length=text["truncation"], labels=labels, same=check["token_ids_identical"], examples=check["examples"],
+        agreement=check["prediction_agreement"], ort_version=ort_version, ext=ext, ext_short=".".join(ext.split(".")[:2]),
+        differences=differences, operator=text["operator"].split(" ", 1)[1])
+
+
+TEXT_MODEL_SECTION = """`{file}` (ORT format: `{ort}`) takes the raw strings: the tokenizer is inside the graph as
+onnxruntime-extensions operators (`{operator}`, truncation at {max_length} tokens) in front of `{classifier}`,
+followed by softmax and argmax. No tokenizer port to write.
+
+| name | dtype | shape | value |
+|---|---|---|---|
+| `text` (input) | string | [batch] | the texts, any length (cut to {max_length} tokens) |
+| `probabilities` | float32 | [batch, {labels}] | softmax of the logits, index -> `labels.json` |
+| `label` | int64 | [batch] | the most probable label index |
+| `input_ids` | int64 | [batch, sequence] | the token ids it used (right-padded), for checking |
+
+Checked at export on the whole test split: identical token ids to `predict.py` on {same} of {examples} texts,
+prediction agreement {agreement:.4f}. Known differences from the `tokenizers` library (not in the test split):
+{differences}
+
+It needs the extensions library registered next to ONNX Runtime:
+
+- **Android**: `implementation("com.microsoft.onnxruntime:onnxruntime-android:{ort_version}")` and
+  `implementation("com.microsoft.onnxruntime:onnxruntime-extensions-android:{ext}")` (the extensions AAR).
+- **iOS**: `pod 'onnxruntime-objc', '~> {ort_version}'` and `pod 'onnxruntime-extensions-c', '~> {ext_short}'`.
+- A reduced build: `required_operators.config` lists the extension operators too (the `ai.onnx.contrib` line);
+  build ONNX Runtime with `--use_extensions --include_ops_by_config required_operators.config` (its `ai.onnx.contrib`
+  lines select the extension operators compiled in).
+
+```kotlin
+import ai.onnxruntime.OnnxTensor
+import ai.onnxruntime.OrtEnvironment
+import ai.onnxruntime.OrtSession
+import ai.onnxruntime.extensions.OrtxPackage
+
+val env = OrtEnvironment.getEnvironment()
+val options = OrtSession.SessionOptions().apply {{ registerCustomOpLibrary(OrtxPackage.getLibraryPath()) }}
+val textSession = env.createSession(assets.open("{ort}").readBytes(), options)
+
+fun classifyText(texts: Array<String>): Array<FloatArray> {{
+    OnnxTensor.createTensor(env, texts, longArrayOf(texts.size.toLong())).use {{ input ->
+        textSession.run(mapOf("text" to input), setOf("probabilities")).use {{ result ->
+            @Suppress("UNCHECKED_CAST")
+            return result[0].value as Array<FloatArray>   // probabilities per text, index -> labels.json
+        }}
+    }}
+}}
+val probabilities = classifyText(arrayOf("an unexpectedly moving film"))[0]
+```
+
+```swift
+import onnxruntime_objc   // RegisterCustomOps: #include <onnxruntime_extensions.h> in the bridging header
+
+let env = try ORTEnv(loggingLevel: .warning)
+let options = try ORTSessionOptions()
+try options.registerCustomOps(functionPointer: RegisterCustomOps)   // the extensions pod's C entry point
+let textPath = Bundle.main.path(forResource: "{ort_stem}", ofType: "ort")!
+let textSession = try ORTSession(env: env, modelPath: textPath, sessionOptions: options)
+
+func classifyText(_ text: String) throws -> [Float] {{
+    let input = try ORTValue(tensorStringData: [text], shape: [1])
+    let out = try textSession.run(withInputs: ["text": input], outputNames: ["probabilities"], runOptions: nil)
+    let data = try out["probabilities"]!.tensorData() as Data
+    return data.withUnsafeBytes {{ Array($0.bindMemory(to: Float.self)) }}   // index -> labels.json
+}}
+```
+
+Python (`pip install onnxruntime onnxruntime-extensions numpy`):
+
+```python
+import numpy as np, onnxruntime as ort
+from onnxruntime_extensions import get_library_path
+
+options = ort.SessionOptions()
+options.register_custom_ops_library(get_library_path())
+session = ort.InferenceSession("{file}", options)
+probabilities, label, _ = session.run(None, {{"text": np.array(["an unexpectedly moving film"], dtype=object)}})
+```"""
 
 
 def _token(facts: dict, role: str) -> str:

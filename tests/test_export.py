@@ -22,6 +22,7 @@ from tests.conftest import read_json
 BUNDLE_FILES = {
     "model.onnx", "model.int8.onnx", "model.int8.ort", "required_operators.config", "tokenizer.json", "vocab.txt",
     "labels.json", "metadata.json", "README.md", "predict.py", "latency.json", "latency.md",
+    "model.text.onnx", "model.text.ort",  # text in, probabilities out (tests/test_bundle_runtimes.py)
 }
 LATENCY_MODELS = {"teacher PyTorch fp32", "student PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student ONNX fp32",
                   "student ONNX int8"}
@@ -46,9 +47,10 @@ def bundle(tiny_run):
 
 
 def test_bundle_has_every_file_and_checksums_match(bundle):
-    assert {p.name for p in bundle.iterdir()} == BUNDLE_FILES
     metadata = read_json(bundle / "metadata.json")
-    assert set(metadata["files"]) == BUNDLE_FILES - {"metadata.json"}
+    demo = set(metadata["demo"]["files"]) if metadata["demo"]["shipped"] else set()  # with the browser runtime installed
+    assert {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} == BUNDLE_FILES | demo
+    assert set(metadata["files"]) == (BUNDLE_FILES | demo) - {"metadata.json"}
     for name, entry in metadata["files"].items():
         assert hashlib.sha256((bundle / name).read_bytes()).hexdigest() == entry["sha256"], name
         assert (bundle / name).stat().st_size == entry["bytes"]
@@ -263,9 +265,13 @@ def test_over_budget_int8_ships_fp32_with_trimmed_vocabulary(tiny_run, tmp_path)
     assert attempts[2]["excluded_nodes"] == 2  # pooler dense + classifier
     assert {"model.ort", "model.int8.ort"} <= {p.name for p in bundle.iterdir()}
     assert metadata["variants"]["fp32"]["ort_file"] == "model.ort"
-    assert set(metadata["files"]) == {p.name for p in bundle.iterdir()} - {"metadata.json"}
+    assert set(metadata["files"]) == {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {"metadata.json"}
     readme = (bundle / "README.md").read_text()
     assert "Recommended file: `model.onnx`" in readme and "`model.ort`" in readme and "trimmed" in readme
+    # the text-in model follows the recommendation (fp32) and the trimmed vocabulary, checked on the whole test split
+    text = metadata["text_model"]
+    assert text["shipped"] and text["classifier"] == "model.onnx" and text["check"]["exact"], text
+    assert {"model.text.onnx", "model.text.ort"} <= set(metadata["files"])
     trim = metadata["vocab_trim"]
     assert trim["enabled"] and trim["kept_tokens"] < trim["original_vocab"]
     assert trim["after"]["file_mb"] < trim["before"]["file_mb"] / 3

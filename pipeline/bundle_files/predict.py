@@ -13,15 +13,18 @@ not the training code.
     python predict.py "a gripping, beautifully acted film" "a tedious mess"
     python predict.py --model model.int8.onnx --eval test.jsonl      # accuracy on {"text", "label"} records
     python predict.py --model model.int8.ort "works with the ORT format file too"
-    python predict.py --verify "..."    # refuse a model whose sha256 differs from metadata.json
+    python predict.py --verify          # check every bundle file against metadata.json's sha256 (exit 2 naming a bad one)
+    python predict.py --verify "..."    # the same check, then classify
 
 An empty text is valid: it is classified as its special tokens alone ("[CLS] [SEP]", "<s> </s>").
 The model file's sha256 is checked against metadata.json on every run: a
-mismatch is a warning, or an error with --verify.
+mismatch is a warning. --verify checks every file metadata.json lists (models,
+tokenizer, labels, README...) before anything runs and stops at a missing or
+changed one.
 
 Exit codes: 0 ok; 2 bad arguments, bundle files, --eval file, or (with
---verify) a model whose sha256 is not the one in metadata.json. Errors are
-one "error: ..." message on stderr.
+--verify) a bundle file that is missing or whose sha256 is not the one in
+metadata.json. Errors are one "error: ..." message on stderr.
 """
 
 from __future__ import annotations
@@ -225,6 +228,23 @@ def check_sha256(classifier: BundleClassifier, verify: bool) -> None:
         print(f"warning: {message} (--verify makes this an error)", file=sys.stderr)
 
 
+def verify_bundle(bundle: Path) -> int:
+    """Every file metadata.json -> files lists must exist with that sha256; returns how many were checked."""
+    bundle = Path(bundle)
+    files = read_json(bundle / "metadata.json").get("files") if (bundle / "metadata.json").is_file() else None
+    if not isinstance(files, dict) or not files:
+        raise PredictError(f"--verify: {bundle / 'metadata.json'} is missing or lists no files with their sha256; {REBUILD}")
+    for name, entry in sorted(files.items()):
+        path = bundle / name
+        if not path.is_file():
+            raise PredictError(f"--verify: {name} is missing from {bundle} (metadata.json lists it); {REBUILD}")
+        digest = sha256_file(path)
+        if digest != entry.get("sha256"):
+            raise PredictError(f"--verify: {name} has sha256 {digest}, but metadata.json records {entry.get('sha256')}: "
+                               f"the file changed after export; {REBUILD}")
+    return len(files)
+
+
 def positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -244,11 +264,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--threads", type=positive_int, default=None, help="onnxruntime intra-op threads (default: its own)")
     parser.add_argument("--verify", action="store_true",
-                        help="exit 2 unless the model file's sha256 is the one recorded in metadata.json")
+                        help="exit 2 unless every file metadata.json lists has the sha256 recorded there")
     args = parser.parse_args(argv)
-    if not args.texts and not args.eval:
-        parser.error("give texts to classify or --eval FILE.jsonl")
+    if not args.texts and not args.eval and not args.verify:
+        parser.error("give texts to classify, --eval FILE.jsonl or --verify")
     try:
+        if args.verify:
+            checked = verify_bundle(Path(args.bundle))
+            if not args.texts and not args.eval:
+                print(json.dumps({"verified": checked, "bundle": str(Path(args.bundle).resolve())}))
+                return 0
         records = read_jsonl(Path(args.eval)) if args.eval else None  # bad input fails before the model loads
         classifier = BundleClassifier(Path(args.bundle), args.model, args.threads)
         check_sha256(classifier, args.verify)

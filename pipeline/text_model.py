@@ -1,0 +1,376 @@
+"""The text-in model: the tokenizer as ONNX Runtime Extensions operators merged in front of the classifier.
+
+``model.text.onnx`` takes a batch of strings and returns the class probabilities,
+the label index and the token ids it fed the classifier:
+
+    text           string  [batch]
+    probabilities  float32 [batch, labels]   softmax of the classifier's logits
+    label          int64   [batch]           argmax, the index in labels.json
+    input_ids      int64   [batch, sequence] the tokens (right-padded), for checking a port
+
+Graph: a Scan over the batch tokenizes one string at a time with the
+extensions' operators, pads each row to ``max_length`` with the pad id (mask 0),
+then the batch is cut to its longest row: the same ids and padding as predict.py, so the classifier sees
+exactly what predict.py feeds it. Softmax and ArgMax follow the classifier.
+
+WordPiece with BERT normalization uses ``BasicTokenizer`` (BERT's cleaning,
+casing and splitting) and ``WordpieceTokenizer`` one word per row, then fixes
+what the operator does differently: it keeps the pieces it matched before an
+unknown one, where tokenizers makes the whole word ``[UNK]`` (frequent with a
+trimmed vocabulary). The all-in-one ``BertTokenizer`` operator has that
+difference too, with no word boundaries to fix it by. Byte-level BPE uses the generic ``HfJsonTokenizer``,
+which reads tokenizer.json itself, under its GPT-2 class (the graph adds the
+prefix space and cuts to ``max_length`` keeping the closing special token).
+Unigram (SentencePiece-style) tokenizers are not reproduced by the extensions
+0.15 operators from a tokenizer.json (see :func:`unsupported_reason`); those
+bundles ship the ids-in model only and metadata.json says why.
+
+Every text model is checked against predict.py's tokenization and the ids-in
+model's predictions on the whole test split before it is shipped (:func:`check`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+TEXT_INPUT = "text"
+TEXT_OUTPUTS = ["probabilities", "label", "input_ids"]
+EXTENSIONS_DOMAIN = "ai.onnx.contrib"
+
+
+class TextModelUnsupported(Exception):
+    """The tokenizer cannot be expressed with the extension operators; the message says why."""
+
+
+def extensions_library() -> str:
+    """Path of the onnxruntime-extensions shared library (register it with SessionOptions.register_custom_ops_library)."""
+    from onnxruntime_extensions import get_library_path
+
+    return get_library_path()
+
+
+def unsupported_reason(facts: dict, pairs: bool) -> str | None:
+    """Why this tokenizer (tokenizer_facts) cannot become a text-in model, or None when it can be tried."""
+    kind, template = facts.get("type"), facts.get("template")
+    if pairs:
+        return ("the task classifies text pairs; the text-in model takes one string per example (the extensions' "
+                "tokenizer operators take one text per row), so ship the ids-in model for pairs")
+    if template != f"{_role(facts, 'cls')} text {_role(facts, 'sep')}":
+        return (f"the special-token template is '{template}'; the text-in model supports 'cls text sep' templates "
+                "(truncation keeps the closing special token)")
+    if kind == "WordPiece":
+        if facts.get("pre_tokenizer") != "BertPreTokenizer" or facts.get("normalizer") != "BertNormalizer":
+            return (f"the WordPiece tokenizer uses normalizer {facts.get('normalizer')} and pre-tokenizer "
+                    f"{facts.get('pre_tokenizer')}; the extensions' BasicTokenizer operator implements BERT's own "
+                    "(BertNormalizer, BertPreTokenizer) only")
+        return None
+    if kind == "BPE" and facts.get("byte_level") and not facts.get("normalizers"):
+        return None
+    if kind == "Unigram":
+        return ("the tokenizer is Unigram (SentencePiece style): onnxruntime-extensions 0.15's SentencepieceTokenizer "
+                "needs a SentencePiece model protobuf, which a tokenizers-trained tokenizer.json does not hold, and its "
+                "HfJsonTokenizer, given this tokenizer.json, gave other ids than tokenizers (no [CLS], different first "
+                "pieces; measured on the tiny config's test split); the app tokenizes with tokenizer.json and feeds the "
+                "ids-in model")
+    return (f"the tokenizer is {kind}{' (byte-level)' if facts.get('byte_level') else ''} with normalizers "
+            f"{facts.get('normalizers')}: the extension operators cover WordPiece with BERT normalization and byte-level "
+            "BPE without a normalizer; the app tokenizes with tokenizer.json and feeds the ids-in model")
+
+
+def _role(facts: dict, role: str) -> str | None:
+    entry = facts.get("special_tokens", {}).get(role)
+    return entry["token"] if entry else None
+
+
+def vocabulary(tokenizer_json: Path) -> dict[str, int]:
+    """token -> id of the whole vocabulary (added tokens included), checked contiguous."""
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab(with_added_tokens=True)
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise TextModelUnsupported("the tokenizer's ids are not contiguous")
+    return dict(sorted(vocab.items(), key=lambda item: item[1]))
+
+
+def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
+    """WordPiece as tokenizers does it: BasicTokenizer (BERT normalization and splitting) into words, WordpieceTokenizer
+    into pieces, one row per word so each word's pieces are known; a word with an unknown piece becomes one [UNK]
+    (the operator keeps the pieces it matched before the [UNK], tokenizers drops the whole word); then
+    ``cls pieces sep`` with the pieces cut to max_length - 2."""
+    from onnx import TensorProto, helper
+
+    lowercase = bool(facts.get("lowercase"))
+    strip = facts.get("strip_accents")
+    strip = lowercase if strip is None else bool(strip)  # BertNormalizer: strip_accents None follows lowercase
+    vocab = vocabulary(tokenizer_json)
+    unk, cls, sep = (facts["special_tokens"][role]["id"] for role in ("unk", "cls", "sep"))
+    scalar = lambda name, value: helper.make_node(  # noqa: E731
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [], [value]))
+    vector = lambda name, values: helper.make_node(  # noqa: E731
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+    node = helper.make_node
+    return [
+        node("BasicTokenizer", ["one_text"], ["words"], name="BasicTokenizer", domain=EXTENSIONS_DOMAIN,
+             do_lower_case=int(lowercase), strip_accents=int(strip), tokenize_chinese_chars=1, tokenize_punctuation=1,
+             remove_control_chars=1),
+        scalar("s0", 0), scalar("s1", 1), scalar("unk_id", unk), vector("v0", [0]), vector("v1", [1]),
+        vector("cls_sep", [cls, sep]), vector("content_max", [max_length - 2]),
+        node("Size", ["words"], ["word_count"]), node("Add", ["word_count", "s1"], ["word_count_1"]),
+        node("Range", ["s0", "word_count_1", "s1"], ["word_rows"]),  # one row per word
+        node("WordpieceTokenizer", ["words", "word_rows"], ["pieces", "row_splits", "word_begin", "word_end"],
+             name="WordpieceTokenizer", domain=EXTENSIONS_DOMAIN, vocab=json.dumps(vocab, ensure_ascii=False),
+             suffix_indicator=facts.get("continuing_subword_prefix") or "##", unknown_token=_role(facts, "unk") or "[UNK]",
+             max_input_chars_per_word=facts.get("max_input_chars_per_word") or 100),
+        node("LabelEncoder", ["pieces"], ["piece_ids"], domain="ai.onnx.ml", keys_strings=list(vocab),
+             values_int64s=list(vocab.values()), default_int64=unk),
+        # the word of every piece: how many words begin at or before it, minus one
+        node("Size", ["pieces"], ["piece_count"]), node("Range", ["s0", "piece_count", "s1"], ["piece_index"]),
+        node("Unsqueeze", ["piece_index", "v1"], ["piece_column"]), node("Unsqueeze", ["word_begin", "v0"], ["begin_row"]),
+        node("GreaterOrEqual", ["piece_column", "begin_row"], ["after_begin"]),
+        node("Cast", ["after_begin"], ["after_begin_int"], to=TensorProto.INT64),
+        node("ReduceSum", ["after_begin_int", "v1"], ["begun"], keepdims=0), node("Sub", ["begun", "s1"], ["piece_word"]),
+        # words holding an [UNK] piece
+        node("Equal", ["piece_ids", "unk_id"], ["is_unk"]),
+        node("Range", ["s0", "word_count", "s1"], ["word_index"]),
+        node("Unsqueeze", ["piece_word", "v1"], ["piece_word_column"]), node("Unsqueeze", ["word_index", "v0"], ["word_row"]),
+        node("Equal", ["piece_word_column", "word_row"], ["in_word"]),
+        node("Unsqueeze", ["is_unk", "v1"], ["is_unk_column"]), node("And", ["in_word", "is_unk_column"], ["unk_in_word"]),
+        node("Cast", ["unk_in_word"], ["unk_in_word_int"], to=TensorProto.INT64),
+        node("ReduceSum", ["unk_in_word_int", "v0"], ["unk_per_word"], keepdims=0),
+        node("Greater", ["unk_per_word", "s0"], ["word_unknown"]),
+        node("Gather", ["word_unknown", "piece_word"], ["piece_in_unknown_word"]),
+        node("Gather", ["word_begin", "piece_word"], ["piece_word_begin"]),
+        node("Equal", ["piece_index", "piece_word_begin"], ["first_piece"]),
+        node("Not", ["piece_in_unknown_word"], ["known_word"]), node("Or", ["first_piece", "known_word"], ["keep"]),
+        node("Where", ["piece_in_unknown_word", "unk_id", "piece_ids"], ["fixed_ids"]),
+        node("Compress", ["fixed_ids", "keep"], ["content"], axis=0),
+        node("Slice", ["content", "v0", "content_max"], ["content_cut"]),  # truncation: specials + pieces <= max_length
+        node("Split", ["cls_sep"], ["cls_id", "sep_id"], axis=0, num_outputs=2),
+        node("Concat", ["cls_id", "content_cut", "sep_id"], ["row_ids"], axis=0),
+        node("Shape", ["row_ids"], ["ids_length"]),
+        node("ConstantOfShape", ["ids_length"], ["row_mask"], value=helper.make_tensor("one", TensorProto.INT64, [1], [1])),
+    ]
+
+
+def tokenizer_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> tuple[list, str]:
+    """The nodes that turn ``one_text`` (string [1]) into ``row_ids`` and ``row_mask`` (int64 [length <= max_length]),
+    and the extension operator they use."""
+    from onnx import TensorProto, helper
+
+    if facts.get("type") == "WordPiece":
+        return wordpiece_nodes(tokenizer_json, facts, max_length), "BasicTokenizer + WordpieceTokenizer"
+    # byte-level BPE: the generic HfJsonTokenizer reads tokenizer.json itself (model, merges, post-processor); it
+    # knows the GPT-2 class, which does not add the prefix space, so the graph adds it when tokenizer.json does.
+    config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": _role(facts, "cls"), "eos_token": _role(facts, "sep"),
+              **{f"{role}_token": _role(facts, role) for role in ("unk", "pad") if _role(facts, role)}}
+    text = "one_text"
+    nodes = []
+    if facts.get("add_prefix_space"):
+        # tokenizers adds the space only to a non-empty text that does not start with one
+        strings = lambda name, value: helper.make_node(  # noqa: E731
+            "Constant", [], [name], value=helper.make_tensor(name, TensorProto.STRING, [1], [value]))
+        nodes += [strings("first_not_space", b"^([^ ])"), strings("space_before", b" \\1"),
+                  helper.make_node("StringRegexReplace", ["one_text", "first_not_space", "space_before"], ["spaced_text"],
+                                   domain=EXTENSIONS_DOMAIN, global_replace=0)]
+        text = "spaced_text"
+    const = lambda name, values: helper.make_node(  # noqa: E731
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+    nodes += [
+        helper.make_node("HfJsonTokenizer", [text], ["batch_ids"], name="HfJsonTokenizer", domain=EXTENSIONS_DOMAIN,
+                         tokenizer_vocab=Path(tokenizer_json).read_text(encoding="utf-8"), tokenizer_config=json.dumps(config)),
+        const("axis0", [0]), const("keep", [max_length - 1]), const("one_long", [1]),
+        helper.make_node("Squeeze", ["batch_ids", "axis0"], ["all_ids"]),
+        # truncation as tokenizers does it for "cls text sep": the first max_length - 1 ids, then the closing special
+        helper.make_node("Shape", ["all_ids"], ["all_length"]),
+        helper.make_node("Sub", ["all_length", "one_long"], ["last"]),
+        helper.make_node("Min", ["last", "keep"], ["head_end"]),
+        helper.make_node("Slice", ["all_ids", "axis0", "head_end"], ["head"]),
+        helper.make_node("Slice", ["all_ids", "last", "all_length"], ["tail"]),
+        helper.make_node("Concat", ["head", "tail"], ["row_ids"], axis=0),
+        helper.make_node("Shape", ["row_ids"], ["ids_length"]),
+        helper.make_node("ConstantOfShape", ["ids_length"], ["row_mask"],
+                         value=helper.make_tensor("one", TensorProto.INT64, [1], [1])),
+    ]
+    return nodes, "HfJsonTokenizer"
+
+
+def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: int):
+    """text string [batch] -> input_ids, attention_mask int64 [batch, longest]: predict.py's encoding, as ONNX."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    pad = facts["special_tokens"]["pad"]["id"] if "pad" in facts.get("special_tokens", {}) else 0
+    tokenizer, operator = tokenizer_nodes(tokenizer_json, facts, max_length)
+    const = lambda name, values: helper.make_node(  # noqa: E731
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+    body = helper.make_graph(  # one string -> its ids and mask, padded to max_length
+        [
+            const("zero", [0]), const("full", [max_length]),
+            helper.make_node("Unsqueeze", ["string", "zero"], ["one_text"]),  # [1]: a single string, never a pair
+            *tokenizer,
+            helper.make_node("Shape", ["row_ids"], ["row_length"]),
+            helper.make_node("Sub", ["full", "row_length"], ["missing"]),
+            helper.make_node("Concat", ["zero", "missing"], ["pads"], axis=0),
+            helper.make_node("Pad", ["row_ids", "pads", "pad_id"], ["ids_row"]),
+            helper.make_node("Pad", ["row_mask", "pads", "zero_scalar"], ["mask_row"]),
+        ],
+        "tokenize_one",
+        [helper.make_tensor_value_info("string", TensorProto.STRING, [])],
+        [helper.make_tensor_value_info("ids_row", TensorProto.INT64, [max_length]),
+         helper.make_tensor_value_info("mask_row", TensorProto.INT64, [max_length])],
+    )
+    nodes = [
+        helper.make_node("Constant", [], ["pad_id"], value=helper.make_tensor("pad_id", TensorProto.INT64, [], [pad])),
+        helper.make_node("Constant", [], ["zero_scalar"], value=helper.make_tensor("zero_scalar", TensorProto.INT64, [], [0])),
+        helper.make_node("Constant", [], ["axis1"], value=helper.make_tensor("axis1", TensorProto.INT64, [1], [1])),
+        helper.make_node("Constant", [], ["starts"], value=helper.make_tensor("starts", TensorProto.INT64, [1], [0])),
+        # Scan, not Loop: a Loop around the extensions' BertTokenizer corrupted the heap on its second run (0.15.2)
+        helper.make_node("Scan", [TEXT_INPUT], ["padded_ids", "padded_mask"], body=body, num_scan_inputs=1,
+                         name="tokenize_batch"),
+        # cut to the longest row, as predict.py pads a batch only to its longest text
+        helper.make_node("ReduceSum", ["padded_mask", "axis1"], ["lengths"], keepdims=0),
+        helper.make_node("ReduceMax", ["lengths"], ["longest"], keepdims=1),
+        helper.make_node("Slice", ["padded_ids", "starts", "longest", "axis1"], ["input_ids"]),
+        helper.make_node("Slice", ["padded_mask", "starts", "longest", "axis1"], ["attention_mask"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tokenizer",
+        [helper.make_tensor_value_info(TEXT_INPUT, TensorProto.STRING, ["batch"])],
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(EXTENSIONS_DOMAIN, 1),
+                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+    onnx.checker.check_model(model)
+    return model, operator
+
+
+def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: int, target: Path) -> dict:
+    """``target``: the tokenizer graph merged in front of ``classifier_onnx`` (input_ids, attention_mask -> logits),
+    with softmax and argmax after it. Returns what metadata.json records about it; raises TextModelUnsupported."""
+    import onnx
+    from onnx import compose, helper
+
+    classifier = onnx.load(str(classifier_onnx))
+    opset = next(entry.version for entry in classifier.opset_import if entry.domain in ("", "ai.onnx"))
+    tokens, operator = tokenizer_graph(tokenizer_json, facts, max_length, opset)
+    tokens.ir_version = classifier.ir_version
+    merged = compose.merge_models(tokens, classifier, io_map=[("input_ids", "input_ids"), ("attention_mask", "attention_mask")],
+                                  outputs=["logits", "input_ids"])
+    graph = merged.graph
+    graph.node.extend([helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
+                       helper.make_node("ArgMax", ["logits"], ["label"], axis=-1, keepdims=0)])
+    ids_output = next(o for o in graph.output if o.name == "input_ids")
+    labels = classifier.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+    del graph.output[:]
+    graph.output.extend([helper.make_tensor_value_info("probabilities", onnx.TensorProto.FLOAT, ["batch", labels]),
+                         helper.make_tensor_value_info("label", onnx.TensorProto.INT64, ["batch"]), ids_output])
+    merged.doc_string = (f"Text in, probabilities out: onnxruntime-extensions {operator} (truncation at "
+                         f"{max_length} tokens) in front of {Path(classifier_onnx).name}. Needs the extensions "
+                         "custom-op library (onnxruntime-extensions).")
+    onnx.checker.check_model(merged)
+    onnx.save(merged, str(target))
+    return {"file": Path(target).name, "classifier": Path(classifier_onnx).name, "operator": f"{EXTENSIONS_DOMAIN} {operator}",
+            "inputs": [{"name": TEXT_INPUT, "dtype": "string", "shape": ["batch"]}],
+            "outputs": [{"name": "probabilities", "dtype": "float32", "shape": ["batch", labels]},
+                        {"name": "label", "dtype": "int64", "shape": ["batch"]},
+                        {"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
+            "truncation": max_length}
+
+
+def session(path: Path):
+    """An onnxruntime session for a text-in model (.onnx or .ort), the extensions library registered."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.register_custom_ops_library(extensions_library())
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run(path_or_session, texts: list[str], batch_size: int = 64) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    """probabilities [n, labels], label [n] and every text's token ids (right-padded to the longest of its batch),
+    in batches of ``batch_size`` (predict.py's batching, so the padding matches too)."""
+    runner = session(path_or_session) if isinstance(path_or_session, (str, Path)) else path_or_session
+    probs, labels, ids = [], [], []
+    for start in range(0, len(texts), batch_size):
+        p, lab, tok = runner.run(TEXT_OUTPUTS, {TEXT_INPUT: np.array(texts[start:start + batch_size], dtype=object)})
+        probs.append(p)
+        labels.append(lab)
+        ids += [[int(t) for t in row] for row in tok]
+    return np.concatenate(probs), np.concatenate(labels), ids
+
+
+def check(path: Path, texts: list[str], expected_ids: list[list[int]], expected_logits: np.ndarray, pad: int) -> dict:
+    """The text-in model at ``path`` against predict.py's token ids and the ids-in model's logits on ``texts``.
+
+    Ids compare row by row after removing the right padding (``pad`` after the last real token, which is
+    where predict.py pads too); predictions must be identical, probabilities close."""
+    probs, labels, ids = run(path, texts)
+    same_ids = 0
+    first_difference = None
+    for index, (row, expected) in enumerate(zip(ids, expected_ids)):
+        if row[: len(expected)] == list(expected) and all(t == pad for t in row[len(expected):]):
+            same_ids += 1
+        elif first_difference is None:
+            first_difference = {"index": index, "text": texts[index][:200], "text_model": row[: len(expected) + 2],
+                                "predict_py": list(expected)}
+    shifted = np.exp(expected_logits - expected_logits.max(-1, keepdims=True))
+    expected_probs = shifted / shifted.sum(-1, keepdims=True)
+    agreement = float((labels == expected_logits.argmax(-1)).mean()) if len(texts) else 1.0
+    return {"examples": len(texts), "token_ids_identical": same_ids, "prediction_agreement": agreement,
+            "max_abs_probability_diff": float(np.abs(probs - expected_probs).max()) if len(texts) else 0.0,
+            "exact": same_ids == len(texts) and agreement == 1.0, "first_difference": first_difference}
+
+
+def ship(classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, records: list[dict], pad: int,
+         target: Path) -> dict:
+    """Build the text-in model at ``target`` from the shipped ``classifier`` and check it on ``records`` (the test
+    split): predict.py's token ids (tokenizers, truncation at ``max_length``) and the classifier's predictions on
+    them must be reproduced exactly, or nothing is shipped. Returns metadata.json's ``text_model``."""
+    from . import bundle as B
+
+    why = unsupported_reason(facts, pairs=bool(records) and "text_pair" in records[0])
+    if why is None:
+        try:
+            info = build(classifier, tokenizer_json, facts, max_length, target)
+        except TextModelUnsupported as exc:
+            why = str(exc)
+    if why is not None:
+        Path(target).unlink(missing_ok=True)
+        return {"shipped": False, "why": why}
+    texts = [r["text"] for r in records]
+    ids = B.tokenize_texts(tokenizer_json, texts, max_length)  # exactly predict.py's encoding
+    logits = B.onnx_logits(classifier, B.IdSplit(ids, np.zeros(len(ids))), pad)  # predict.py's predictions
+    result = check(target, texts, ids, logits, pad)
+    if not result["exact"]:
+        Path(target).unlink()
+        return {"shipped": False, "why": (
+            f"the extension operators did not reproduce predict.py on the test split: {result['token_ids_identical']} of "
+            f"{result['examples']} texts got identical token ids, prediction agreement {result['prediction_agreement']:.4f} "
+            f"(first difference: {result['first_difference']})"), "check": result}
+    return {"shipped": True, **info, "check": {**result, "split": "test", "against": f"predict.py ({classifier.name})"},
+            "onnxruntime_extensions": _version("onnxruntime-extensions"),
+            "known_differences": KNOWN_DIFFERENCES.get(facts.get("type"), [])}
+
+
+# Measured against tokenizers: WordPiece on 6,000 Rotten Tomatoes sentences plus edge cases (empty text, accents,
+# CJK, emoji, a 300-character word, control characters), full and trimmed vocabulary, at 32 and 128 tokens; byte-level
+# BPE on 3,000 sentences plus leading spaces, tabs and an empty text: identical ids. Where they part ways:
+KNOWN_DIFFERENCES = {
+    "WordPiece": ["a special token typed inside the text (e.g. the literal string '[SEP]') is split like ordinary "
+                  "text by the operators, while tokenizers maps it to the special token's id"],
+    "BPE": ["special tokens typed inside the text (e.g. the literal string '</s>') were not compared"],
+}
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,311 @@
+"""The bundle in the runtimes a mobile team uses: the text-in model (tokenizer operators + classifier), the shipped
+files run by Node.js (onnxruntime-node, a JavaScript tokenizer), the mobile usability verdicts, integrity checks.
+
+Most tests read the session-wide tiny run (tests/conftest.py `tiny_run`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import bundle as B
+from pipeline import text_model as TM
+from tests.conftest import read_json
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_run):
+    return tiny_run["run_dir"] / "export" / "bundle"
+
+
+@pytest.fixture(scope="module")
+def predict(bundle):
+    """The bundle's own predict.py, imported from the bundle folder."""
+    sys.path.insert(0, str(bundle))
+    try:
+        import predict
+    finally:
+        sys.path.remove(str(bundle))
+    return predict
+
+
+@pytest.fixture(scope="module")
+def test_texts(tiny_run):
+    records = [json.loads(line) for line in (tiny_run["run_dir"] / "prepare" / "test.jsonl").read_text().splitlines() if line]
+    return [r["text"] for r in records], [r["label"] for r in records]
+
+
+def test_text_model_reproduces_predict_py_ids_and_predictions(bundle, predict, test_texts):
+    """model.text.onnx and its .ort twin: strings in, predict.py's token ids and predictions out, whole test split."""
+    texts, _ = test_texts
+    metadata = read_json(bundle / "metadata.json")
+    text = metadata["text_model"]
+    assert text["shipped"] and text["file"] == "model.text.onnx" and text["ort_file"] == "model.text.ort"
+    assert text["classifier"] == metadata["variants"][metadata["recommended"]]["file"]  # the shipped variant inside
+    assert text["check"]["exact"] and text["check"]["token_ids_identical"] == len(texts) == text["check"]["examples"]
+    assert {"model.text.onnx", "model.text.ort"} <= set(metadata["files"])
+    reference = predict.BundleClassifier(bundle)  # the recommended ids-in model, predict.py's tokenization
+    expected = reference.predict(texts)
+    encoded = [reference.tokenizer.encode(t).ids for t in texts]
+    for name in ("model.text.onnx", "model.text.ort"):
+        probabilities, labels, ids = TM.run(bundle / name, texts)  # predict.py's batches: int8 activations are scaled per batch
+        for row, expected_ids in zip(ids, encoded):  # right-padded with the pad id, like predict.py's batches
+            assert row[: len(expected_ids)] == expected_ids and set(row[len(expected_ids):]) <= {reference.pad_id}
+        assert [reference.labels[i] for i in labels] == [e["label"] for e in expected], name
+        expected_probs = np.array([[e["probabilities"][n] for n in reference.labels] for e in expected])
+        assert np.abs(probabilities - expected_probs).max() < 1e-5, name
+    config = (bundle / "required_operators.config").read_text()
+    assert "ai.onnx.contrib;1;BasicTokenizer,WordpieceTokenizer" in config  # a reduced build keeps the tokenizer operators
+    readme = (bundle / "README.md").read_text()
+    assert "OrtxPackage.getLibraryPath()" in readme and "registerCustomOps(functionPointer:" in readme
+    assert "onnxruntime-extensions-android" in readme and "onnxruntime-extensions-c" in readme
+
+
+def test_text_model_truncates_like_predict_py(bundle, predict):
+    """Texts far longer than max_length, an empty text and mixed batches: same ids and labels as predict.py."""
+    reference = predict.BundleClassifier(bundle)
+    texts = ["", "a " * 200 + "film", "word " * 31, "word " * 29, "Café naïve résumé, déjà vu!", "ok"]
+    _, labels, ids = TM.run(bundle / "model.text.onnx", texts)
+    encoded = [reference.tokenizer.encode(t).ids for t in texts]
+    assert max(len(e) for e in encoded) == reference.max_length  # truncation really happened
+    for row, expected_ids in zip(ids, encoded):
+        assert row[: len(expected_ids)] == expected_ids
+    assert list(labels) == [reference.labels.index(e["label"]) for e in reference.predict(texts)]
+
+
+def _train(kind: str, folder: Path) -> Path:
+    """A small tokenizer trained offline: RoBERTa-style byte-level BPE or SentencePiece-style Unigram."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    corpus = ["a gripping and beautifully acted film", "a tedious mess of a movie", "the plot is thin, the jokes fall flat",
+              "  an unexpectedly moving story", "Café naïve résumé"] * 20
+    if kind == "bpe":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(
+            vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    else:
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.train_from_iterator(corpus, trainers.UnigramTrainer(
+            vocab_size=120, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "<mask>"], unk_token="<unk>"))
+        tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def test_byte_level_bpe_tokenizer_graph_matches_tokenizers(tmp_path, test_texts):
+    """Byte-level BPE runs as HfJsonTokenizer (+ the prefix space tokenizers adds): identical ids, truncation included."""
+    tokenizer_json = _train("bpe", tmp_path / "bpe")
+    roles = {"cls": "<s>", "sep": "</s>", "pad": "<pad>", "unk": "<unk>", "mask": "<mask>"}
+    facts = B.tokenizer_facts(tokenizer_json, roles)
+    assert TM.unsupported_reason(facts, pairs=False) is None
+    texts = test_texts[0] + ["", " leading space", "\ttab first", "x" * 300]
+    model, operator = TM.tokenizer_graph(tokenizer_json, facts, 24, 18)
+    path = tmp_path / "tokenizer.onnx"
+    path.write_bytes(model.SerializeToString())
+    ids, mask = TM.session(path).run(None, {TM.TEXT_INPUT: np.array(texts, dtype=object)})
+    expected = B.tokenize_texts(tokenizer_json, texts, 24)
+    assert operator == "HfJsonTokenizer" and any(len(e) == 24 for e in expected)
+    assert [list(row[: m.sum()]) for row, m in zip(ids, mask)] == expected
+
+
+def test_unigram_tokenizer_ships_ids_in_model_only_with_the_reason(tmp_path, bundle):
+    """A tokenizer kind the operators cannot reproduce: no file, metadata says why (and so does a pair task)."""
+    tokenizer_json = _train("unigram", tmp_path / "unigram")
+    facts = B.tokenizer_facts(tokenizer_json, {"cls": "[CLS]", "sep": "[SEP]", "pad": "<pad>", "unk": "<unk>"})
+    target = tmp_path / "model.text.onnx"
+    records = [{"text": "a fine film", "label": "fresh"}]
+    result = TM.ship(bundle / "model.int8.onnx", tokenizer_json, facts, 16, records, 0, target)
+    assert result["shipped"] is False and "Unigram" in result["why"] and not target.exists()
+    wordpiece = B.tokenizer_facts(bundle / "tokenizer.json")
+    pairs = TM.ship(bundle / "model.int8.onnx", bundle / "tokenizer.json", wordpiece, 16,
+                    [{"text": "a", "text_pair": "b", "label": "fresh"}], 0, target)
+    assert pairs["shipped"] is False and "pair" in pairs["why"] and not target.exists()
+
+
+NODE_DIR = Path(__file__).resolve().parent / "node"
+
+
+@pytest.fixture(scope="module")
+def node():
+    """The node executable with tests/node's packages installed (npm ci from package-lock.json when missing)."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed: the bundle's Node.js check (onnxruntime-node) cannot run here")
+    if not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir():
+        npm = shutil.which("npm")
+        assert npm, "node is installed but npm is not: install npm, then `cd tests/node && npm ci --ignore-scripts`"
+        proc = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=NODE_DIR,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"npm ci in tests/node failed:\n{proc.stderr[-2000:]}"
+    return node
+
+
+def test_node_runs_the_bundle_like_predict_py(node, bundle, predict, tiny_run, test_texts, tmp_path):
+    """Node.js, onnxruntime-node and @huggingface/tokenizers (JavaScript), fed only the bundle's files: the same token
+    ids, labels and probabilities as predict.py on the whole test split, for the recommended graph and its .ort twin."""
+    import shutil
+    import subprocess
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)  # the bundle alone, away from the run folder
+    texts, gold = test_texts
+    reference = predict.BundleClassifier(copy)
+    expected = reference.predict(texts)
+    encoded = [reference.tokenizer.encode(t).ids for t in texts]
+    metadata = read_json(copy / "metadata.json")
+    chosen = metadata["variants"][metadata["recommended"]]
+    for model in (chosen["file"], chosen["ort_file"]):
+        proc = subprocess.run([node, str(NODE_DIR / "predict.mjs"), str(copy), str(tiny_run["run_dir"] / "prepare" / "test.jsonl"),
+                               model], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        assert len(rows) == len(texts)
+        assert [row["ids"] for row in rows] == encoded, model
+        assert [row["label"] for row in rows] == [e["label"] for e in expected], model
+        got = np.array([row["probabilities"] for row in rows])
+        want = np.array([[e["probabilities"][n] for n in reference.labels] for e in expected])
+        assert np.abs(got - want).max() < 1e-5, model
+        accuracy = float(np.mean([row["label"] == label for row, label in zip(rows, gold)]))
+        assert accuracy == pytest.approx(chosen["accuracy"], abs=1e-12), model  # the recorded test accuracy
+
+
+def test_mobile_usability_verdicts_recorded_and_match_the_checker_cli(bundle):
+    """metadata.json holds the mobile usability checker's verdicts per provider; the checker's own CLI agrees."""
+    import re
+    import subprocess
+
+    metadata = read_json(bundle / "metadata.json")
+    mobile = metadata["mobile_usability"]
+    shipped = mobile["shipped"]
+    assert shipped["model"] == metadata["variants"][metadata["recommended"]]["file"]
+    assert shipped["dynamic_inputs"] == ["input_ids", "attention_mask"]
+    assert set(shipped["providers"]) == {"NNAPI", "CoreML NeuralNetwork", "CoreML MLProgram"}
+    for provider in shipped["providers"].values():
+        as_is, fixed = provider["as_shipped"], provider["with_fixed_shapes"]
+        assert 0 <= as_is["supported_nodes"] <= as_is["nodes"] and as_is["partitions"] >= 0
+        assert fixed["supported_nodes"] >= as_is["supported_nodes"]  # fixing shapes never loses nodes
+        assert provider["verdict"] in ("YES", "MAYBE", "NO")
+    limit = shipped["coreml_dimension_limit"]
+    assert limit["embedding_rows"] == metadata["tokenizer"]["vocab_size"] and limit["exceeded"] == (limit["embedding_rows"] > 16384)
+    proc = subprocess.run([sys.executable, "-m", "onnxruntime.tools.check_onnx_model_mobile_usability",
+                           str(bundle / shipped["model"])], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = dict(re.findall(r"Model should perform well with (.+?) as is: (\w+)", proc.stderr + proc.stdout))
+    assert said == {name: p["verdict"] for name, p in shipped["providers"].items()}
+    readme = (bundle / "README.md").read_text()
+    assert "## Mobile execution providers (NNAPI, CoreML)" in readme
+    assert f"| NNAPI (Android) | {shipped['providers']['NNAPI']['as_shipped']['supported_nodes']}/" in readme
+    assert mobile["static_qdq_int8"]["why"] in readme
+
+
+def test_verify_checks_every_file_and_names_the_one_that_differs(bundle, tmp_path):
+    import shutil
+    import subprocess
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+
+    def verify():
+        return subprocess.run([sys.executable, "-I", "predict.py", "--verify"], cwd=copy, capture_output=True, text=True,
+                              timeout=120)
+
+    ok = verify()
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["verified"] == len(read_json(copy / "metadata.json")["files"])
+    labels = (copy / "labels.json").read_text()
+    (copy / "labels.json").write_text(labels.replace("fresh", "fresk"))  # one changed byte in a non-model file
+    bad = verify()
+    assert bad.returncode == 2 and "labels.json" in bad.stderr and "changed after export" in bad.stderr
+    assert bad.stdout == ""
+    (copy / "labels.json").write_text(labels)
+    (copy / "model.text.ort").unlink()
+    missing = verify()
+    assert missing.returncode == 2 and "model.text.ort is missing" in missing.stderr
+
+
+def _devtools():
+    """scripts/ui_screenshot.py's Chromium finder and DevTools-pipe client (no extra packages)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ui_screenshot", Path(__file__).resolve().parents[1] / "scripts" / "ui_screenshot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, tmp_path):
+    """bundle/demo.html served from 127.0.0.1, opened in headless Chromium: type a sentence, click, read the label and
+    probabilities back from the page; they are predict.py's for that sentence."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    metadata = read_json(bundle / "metadata.json")
+    if not metadata["demo"]["shipped"]:
+        pytest.skip(f"no demo.html in this bundle: {metadata['demo']['why']}")
+    ui = _devtools()
+    chromium = next((path for name in ui.CHROMIUM_NAMES if (path := shutil.which(name))), None)
+    if chromium is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the demo page cannot be opened")
+    assert {f"demo/{name}" for name in B.WEB_FILES} | {"demo.html"} <= set(metadata["files"])  # checksummed like the rest
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(copy)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    browser = None
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/demo.html", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the local http server did not start"
+                time.sleep(0.2)
+        log = open(tmp_path / "chromium.log", "w")
+        browser = ui.DevTools(chromium, ui.CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path / 'profile'}"], log)
+        target = browser("Target.createTarget", url="about:blank")["targetId"]
+        browser.session = browser("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        browser("Page.navigate", url=f"http://127.0.0.1:{port}/demo.html")
+        assert browser.wait_for("document.body && ['1', 'error'].includes(document.body.dataset.ready)", 90)
+        status = browser.js("document.getElementById('status').textContent")
+        assert browser.js("document.body.dataset.ready") == "1", status
+        reference = predict.BundleClassifier(copy)
+        texts = test_texts[0][:3] + ["a " * 100 + "dull film"]  # the last one is truncated
+        for text in texts:
+            browser.js(f"document.getElementById('label').textContent = ''; document.getElementById('status').textContent = '';"
+                       f"document.getElementById('text').value = {json.dumps(text)}; document.getElementById('classify').click()")
+            assert browser.wait_for("document.getElementById('status').textContent !== ''", 30)
+            assert browser.js("document.getElementById('status').textContent") == "done"
+            shown = browser.js("({label: document.getElementById('label').textContent, ids: JSON.parse(document.getElementById"
+                               "('label').dataset.ids), rows: [...document.querySelectorAll('#probabilities tr')].map(r => "
+                               "[r.dataset.label, Number(r.dataset.probability)])})")
+            expected = reference.predict([text])[0]  # batch 1, as the page runs it
+            assert shown["ids"] == reference.tokenizer.encode(text).ids, text  # the JavaScript tokenizer, truncation too
+            assert shown["label"] == expected["label"], text
+            assert [name for name, _ in shown["rows"]] == reference.labels
+            # WebAssembly's int8 kernels round differently from the native CPU ones: ~3e-3 measured on the tiny run
+            assert all(abs(p - expected["probabilities"][name]) < 1e-2 for name, p in shown["rows"]), (shown, expected)
+    finally:
+        if browser is not None:
+            browser.close()
+        server.terminate()
+        server.wait(timeout=10)
