@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from .errors import ConfigError, ModelError
 from .families import attn_implementation, encoder_layers, family_of, layer_prefix, usable_positions, zero_attention_dropout
 from .pruning import prune_ffn, top_neurons
 from .terms import TERMS
+
+log = logging.getLogger("pipeline")
 
 
 def package_folder(package: str) -> Path:
@@ -375,8 +378,24 @@ def tokenizer_difference(teacher_tokenizer, student_tokenizer) -> str | None:
 def student_tokenizer_problem(config: PipelineConfig) -> str | None:
     """A pretrained student must read the teacher's token ids: its tokenizer must be the teacher's (not just its name)."""
     student = config.student.pretrained
+    folder = Path(resolve_reference(student))
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        # A checkpoint saved without its tokenizer (AutoTokenizer would build an empty one from config.json):
+        # only the embedding table's size can be compared with the teacher's vocabulary.
+        try:
+            ours = load_tokenizer(tokenizer_reference(config), config.teacher.trust_remote_code)
+        except ModelError:
+            return None
+        rows = getattr(AutoConfig.from_pretrained(folder), "vocab_size", None)
+        if rows is not None and rows != len(ours):
+            return (f"'{student}' has no tokenizer files and an embedding table of {rows} rows, while the teacher's "
+                    f"tokenizer has {len(ours)} tokens: it cannot read the teacher's token ids. Choose a pretrained "
+                    "student trained with the teacher's tokenizer (saved with it), or use student.init 'teacher_layers' or 'random'.")
+        log.warning("student.pretrained '%s' has no tokenizer files: only its vocabulary size (%s) could be checked "
+                    "against the teacher's tokenizer", student, rows)
+        return None
     try:
-        theirs = load_tokenizer(resolve_reference(student))
+        theirs = load_tokenizer(str(folder))
     except ModelError as exc:
         return (f"'{student}' has no tokenizer to compare with the teacher's ({exc}). Save the student's tokenizer "
                 "with it: the student reads the teacher's token ids, so the pipeline checks that they tokenize alike.")
