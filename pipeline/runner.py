@@ -45,6 +45,22 @@ log = logging.getLogger("pipeline")
 STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
 
 
+def replace_folder(finished: Path, target: Path) -> None:
+    """Swap a finished folder into place: the old one out of the way first, then one rename.
+
+    A crash in between leaves no "done" stage with stale content (the manifest
+    check fails and the stage reruns).
+    """
+    if target.exists() or target.is_symlink():
+        trash = target.with_name(f".{target.name}.old")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(target, trash)
+        os.replace(finished, target)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(finished, target)
+
+
 def stage_module(name: str):
     return importlib.import_module(f"stages.{name}")
 
@@ -488,17 +504,7 @@ def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracke
             }
             write_json(partial / "manifest.json", manifest)
             (partial / ".fingerprint").unlink(missing_ok=True)
-            # Swap the finished folder into place: old output out of the way
-            # first, then one rename; a crash in between leaves no "done" stage
-            # with stale content (the manifest check fails and the stage reruns).
-            if final.exists():
-                trash = run_dir / f".{name}.old"
-                shutil.rmtree(trash, ignore_errors=True)
-                os.replace(final, trash)
-                os.replace(partial, final)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.replace(partial, final)
+            replace_folder(partial, final)
             log.info("[%s] done in %.1f s %s", name, duration, _short(summary))
     dist.barrier()
 

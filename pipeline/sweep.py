@@ -266,17 +266,12 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def link_stage(source: Path, target: Path) -> None:
     """Put a hard-linked copy of the complete stage folder ``source`` at ``target``, atomically."""
+    from .runner import replace_folder
+
     staging = target.with_name(f".{target.name}.linking")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging, copy_function=_link_or_copy, symlinks=True)
-    if target.exists() or target.is_symlink():
-        trash = target.with_name(f".{target.name}.old")
-        shutil.rmtree(trash, ignore_errors=True)
-        os.replace(target, trash)
-        os.replace(staging, target)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(staging, target)
+    replace_folder(staging, target)
 
 
 def reuse_stages(run_dir: Path, current: dict[str, str], sources: list[Path]) -> dict[str, Path]:
