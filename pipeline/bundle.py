@@ -4,7 +4,9 @@ The export stage (stages/export.py) strings these together; each function
 does one job and is usable on its own (tests, notebooks, bench scripts).
 
 Shipped graphs have the signature ``(input_ids int64 [batch, sequence],
-attention_mask int64 [batch, sequence]) -> logits float32 [batch, labels]``.
+attention_mask int64 [batch, sequence]) -> logits float32 [batch, labels]``;
+a sentence-pair model whose family has segment embeddings (BERT, ELECTRA) takes
+a third input, ``token_type_ids int64 [batch, sequence]``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,24 @@ from .integrity import sha256_file
 log = logging.getLogger("pipeline")
 
 INPUT_NAMES = ["input_ids", "attention_mask"]
+SEGMENT_INPUT = "token_type_ids"  # the third input of a sentence-pair graph
+
+
+def input_names(segments: bool) -> list[str]:
+    """The graph's inputs: input_ids, attention_mask (+ token_type_ids for sentence pairs with segment ids)."""
+    return INPUT_NAMES + ([SEGMENT_INPUT] if segments else [])
+
+
+def split_feeds(split, start: int, stop: int, pad: int) -> dict:
+    """int64 numpy inputs for examples [start, stop) of a TokenizedSplit / IdSplit, right-padded to the longest;
+    token_type_ids (padded with 0) when the split has them."""
+    from .data import pad_batch, pad_segments
+
+    ids, mask = pad_batch(split.input_ids[start:stop], pad)
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    if getattr(split, "token_type_ids", None) is not None:
+        feeds[SEGMENT_INPUT] = pad_segments(split.token_type_ids[start:stop], ids.shape[1]).numpy()
+    return feeds
 OUTPUT_NAMES = ["logits"]
 BUNDLE_TEMPLATES = Path(__file__).resolve().parent / "bundle_files"
 
@@ -38,45 +58,52 @@ BUNDLE_TEMPLATES = Path(__file__).resolve().parent / "bundle_files"
 
 
 class LogitsOnly(torch.nn.Module):
-    """ONNX graph signature: (input_ids, attention_mask) -> logits."""
+    """ONNX graph signature: (input_ids, attention_mask[, token_type_ids]) -> logits."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **segments).logits
 
 
 class HiddenStates(torch.nn.Module):
-    """Feature-extractor signature: (input_ids, attention_mask) -> last_hidden_state."""
+    """Feature-extractor signature: (input_ids, attention_mask[, token_type_ids]) -> last_hidden_state."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **segments).last_hidden_state
 
 
-def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: list[str] | None = None) -> None:
+def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: list[str] | None = None,
+                segments: bool = False) -> None:
     """A single-file ONNX graph with dynamic batch and sequence axes (dynamo exporter).
 
-    ``module`` takes (input_ids, attention_mask); wrap a HF model in
-    :class:`LogitsOnly` or :class:`HiddenStates`. No external data file: mobile
-    runtimes load one file.
+    ``module`` takes (input_ids, attention_mask[, token_type_ids]); wrap a HF model in
+    :class:`LogitsOnly` or :class:`HiddenStates`. ``segments`` adds the third input
+    ``token_type_ids`` (sentence pairs for a family with segment embeddings). No
+    external data file: mobile runtimes load one file.
     """
     # torch's exporter logs one warning per missing torchvision op; not ours to fix.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     example = (torch.ones(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.long))  # length 1 fails to export
+    if segments:  # a pair's second segment: ones in the second half
+        example += (torch.cat([torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long)], dim=1),)
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    names = input_names(segments)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # raised inside torch.onnx on this version
         warnings.filterwarnings("ignore", message=".*axis name.*will not be used")  # dynamo's Dim renaming note
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(module.eval(), example, str(path), dynamo=True, opset_version=opset,
-                          input_names=INPUT_NAMES, output_names=output_names or OUTPUT_NAMES,
-                          dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
+                          input_names=names, output_names=output_names or OUTPUT_NAMES,
+                          dynamic_shapes={name: {0: batch, 1: seq} for name in names},
                           external_data=False, optimize=True, verbose=False)
     if Path(str(path) + ".data").exists():
         raise RuntimeError(f"ONNX export of {path} wrote an external data file; the bundle needs a single file")
@@ -168,26 +195,22 @@ def ort_session(path: Path, threads: int | None = None):
 
 
 def onnx_logits(path_or_session, split, pad: int, batch_size: int = 64) -> np.ndarray:
-    """Logits of an ONNX classifier for every example of a TokenizedSplit, in order."""
-    from .data import pad_batch
-
+    """Logits of an ONNX classifier for every example of a TokenizedSplit, in order (token_type_ids fed when the
+    split has them: the graph must then take them)."""
     session = ort_session(path_or_session) if isinstance(path_or_session, (str, Path)) else path_or_session
     parts = []
     for start in range(0, len(split), batch_size):
-        ids, mask = pad_batch(split.input_ids[start:start + batch_size], pad)
-        parts.append(session.run(OUTPUT_NAMES, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
+        parts.append(session.run(OUTPUT_NAMES, split_feeds(split, start, start + batch_size, pad))[0])
     return np.concatenate(parts)
 
 
 @torch.no_grad()
 def torch_logits(model, split, pad: int, batch_size: int = 64) -> np.ndarray:
-    """fp32 PyTorch logits, same batching as :func:`onnx_logits` (the parity reference)."""
-    from .data import pad_batch
-
+    """fp32 PyTorch logits, same batching and inputs as :func:`onnx_logits` (the parity reference)."""
     parts = []
     for start in range(0, len(split), batch_size):
-        ids, mask = pad_batch(split.input_ids[start:start + batch_size], pad)
-        parts.append(model(input_ids=ids, attention_mask=mask).logits.float().numpy())
+        feeds = split_feeds(split, start, start + batch_size, pad)
+        parts.append(model(**{k: torch.from_numpy(v) for k, v in feeds.items()}).logits.float().numpy())
     return np.concatenate(parts)
 
 
@@ -293,13 +316,21 @@ def convert_to_ort(models: list[Path], out_dir: Path, target_platform: str = "ar
 # ---------------------------------------------------------------- latency
 
 
-def latency_inputs(length: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0) -> dict:
-    """One sequence of exactly ``length`` tokens (cls ... sep: [CLS] ... [SEP], <s> ... </s>), batch 1, int64."""
+def latency_inputs(length: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0, segments: bool = False) -> dict:
+    """One sequence of exactly ``length`` tokens (cls ... sep: [CLS] ... [SEP], <s> ... </s>), batch 1, int64.
+
+    ``segments``: a sentence pair of two equal halves, [CLS] a [SEP] b [SEP], with token_type_ids 0 then 1.
+    """
     rng = np.random.default_rng(seed)
     low = 1000 if vocab_size > 2000 else 1  # skip BERT's unused/special block when the vocabulary is large
     ids = rng.integers(low, vocab_size, size=(1, length), dtype=np.int64)
     ids[0, 0], ids[0, -1] = cls_id, sep_id
-    return {"input_ids": ids, "attention_mask": np.ones((1, length), dtype=np.int64)}
+    feeds = {"input_ids": ids, "attention_mask": np.ones((1, length), dtype=np.int64)}
+    if segments:
+        middle = length // 2
+        ids[0, middle - 1] = sep_id
+        feeds[SEGMENT_INPUT] = (np.arange(length) >= middle).astype(np.int64)[None, :]
+    return feeds
 
 
 def ort_runner(path: Path, threads: int):
@@ -314,7 +345,7 @@ def torch_runner(model, threads: int):
         torch.set_num_threads(threads)
         try:
             with torch.inference_mode():
-                model(input_ids=torch.from_numpy(inputs["input_ids"]), attention_mask=torch.from_numpy(inputs["attention_mask"]))
+                model(**{name: torch.from_numpy(value) for name, value in inputs.items()})
         finally:
             torch.set_num_threads(previous)
     return run
@@ -554,10 +585,12 @@ def write_bundle_tokenizer(source: Path, target_json: Path, target_vocab: Path, 
 
 
 class IdSplit:
-    """Token ids + label ids in split order (duck-types TokenizedSplit for onnx_logits / torch_logits)."""
+    """Token ids + label ids (+ token_type_ids for pairs) in split order (duck-types TokenizedSplit for
+    onnx_logits / torch_logits)."""
 
-    def __init__(self, input_ids: list[list[int]], labels: np.ndarray):
+    def __init__(self, input_ids: list[list[int]], labels: np.ndarray, token_type_ids: list[list[int]] | None = None):
         self.input_ids = input_ids
+        self.token_type_ids = token_type_ids
         self.labels = np.asarray(labels)
         self.lengths = np.asarray([len(x) for x in input_ids])
 
@@ -638,15 +671,20 @@ def trim_embeddings(model, kept: list[int]):
     return model
 
 
-def tokenize_texts(tokenizer_json: Path, texts: list[str], max_length: int, pairs: list[str] | None = None) -> list[list[int]]:
-    """Token ids as the bundle's predict.py computes them (tokenizers library, truncation, no padding)."""
+def tokenize_texts(tokenizer_json: Path, texts: list[str], max_length: int, pairs: list[str] | None = None,
+                   segments: bool = False):
+    """Token ids as the bundle's predict.py computes them (tokenizers library, truncation, no padding);
+    with ``segments`` a pair (ids, type ids)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     tokenizer.enable_truncation(max_length)
     tokenizer.no_padding()
     items = list(zip(texts, pairs)) if pairs is not None else list(texts)
-    return [e.ids for e in tokenizer.encode_batch(items)]
+    encodings = tokenizer.encode_batch(items)
+    if segments:
+        return [e.ids for e in encodings], [e.type_ids for e in encodings]
+    return [e.ids for e in encodings]
 
 
 # ---------------------------------------------------------------- bundle files

@@ -453,17 +453,29 @@ def check_splits(splits: dict[str, pd.DataFrame], cfg: DataConfig) -> None:
             )
 
 
-def tokenize_split(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int) -> tuple[list[list[int]], list[bool]]:
-    """Token ids of a batch of texts without padding (padding happens per batch), and per text whether truncation cut it.
+def tokenize_split(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int,
+                   segments: bool = False) -> tuple:
+    """Token ids of a batch of texts without padding (padding happens per batch), and per text whether truncation cut it;
+    with ``segments`` also the tokenizer's ``token_type_ids`` (0 for the first text, 1 for the pair), a third item.
 
     A fast tokenizer keeps what truncation removed in each encoding's ``overflowing``, so counting truncations
     needs no second, untruncated pass; a slow (Python) tokenizer has no encodings and is asked again without truncation.
     """
-    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, add_special_tokens=True)
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, add_special_tokens=True,
+                    return_token_type_ids=segments or None)
     if enc.encodings is not None:
-        return enc["input_ids"], [bool(e.overflowing) for e in enc.encodings]
-    full = tokenizer(texts, pairs, truncation=False, add_special_tokens=True)["input_ids"]
-    return enc["input_ids"], [len(ids) > max_length for ids in full]
+        truncated = [bool(e.overflowing) for e in enc.encodings]
+    else:
+        full = tokenizer(texts, pairs, truncation=False, add_special_tokens=True)["input_ids"]
+        truncated = [len(ids) > max_length for ids in full]
+    return (enc["input_ids"], truncated, enc["token_type_ids"]) if segments else (enc["input_ids"], truncated)
+
+
+def uses_segment_ids(tokenizer, model_config) -> bool:
+    """Whether sentence pairs need ``token_type_ids`` for this teacher: its tokenizer produces them and its model has a
+    segment embedding with more than one row (BERT, ELECTRA: 2; RoBERTa / XLM-R: 1; DistilBERT: none; DeBERTa-v2:
+    0 or more, by checkpoint)."""
+    return "token_type_ids" in tokenizer.model_input_names and (getattr(model_config, "type_vocab_size", 0) or 0) > 1
 
 
 TOKENIZE_BATCH = 1000  # texts per tokenizer call while streaming a split into Arrow
@@ -476,10 +488,12 @@ def tokenize_num_proc() -> int | None:
 
 
 def tokenize_to_disk(encode, texts: pd.Series, pairs: pd.Series | None, labels: np.ndarray, folder: Path,
-                     desc: str = "tokenize", progress: bool = False) -> dict:
+                     desc: str = "tokenize", progress: bool = False, segments: bool = False) -> dict:
     """One split tokenized in batches straight into Arrow at ``folder`` (the ``save_to_disk`` layout, memory-mapped when read).
 
-    ``encode(texts, pairs) -> (ids, truncated flags)`` tokenizes one batch (:func:`tokenize_split`). Token ids
+    ``encode(texts, pairs) -> (ids, truncated flags)`` tokenizes one batch (:func:`tokenize_split`); with
+    ``segments`` it returns ``(ids, truncated flags, token_type_ids)`` and a ``token_type_ids`` column is written
+    next to ``input_ids`` (sentence pairs for a teacher with segment embeddings; otherwise no such column). Token ids
     never exist as one Python list: each batch goes to an Arrow file as it is made, so memory stays flat in the
     number of examples; the truncation count and token lengths come from Arrow columns of the same pass. Written
     to a temporary folder and renamed into place; ``progress`` shows a bar while tokenizing. Returns ``examples``,
@@ -492,12 +506,18 @@ def tokenize_to_disk(encode, texts: pd.Series, pairs: pd.Series | None, labels: 
     if pairs is not None:
         columns["text_pair"] = pairs.astype(str).to_numpy(dtype=object)
     source = datasets.Dataset.from_dict(columns)
-    features = datasets.Features({"input_ids": datasets.List(datasets.Value("int32")), "label": datasets.Value("int64"),
-                                  "truncated": datasets.Value("bool")})
+    features = {"input_ids": datasets.List(datasets.Value("int32")), "label": datasets.Value("int64"),
+                "truncated": datasets.Value("bool")}
+    if segments:
+        features["token_type_ids"] = datasets.List(datasets.Value("int8"))
+    features = datasets.Features(features)
 
     def batch(rows: dict) -> dict:
-        ids, truncated = encode(rows["text"], rows.get("text_pair"))
-        return {"input_ids": ids, "label": rows["label"], "truncated": truncated}
+        encoded = encode(rows["text"], rows.get("text_pair"))
+        out = {"input_ids": encoded[0], "label": rows["label"], "truncated": encoded[1]}
+        if segments:
+            out["token_type_ids"] = encoded[2]
+        return out
 
     folder = Path(folder)
     work = folder.parent / f".{folder.name}.tmp"
@@ -536,6 +556,15 @@ def pad_batch(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids[row, : len(seq)] = seq
         mask[row, : len(seq)] = 1
     return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def pad_segments(sequences, longest: int | None = None) -> torch.Tensor:
+    """Right-pad ``token_type_ids`` with 0 to the longest sequence (the padded positions are masked anyway)."""
+    longest = longest or max(len(s) for s in sequences)
+    types = np.zeros((len(sequences), longest), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        types[row, : len(seq)] = seq
+    return torch.from_numpy(types)
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:

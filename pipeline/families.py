@@ -55,7 +55,7 @@ class Family:
     ffn_size_key: str  # config key of the feed-forward width
     hidden_sized: tuple[str, ...]  # config keys a random student sets to its own hidden size
     position_offset: bool  # position ids start after pad_token_id (RoBERTa-style): pad_token_id + 1 positions are lost
-    token_type_ids: bool  # the family has segment embeddings (sentence pairs: not fed yet)
+    token_type_ids: bool  # the family has segment embeddings (sentence pairs feed token_type_ids; data.uses_segment_ids decides)
     sdpa: bool  # transformers has an SDPA kernel for it; otherwise eager runs
     attention_is_exact: bool  # softmax(QK^T/sqrt(d)+mask) is the model's attention (else: content relation)
     tokenizer_kind: str  # the tokenizer its checkpoints ship (documentation; trimming is WordPiece only)

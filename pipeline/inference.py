@@ -9,8 +9,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import pad_batch
+from .data import pad_batch, pad_segments
 from .errors import CacheError
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def model_inputs(batch: dict) -> dict:
+    """The model's keyword inputs from a batch dict: input_ids, attention_mask, and token_type_ids when the data
+    has them (sentence pairs for a teacher with segment embeddings). Every model call goes through this."""
+    return {key: batch[key] for key in MODEL_INPUTS if key in batch}
+
 
 RELATION_ROWS = "relation_rows.npy"  # capture's choice under capture.max_cache_gb: which relational rows have relation targets
 
@@ -59,7 +68,8 @@ class TokenizedSplit:
     """One split as written by the prepare stage (Arrow via `datasets`, memory-mapped).
 
     ``input_ids`` reads examples lazily (:class:`TokenIds`); ``labels`` and ``lengths`` are numpy arrays
-    taken from the Arrow columns, so no split is ever held as Python lists.
+    taken from the Arrow columns, so no split is ever held as Python lists. ``token_type_ids`` is read the same
+    way when prepare stored it (sentence pairs), else None; batches then carry it too.
     """
 
     def __init__(self, prepare_dir: Path, split: str, folder: Path | None = None):
@@ -70,6 +80,8 @@ class TokenizedSplit:
         self.input_ids = TokenIds(table.column("input_ids"))
         self.labels = table.column("label").to_numpy().astype(np.int64, copy=False)
         self.lengths = self.input_ids.lengths
+        names = table.column_names
+        self.token_type_ids = TokenIds(table.column("token_type_ids")) if "token_type_ids" in names else None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -77,12 +89,15 @@ class TokenizedSplit:
     def batch(self, indices, pad_id: int, device) -> dict:
         indices = np.asarray(indices)
         ids, mask = pad_batch(self.input_ids.arrays(indices), pad_id)
-        return {
+        batch = {
             "input_ids": ids.to(device),
             "attention_mask": mask.to(device),
             "labels": torch.as_tensor(self.labels[indices]).to(device),
             "indices": indices,
         }
+        if self.token_type_ids is not None:
+            batch["token_type_ids"] = pad_segments(self.token_type_ids.arrays(indices), ids.shape[1]).to(device)
+        return batch
 
 
 class TrainingData:
@@ -116,6 +131,11 @@ class TrainingData:
                 raise CacheError(f"{chosen} marks {kept.shape[0]} examples but the training data has {self.relational} "
                                  "with relation targets; it belongs to another run. Rerun with --from capture.")
             self.has_relations[: self.relational] = kept
+        with_types = [p.token_type_ids is not None for p in self.parts]
+        if any(with_types) and not all(with_types):
+            raise CacheError(f"The training data parts {self.names} do not all carry token_type_ids ({with_types}); "
+                             "they come from different prepare runs. Rerun with --from prepare.")
+        self.segments = all(with_types)
 
     def __len__(self):
         return int(self.offsets[-1])
@@ -125,9 +145,13 @@ class TrainingData:
         which = np.searchsorted(self.offsets, indices, side="right") - 1
         ids = [self.parts[w].input_ids.arrays([i - self.offsets[w]])[0] for w, i in zip(which, indices)]
         input_ids, mask = pad_batch(ids, pad)
-        return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
-                "labels": torch.as_tensor(self.labels[indices], device=device), "indices": indices,
-                "relation_rows": torch.as_tensor(self.has_relations[indices], device=device)}
+        batch = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
+                 "labels": torch.as_tensor(self.labels[indices], device=device), "indices": indices,
+                 "relation_rows": torch.as_tensor(self.has_relations[indices], device=device)}
+        if self.segments:
+            types = [self.parts[w].token_type_ids.arrays([i - self.offsets[w]])[0] for w, i in zip(which, indices)]
+            batch["token_type_ids"] = pad_segments(types, input_ids.shape[1]).to(device)
+        return batch
 
 
 def label_names(prepare_dir: Path) -> list[str]:
@@ -156,7 +180,7 @@ def predict_logits(model, split: TokenizedSplit, batch_size: int, dist, pad: int
         indices = mine[start:start + batch_size]
         batch = split.batch(indices, pad, dist.device)
         with dist.autocast():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(**model_inputs(batch)).logits
         outputs.append((indices, logits.float().cpu().numpy()))
     if dist.world > 1:
         gathered = [None] * dist.world

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import attention_probs, capture_projections
+from .inference import model_inputs
 from .terms import TARGETS, TERMS, Target, TermInputs
 
 
@@ -117,8 +118,7 @@ def target_plan(config, teacher_config=None) -> TargetPlan:
 def teacher_targets(teacher, batch: dict, plan: TargetPlan) -> dict:
     """Run the teacher (eval mode) and collect raw targets (relations as vectors)."""
     with capture_projections(teacher, plan.teacher_layers, plan.projections) as captured:
-        out = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                      output_hidden_states=plan.hidden_states)
+        out = teacher(**model_inputs(batch), output_hidden_states=plan.hidden_states)
     targets = {"logits": out.logits.float()}
     for key, target, layer in plan.teacher_keys():
         targets[key] = target.target(target.read(out, captured, layer))
@@ -160,7 +160,7 @@ class DistillObjective(torch.nn.Module):
         plan, w = self.plan, self.weights
         mask = batch["attention_mask"]
         with capture_projections(student, plan.student_layers, plan.projections) as captured:
-            out = student(input_ids=batch["input_ids"], attention_mask=mask, output_hidden_states=plan.hidden_states)
+            out = student(**model_inputs(batch), output_hidden_states=plan.hidden_states)
         reads: dict[str, object] = {}
 
         def read(target: Target, layer):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from transformers.pytorch_utils import prune_linear_layer
 
 from .families import family_of, ffn_linears, ffn_paths
+from .inference import model_inputs
 
 
 def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
@@ -57,7 +58,7 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
     try:
         for batch in batches:
             mask_holder["mask"] = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(**model_inputs(batch)).logits
             loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
             loss.backward()
     finally:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from pipeline.attention import attention_probs, capture_projections, split_heads
-from pipeline.inference import TokenizedSplit, label_names, pad_id, predict_logits
+from pipeline.inference import TokenizedSplit, label_names, model_inputs, pad_id, predict_logits
 from pipeline.metrics import attention_health, classification_report
 from pipeline.models import count_parameters, load_classifier, load_tokenizer
 from pipeline.objective import target_plan
@@ -85,7 +85,7 @@ def attention_report(ctx, teacher, student, prepare, pad) -> dict:
     report = {}
     for who, model, layers in (("teacher", teacher, plan.teacher_layers), ("student", student, plan.student_layers)):
         with capture_projections(model, layers, ("query", "key", "value")) as captured:
-            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            model(**model_inputs(batch))
         heads = model.config.num_attention_heads
         report[who] = {}
         for layer in layers:

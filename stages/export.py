@@ -118,6 +118,11 @@ class Inputs:
     max_length: int
     test: TokenizedSplit  # the test split in the original vocabulary (the teacher's)
 
+    @property
+    def segments(self) -> bool:
+        """Sentence pairs with token_type_ids (prepare stored them): every graph takes them as a third input."""
+        return self.test.token_type_ids is not None
+
 
 @dataclass
 class Shipped:
@@ -332,7 +337,7 @@ def export_teacher(inputs: Inputs, int8: Int8 | None, cfg, work: Path) -> Teache
     """The teacher as ONNX fp32 and, quantized with the student's int8 setting, the int8 baseline (int8_teacher_baseline)."""
     eager = load_classifier(str(inputs.teacher / "model"), attn_implementation="eager").eval()
     onnx_path, int8_path = work / "teacher.onnx", work / "teacher.int8.onnx"
-    B.export_onnx(B.LogitsOnly(eager), onnx_path, cfg.opset)
+    B.export_onnx(B.LogitsOnly(eager), onnx_path, cfg.opset, segments=inputs.segments)
     del eager
     baseline = int8_teacher_baseline(onnx_path, int8_path, int8.setting if int8 else None, inputs.test, inputs.pad, inputs.names)
     return Teacher(onnx=onnx_path, int8=int8_path if int8 else None, baseline=baseline)
@@ -345,6 +350,10 @@ def measure_side_by_side(seed: int, inputs: Inputs, shipped: Shipped, int8: Int8
     full_facts = B.tokenizer_facts(inputs.student / "tokenizer.json")  # roles from the student's tokenizer_config.json  # the original vocabulary (the teacher's)
     sample = np.random.default_rng(seed).permutation(len(shipped.test))[: cfg.latency_sentences]
     full_ids, shipped_ids = [list(inputs.test.input_ids[i]) for i in sample], [list(shipped.test.input_ids[i]) for i in sample]
+    full_types = shipped_types = None
+    if inputs.segments:  # sentence pairs: each sentence's own segment ids
+        full_types = [list(inputs.test.token_type_ids[i]) for i in sample]
+        shipped_types = [list(shipped.test.token_type_ids[i]) for i in sample]
     models = {
         "teacher PyTorch fp32": _spec("pytorch", lambda t: B.torch_runner(teacher_pt, t), full_facts, teacher_pt.config),
         "teacher ONNX fp32": _spec("onnxruntime", lambda t: B.ort_runner(teacher.onnx, t), full_facts, teacher_pt.config),
@@ -359,7 +368,10 @@ def measure_side_by_side(seed: int, inputs: Inputs, shipped: Shipped, int8: Int8
         models["student ONNX int8"] = _spec("onnxruntime", lambda t: B.ort_runner(int8.path, t), shipped.facts,
                                             shipped.model.config)
         sentence_ids["teacher ONNX int8"], sentence_ids["student ONNX int8"] = full_ids, shipped_ids
-    return measure_latency(cfg, models, sentence_ids)
+    sentence_types = None
+    if inputs.segments:
+        sentence_types = {name: shipped_types if sentence_ids[name] is shipped_ids else full_types for name in models}
+    return measure_latency(cfg, models, sentence_ids, sentence_types)
 
 
 def _spec(runtime, factory, tokenizer_facts, model_config) -> tuple:
@@ -486,11 +498,11 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         "created_at": dt.datetime.now().isoformat(timespec="seconds"),
         "task": "single-label text classification",
         "config": config.name,
-        "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in B.INPUT_NAMES],
+        "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in B.input_names(inputs.segments)],
         "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(inputs.names)],
                      "meaning": "unnormalised class scores (logits); apply softmax over the last axis for "
                                 "probabilities; argmax is the label index in labels.json"}],
-        "dynamic_axes": {n: {"0": "batch", "1": "sequence"} for n in B.INPUT_NAMES},
+        "dynamic_axes": {n: {"0": "batch", "1": "sequence"} for n in B.input_names(inputs.segments)},
         "opset": cfg.opset,
         "max_length": max_length,
         "max_position_embeddings": shipped.model.config.max_position_embeddings,
@@ -570,7 +582,7 @@ def mlflow_metrics(figures: Figures) -> dict:
 
 def export_checked(student, path, split, pad, reference, cfg):
     """Export ``student`` to ``path``, strip exporter metadata, and fail loudly unless ONNX matches PyTorch on ``split``."""
-    B.export_onnx(B.LogitsOnly(student), path, cfg.opset)
+    B.export_onnx(B.LogitsOnly(student), path, cfg.opset, segments=getattr(split, "token_type_ids", None) is not None)
     ladder = B.quantization_ladder(path, student.config.num_hidden_layers)  # needs the exporter's node scopes
     B.strip_node_metadata(path)
     logits = B.onnx_logits(path, split, pad)
@@ -597,8 +609,11 @@ def trimmed_student(student, prepare, tokenizer_json, work, test, max_length, fu
     with open(prepare / "test.jsonl", encoding="utf-8") as fh:
         records = [json.loads(line) for line in fh if line.strip()]
     pairs = [r["text_pair"] for r in records] if records and "text_pair" in records[0] else None
-    ids = B.tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs)
-    split = B.IdSplit(ids, test.labels)
+    if test.token_type_ids is not None:  # sentence pairs with segment ids: re-tokenized with them
+        ids, types = B.tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs, segments=True)
+    else:
+        ids, types = B.tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs), None
+    split = B.IdSplit(ids, test.labels, types)
     facts = B.tokenizer_facts(trimmed_json, {role: entry["token"] for role, entry in full_facts["special_tokens"].items()})
     unk_new, unk_old = facts["special_tokens"]["unk"]["id"], full_facts["special_tokens"]["unk"]["id"]
     changed = sum(a != [kept[i] for i in b] for a, b in zip(test.input_ids, ids))
@@ -669,11 +684,12 @@ def int8_teacher_baseline(teacher_onnx, teacher_int8, quant, test, pad, names) -
                     "same test split, same latency inputs"}
 
 
-def measure_latency(cfg, models: dict, sentence_ids: dict) -> dict:
+def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict | None = None) -> dict:
     """Batch-1 latency rows, every model measured side by side (interleaved) in this process.
 
     ``models[name] = (runtime, runner factory(threads), vocab size, [CLS] id, [SEP] id, position embeddings)``;
-    ``sentence_ids[name]``: real test sentences in that model's own vocabulary.
+    ``sentence_ids[name]``: real test sentences in that model's own vocabulary; ``sentence_types[name]`` their
+    token_type_ids for sentence-pair models (the fixed-length inputs are then pairs of two equal halves too).
     Inputs: one sequence of exactly L tokens per configured length (lengths
     beyond a model's position table are skipped), and the real sentences.
     Returns the rows, the lengths skipped, the machine's load before and after, and the machine in words.
@@ -686,10 +702,14 @@ def measure_latency(cfg, models: dict, sentence_ids: dict) -> dict:
         if length > positions:
             skipped.append({"length": length, "why": f"above the models' {positions} position embeddings"})
             continue
-        settings.append((f"L={length}", length, {name: [B.latency_inputs(length, m[2], m[3], m[4])] for name, m in models.items()}))
+        settings.append((f"L={length}", length, {name: [B.latency_inputs(length, m[2], m[3], m[4], segments=sentence_types is not None)]
+                                                 for name, m in models.items()}))
     if cfg.latency_sentences:
         feeds = {name: [{"input_ids": np.asarray([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
                         for ids in sentence_ids[name]] for name in models}
+        for name in sentence_types or {}:
+            for feed, types in zip(feeds[name], sentence_types[name]):
+                feed[B.SEGMENT_INPUT] = np.asarray([types], dtype=np.int64)
         mean_tokens = float(np.mean([len(ids) for ids in next(iter(sentence_ids.values()))]))
         settings.append(("sentences", round(mean_tokens, 1), feeds))
     for label, length, inputs in settings:
@@ -771,6 +791,10 @@ def readme_values(config, metadata: dict, latency: dict) -> dict:
         "pad_note": (f"`{facts['special_tokens']['pad']['token']}` = {facts['special_tokens']['pad']['id']}"
                      if "pad" in facts.get("special_tokens", {}) else "any id (this tokenizer has no pad token; masked out)"),
         "empty_text": _empty_text(facts),
+        "segment_row": "" if "token_type_ids" not in [i["name"] for i in metadata["inputs"]] else (
+            "\n| `token_type_ids` | int64 | [batch, sequence] | sentence pairs: the encoding's type ids (0 for the first "
+            "text and its special tokens, 1 for the second text and its final separator), 0 at padding; add it to the "
+            "inputs of the code below |"),
         "ort_version": ort_version, "ort_version_short": ".".join(ort_version.split(".")[:2]),
         "latency_table": B.latency_markdown(latency["rows"], "see latency.json", latency["load"]).split("\n", 2)[2].strip(),
         "config": config.name, "experiment": metadata["source"]["mlflow_experiment"] or "none (tracking off)",

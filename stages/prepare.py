@@ -8,7 +8,8 @@ number of examples; the readers memory-map what is written here.
 Outputs (runs/<config>/prepare/):
   train.jsonl, validation.jsonl, test.jsonl  plain records {"text", "label"} (+ "text_pair")
   unlabeled.jsonl                            in-domain text without labels (if data.unlabeled_text)
-  tokenized/<split>/                         token ids (unpadded) + label ids, Arrow
+  tokenized/<split>/                         token ids (unpadded) + label ids, Arrow; + token_type_ids for
+                                             sentence pairs when the teacher has segment embeddings (BERT, ELECTRA)
   labels.json                                {"0": "<name>", ...}
   stats.json                                 sizes, class balance, truncation count, tokenizer facts,
                                              rows dropped (missing label, empty text, duplicate), texts cut
@@ -20,14 +21,22 @@ import json
 import logging
 import sys
 
-from pipeline.data import SPLITS, load_splits, tokenize_split, tokenize_to_disk
-from pipeline.models import load_tokenizer, tokenizer_reference
+from pipeline.data import SPLITS, load_splits, tokenize_split, tokenize_to_disk, uses_segment_ids
+from pipeline.models import load_tokenizer, teacher_model_config, tokenizer_reference
 
 log = logging.getLogger("pipeline")
 
 READS = ["seed", "data", "teacher.model", "teacher.tokenizer", "teacher.trust_remote_code"]
 AFTER: list[str] = []
 VERSION = 2  # 2: missing-label tokens dropped, label_names for integer labels, texts cut to max_text_chars
+PAIR_FORMAT = 2  # 2: token_type_ids stored for teachers with segment embeddings (sentence pairs only)
+
+
+def fingerprint_inputs(config) -> dict:
+    """READS, plus for sentence pairs the pair format: a pair run prepared before segment ids were stored is
+    redone, while single-sentence fingerprints (and so their cached outputs) stay as they were."""
+    reads = {key: config.section(key) for key in READS}
+    return {**reads, "pair_format": PAIR_FORMAT} if config.data.text_pair_column else reads
 
 
 def run(ctx) -> dict:
@@ -58,11 +67,17 @@ def run(ctx) -> dict:
              "source": cfg.source, "rows": {k: cleaning[k] for k in ("rows_read", "missing_labels", "empty_texts", "duplicates")},
              "missing_label_values": cleaning["missing_label_values"], "max_text_chars": cleaning["max_text_chars"],
              "cut_texts": cleaning["cut_texts"], "given_splits": cleaning["given"], "splits": {}}
+    # Sentence pairs for a teacher with segment embeddings carry token_type_ids; single sentences never do
+    # (every model then defaults them to 0), so single-sentence outputs are as before.
+    segments = bool(cfg.text_pair_column) and uses_segment_ids(tokenizer, teacher_model_config(ctx.config, len(tokenizer)))
+    if segments:
+        stats["token_type_ids"] = True
+        log.info("[prepare] sentence pairs: token_type_ids stored (0 for %s, 1 for %s)", cfg.text_column, cfg.text_pair_column)
     max_length = cfg.max_length
     bars = sys.stderr.isatty()  # as the stage context's progress bars: in terminals, not in CI logs
 
     def encode(texts, pairs):  # one batch; looked up here at call time, so a test can watch what the tokenizer sees
-        return tokenize_split(tokenizer, texts, pairs, max_length)
+        return tokenize_split(tokenizer, texts, pairs, max_length, segments)
 
     total_truncated = 0
     for split in SPLITS:
@@ -70,7 +85,7 @@ def run(ctx) -> dict:
         write_records(ctx.out / f"{split}.jsonl", part[["text", "label"] + (["text_pair"] if "text_pair" in part else [])])
         facts = tokenize_to_disk(encode, part["text"], part["text_pair"] if "text_pair" in part else None,
                                  part["label"].map(label_ids).to_numpy(), ctx.out / "tokenized" / split,
-                                 desc=f"tokenize {split}", progress=bars)
+                                 desc=f"tokenize {split}", progress=bars, segments=segments)
         total_truncated += facts["truncated"]
         counts = part["label"].value_counts()
         stats["splits"][split] = {
@@ -81,7 +96,7 @@ def run(ctx) -> dict:
         }
     if unlabeled is not None and len(unlabeled):
         facts = tokenize_to_disk(encode, unlabeled["text"], None, [-1] * len(unlabeled), ctx.out / "tokenized" / "unlabeled",
-                                 desc="tokenize unlabeled", progress=bars)
+                                 desc="tokenize unlabeled", progress=bars, segments=segments)
         unlabeled.to_json(ctx.out / "unlabeled.jsonl", orient="records", lines=True, force_ascii=False)
         stats["splits"]["unlabeled"] = {"examples": facts["examples"]}
     if total_truncated:

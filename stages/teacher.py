@@ -18,7 +18,7 @@ import logging
 import torch.nn.functional as F
 from transformers import set_seed
 
-from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits
+from pipeline.inference import TokenizedSplit, accuracy, label_names, model_inputs, pad_id, predict_logits
 from pipeline.models import build_teacher_for_finetune, load_tokenizer, save_model, tokenizer_reference
 from pipeline.training import fit
 
@@ -44,7 +44,7 @@ def run(ctx) -> dict:
 
     if config.teacher.finetune and config.teacher.epochs > 0:
         def loss_fn(batch, prepared):
-            logits = prepared["model"](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = prepared["model"](**model_inputs(batch)).logits
             loss = F.cross_entropy(logits.float(), batch["labels"])
             return loss, {"ce": loss.detach()}
 

@@ -6,13 +6,16 @@ tokenizer.json (the model, normalization and special-token template it holds,
 e.g. WordPiece "[CLS] text [SEP]" or byte-level BPE "<s> text </s>"; see
 metadata.json "tokenizer" and README.md), truncated to metadata max_length, pad
 with the pad token (metadata.json tokenizer.special_tokens.pad), feed int64
-input_ids and attention_mask, apply softmax to the logits. Port this file,
-not the training code.
+input_ids and attention_mask (and, for a sentence-pair model whose graph has a
+third input, token_type_ids: the encoding's type ids, 0 for the first text and
+its special tokens, 1 for the second), apply softmax to the logits. Port this
+file, not the training code.
 
     pip install onnxruntime tokenizers numpy
     python predict.py "a gripping, beautifully acted film" "a tedious mess"
     python predict.py --model model.int8.onnx --eval test.jsonl      # accuracy on {"text", "label"} records
     python predict.py --model model.int8.ort "works with the ORT format file too"
+    python predict.py "a man is eating" --pair "someone eats"   # a sentence pair: one --pair per text, in order
     python predict.py --verify          # check every bundle file against metadata.json's sha256 (exit 2 naming a bad one)
     python predict.py --verify "..."    # the same check, then classify
 
@@ -126,12 +129,16 @@ class BundleClassifier:
             raise PredictError(f"{path} is not an ONNX or ORT-format model onnxruntime {ort.__version__} can load "
                                f"({str(exc).strip()}){damaged}") from None
         inputs = [i.name for i in self.session.get_inputs()]
-        if inputs != ["input_ids", "attention_mask"] or "logits" not in [o.name for o in self.session.get_outputs()]:
+        if inputs not in (["input_ids", "attention_mask"], ["input_ids", "attention_mask", "token_type_ids"]) \
+                or "logits" not in [o.name for o in self.session.get_outputs()]:
             raise PredictError(f"{path} is not this bundle's classifier: inputs {inputs}, outputs "
-                               f"{[o.name for o in self.session.get_outputs()]} (expected input_ids, attention_mask -> logits)")
+                               f"{[o.name for o in self.session.get_outputs()]} "
+                               "(expected input_ids, attention_mask[, token_type_ids] -> logits)")
+        self.segments = "token_type_ids" in inputs  # a sentence-pair model with segment embeddings
 
     def encode(self, texts: list[str], pairs: list[str] | None = None) -> dict:
-        """int64 input_ids / attention_mask, right-padded with the pad token to the longest text of the batch."""
+        """int64 input_ids / attention_mask, right-padded with the pad token to the longest text of the batch;
+        token_type_ids too (padded with 0) when the model takes them."""
         items = list(zip(texts, pairs)) if pairs is not None else list(texts)
         encodings = self.tokenizer.encode_batch(items)
         longest = max(len(e.ids) for e in encodings)
@@ -140,7 +147,12 @@ class BundleClassifier:
         for row, encoding in enumerate(encodings):
             input_ids[row, : len(encoding.ids)] = encoding.ids
             attention_mask[row, : len(encoding.ids)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.segments:
+            feeds["token_type_ids"] = np.zeros((len(encodings), longest), dtype=np.int64)
+            for row, encoding in enumerate(encodings):
+                feeds["token_type_ids"][row, : len(encoding.type_ids)] = encoding.type_ids
+        return feeds
 
     def logits(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 64) -> np.ndarray:
         if batch_size < 1:  # a negative step would silently classify nothing
@@ -260,14 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("texts", nargs="*", help="texts to classify (one JSON line each is printed)")
     parser.add_argument("--model", help="model file in the bundle (default: the recommended variant in metadata.json)")
     parser.add_argument("--bundle", default=str(HERE), help="bundle folder (default: this file's folder)")
+    parser.add_argument("--pair", action="append", metavar="TEXT",
+                        help="second text of a sentence pair; give one --pair per text, in the texts' order")
     parser.add_argument("--eval", metavar="FILE.jsonl", help='accuracy on records {"text": ..., "label": <label name>}')
     parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--threads", type=positive_int, default=None, help="onnxruntime intra-op threads (default: its own)")
     parser.add_argument("--verify", action="store_true",
                         help="exit 2 unless every file metadata.json lists has the sha256 recorded there")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # texts and their --pair options interleaved: "a" --pair "b" "c" --pair "d"
     if not args.texts and not args.eval and not args.verify:
         parser.error("give texts to classify, --eval FILE.jsonl or --verify")
+    if args.pair is not None and len(args.pair) != len(args.texts):
+        parser.error(f"--pair was given {len(args.pair)} time(s) for {len(args.texts)} text(s); give one --pair per text")
     try:
         if args.verify:
             checked = verify_bundle(Path(args.bundle))
@@ -282,8 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     except PredictError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for text, result in zip(args.texts, classifier.predict(args.texts, batch_size=args.batch_size)):
-        print(json.dumps({"text": text, **result}, ensure_ascii=False))
+    pairs = args.pair or [None] * len(args.texts)
+    for text, pair, result in zip(args.texts, pairs, classifier.predict(args.texts, args.pair, batch_size=args.batch_size)):
+        print(json.dumps({"text": text, **({"text_pair": pair} if pair is not None else {}), **result}, ensure_ascii=False))
     return 0
 
 
