@@ -1,4 +1,5 @@
-"""What the bench scripts share, kept once: the import path, the product's stage order, and ``spread``."""
+"""What the bench scripts share, kept once: the import path, the product's stage order, ``spread`` and
+``link_upstream``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,19 @@ for _path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, _path)
 
 from pipeline.runner import STAGES  # noqa: E402,F401  (the runner's order: the bench keeps no copy)
+from pipeline.sweep import link_stage  # noqa: E402
 
 
 def spread(values: list[float]) -> dict:
     """min / median / max / n of repeated measurements (the form every bench JSON uses)."""
     return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def link_upstream(source: Path, target: Path) -> None:
+    """Hard-link a base run's complete stages into another run folder (the sweep's ``link_stage``); the runner
+    reruns exactly those whose fingerprints differ (a rerun writes <stage>.partial and renames it, so the base
+    files are never modified)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for stage in STAGES:
+        if (source / stage).is_dir() and not (target / stage).exists():
+            link_stage(source / stage, target / stage)

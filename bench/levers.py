@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ablation import link_upstream, machine, precision  # noqa: E402
-from common import ROOT  # noqa: E402
+from ablation import machine, precision  # noqa: E402
+from common import ROOT, link_upstream  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

@@ -44,7 +44,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, ROOT, STAGES, spread  # noqa: E402  (also puts the repository on the path)
+from common import BENCH, ROOT, STAGES, link_upstream, spread  # noqa: E402  (also puts the repository on the path)
 
 MARKER = ".bench-runs-dir"  # only a runs folder carrying this file is ever wiped
 ABLATION_FILE = BENCH / "results" / "ablation.json"  # written by bench/ablation.py (header + results)
@@ -252,8 +252,6 @@ def versus_part(config: str, overrides: list[str], run_dir: Path, runs_dir: Path
     """The shipped student against the int8 teacher for the fresh run (its own seed) and for more distillation
     seeds (`distill.seed`: the teacher, split and cache are the fresh run's, hard-linked, so only distill,
     evaluate and export rerun)."""
-    from ablation import link_upstream
-
     def figures(folder: Path, seed) -> dict:
         evaluate, export = read_json(folder / "evaluate" / "metrics.json"), read_json(folder / "export" / "metrics.json")
         versus = (export or {}).get("versus_int8_teacher")
