@@ -183,9 +183,9 @@ def test_a_huge_text_cell_is_cut_before_tokenization(run_copy, tmp_path, monkeyp
     seen = []
     real = stages.prepare.tokenize_split
 
-    def spy(tokenizer, texts, pairs, max_length):
+    def spy(tokenizer, texts, *rest, **options):
         seen.append(max(len(t) for t in texts))
-        return real(tokenizer, texts, pairs, max_length)
+        return real(tokenizer, texts, *rest, **options)
 
     monkeypatch.setattr(stages.prepare, "tokenize_split", spy)
     result, prepare = prepared(run_copy, path, *([setting] if setting else []))
