@@ -26,6 +26,17 @@ if [ "${1:-all}" = "fp32" ]; then  # second call: the fp32 reference for the spe
   python3 bench/stage_rates.py $R/bert_small_fp32/bert_small > "$OUT/stage_rates_fp32.md"; cat "$OUT/stage_rates_fp32.md"
   exit 0
 fi
+# issue 17 (bench/gpu_throughput.py): BERT-base-scale samples/s, MFU, SDPA kernel, peak memory; two calls of one
+# lease, each under 10 minutes: `throughput` (every stage x batch x precision x kind), then `throughput-compile`.
+if [ "${1:-all}" = "throughput" ]; then
+  python3 bench/gpu_throughput.py --budget-seconds 330 --out "$OUT/gpu_throughput" 2>&1 | grep -v "^USDT" | tee -a "$OUT/gpu.log"
+  exit 0
+fi
+if [ "${1:-all}" = "throughput-compile" ]; then
+  python3 bench/gpu_throughput.py --compile --batches 256 --precisions bf16 --kinds full --budget-seconds 240 \
+    --stages distill-cached,distill-online,teacher,capture --out "$OUT/gpu_throughput_compile" 2>&1 | grep -v "^USDT" | tee -a "$OUT/gpu.log"
+  exit 0
+fi
 run bert_small_bf16 bert_small precision=bf16
 python3 bench/ablation.py --extra $T precision=bf16 --runs-dir $R/ablation --out "$OUT" 2>&1 | tail -40 | tee -a "$OUT/gpu.log"
 run tiny_bf16 tiny precision=bf16

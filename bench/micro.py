@@ -21,7 +21,7 @@ split saved as the prepare stage saves it), each optimizer is set up by
 ``pipeline.training.build_trainer`` (fit's parameter groups, schedule and
 Accelerate prepare, with the config's distill settings) and each step is
 ``pipeline.training.train_step``: loss under the Accelerator's autocast (the
-config's precision), finiteness check (a loss sync), backward, gradient
+config's precision), finiteness noted on the device (read every 10 steps), backward, gradient
 clipping, AdamW and schedule step, zero_grad. The distillation losses are
 ``pipeline.objective.DistillObjective`` with the config's loss weights. The
 variants are interleaved within each repeat (rotating order) so load changes on

@@ -32,7 +32,8 @@ import torch
 
 from .errors import CacheError
 from .integrity import sha256_file
-from .objective import TargetPlan
+from .data import to_device
+from .objective import TargetPlan, map_tensors
 from .terms import TARGETS
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -231,11 +232,11 @@ class TeacherCache:
                     fields[name][row, :, :n, :n] = value
                 else:
                     fields[name][row, :n] = value
-        targets = {"logits": torch.as_tensor(np.stack(logits), dtype=torch.float32, device=device)}
+        targets = {"logits": to_device(torch.as_tensor(np.stack(logits), dtype=torch.float32), device)}
         for key, target, _ in self.layout.plan.teacher_keys():
-            value = target.unflatten(key, fields, self.layout.stores.get(target.name), device)
+            value = target.unflatten(key, fields, self.layout.stores.get(target.name), "cpu")
             if value is not None:
-                targets[key] = value
+                targets[key] = map_tensors(lambda t: to_device(t, device), value)
         return targets
 
 

@@ -558,6 +558,16 @@ def pad_batch(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
+def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on ``device``; to a GPU through pinned memory, without blocking. A plain ``.to("cuda")``
+    from pageable memory synchronises the stream: the host would wait for every queued kernel before it could
+    build the next batch, so the GPU would idle between steps."""
+    device = torch.device(device)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def pad_segments(sequences, longest: int | None = None) -> torch.Tensor:
     """Right-pad ``token_type_ids`` with 0 to the longest sequence (the padded positions are masked anyway)."""
     longest = longest or max(len(s) for s in sequences)

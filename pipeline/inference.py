@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import pad_batch, pad_segments
+from .data import pad_batch, pad_segments, to_device
 from .errors import CacheError
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -17,8 +17,22 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 def model_inputs(batch: dict) -> dict:
     """The model's keyword inputs from a batch dict: input_ids, attention_mask, and token_type_ids when the data
-    has them (sentence pairs for a teacher with segment embeddings). Every model call goes through this."""
-    return {key: batch[key] for key in MODEL_INPUTS if key in batch}
+    has them (sentence pairs for a teacher with segment embeddings). Every model call goes through this.
+
+    A batch built here knows on the host whether it has padding (``batch["padded"]``); without padding the model
+    gets no attention_mask. The result is the same (transformers drops an all-ones mask itself), but it finds
+    that out with ``mask.all()``, a host-device sync on every forward, and only a mask-free call lets PyTorch's
+    SDPA pick its flash kernel on CUDA. Batches of equal-length examples (length-grouped) take this path.
+    """
+    inputs = {key: batch[key] for key in MODEL_INPUTS if key in batch}
+    if batch.get("padded") is False:
+        del inputs["attention_mask"]
+    return inputs
+
+
+def has_padding(mask: torch.Tensor) -> bool:
+    """Whether a host-side [B, N] 0/1 mask pads any row (checked before the batch moves to the device)."""
+    return bool((mask == 0).any())
 
 
 RELATION_ROWS = "relation_rows.npy"  # capture's choice under capture.max_cache_gb: which relational rows have relation targets
@@ -90,13 +104,14 @@ class TokenizedSplit:
         indices = np.asarray(indices)
         ids, mask = pad_batch(self.input_ids.arrays(indices), pad_id)
         batch = {
-            "input_ids": ids.to(device),
-            "attention_mask": mask.to(device),
-            "labels": torch.as_tensor(self.labels[indices]).to(device),
+            "input_ids": to_device(ids, device),
+            "attention_mask": to_device(mask, device),
+            "padded": has_padding(mask),
+            "labels": to_device(torch.as_tensor(self.labels[indices]), device),
             "indices": indices,
         }
         if self.token_type_ids is not None:
-            batch["token_type_ids"] = pad_segments(self.token_type_ids.arrays(indices), ids.shape[1]).to(device)
+            batch["token_type_ids"] = to_device(pad_segments(self.token_type_ids.arrays(indices), ids.shape[1]), device)
         return batch
 
 
@@ -145,12 +160,13 @@ class TrainingData:
         which = np.searchsorted(self.offsets, indices, side="right") - 1
         ids = [self.parts[w].input_ids.arrays([i - self.offsets[w]])[0] for w, i in zip(which, indices)]
         input_ids, mask = pad_batch(ids, pad)
-        batch = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
-                 "labels": torch.as_tensor(self.labels[indices], device=device), "indices": indices,
-                 "relation_rows": torch.as_tensor(self.has_relations[indices], device=device)}
+        # relation_rows stays on the host: the objective picks rows with it without a device sync.
+        batch = {"input_ids": to_device(input_ids, device), "attention_mask": to_device(mask, device),
+                 "padded": has_padding(mask), "labels": to_device(torch.as_tensor(self.labels[indices]), device),
+                 "indices": indices, "relation_rows": torch.as_tensor(self.has_relations[indices])}
         if self.segments:
             types = [self.parts[w].token_type_ids.arrays([i - self.offsets[w]])[0] for w, i in zip(which, indices)]
-            batch["token_type_ids"] = pad_segments(types, input_ids.shape[1]).to(device)
+            batch["token_type_ids"] = to_device(pad_segments(types, input_ids.shape[1]), device)
         return batch
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import attention_probs, capture_projections
+from .data import to_device
 from .inference import model_inputs
 from .terms import TARGETS, TERMS, Target, TermInputs
 
@@ -130,12 +131,12 @@ def vectors_to_probs(vectors: tuple, attention_mask, heads: int) -> torch.Tensor
     return attention_probs(a, b, attention_mask, heads)
 
 
-def _map_tensors(fn, value):
+def map_tensors(fn, value):
     """``fn`` applied to every tensor in a (nested) target; tags such as "probs" stay."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, tuple):
-        return tuple(_map_tensors(fn, v) for v in value)
+        return tuple(map_tensors(fn, v) for v in value)
     return value
 
 
@@ -170,13 +171,15 @@ class DistillObjective(torch.nn.Module):
             return reads[key]
 
         logits = read(TARGETS["logits"], None)
-        # Rows with teacher records (augmented rows carry logits only).
+        # Rows with teacher records (augmented rows carry logits only); a host tensor, so no device sync here.
         rows = batch.get("relation_rows")
+        rows = None if rows is None else torch.as_tensor(rows).cpu()
         every_row = rows is None or bool(rows.all())
         any_row = every_row or bool(rows.any())
+        keep = None if every_row else to_device(rows.nonzero().flatten(), mask.device)
 
         def pick(x):
-            return x if every_row else _map_tensors(lambda v: v[rows], x)
+            return x if every_row else map_tensors(lambda v: v.index_select(0, keep), x)
 
         r_mask = pick(mask)
         terms: dict[str, torch.Tensor] = {}

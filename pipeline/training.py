@@ -13,6 +13,14 @@ file does what Accelerate does not do exactly:
   is never loaded; loaded with safetensors / torch.load(weights_only=True);
 * a non-finite loss stops the run naming the step and the loss term.
 
+No step waits for the device: the loss is not read back per step (``.item()``
+would make the host wait for the GPU, which then idles while the next batch is
+built). ``FiniteWatch`` keeps the first non-finite step on the device; it is
+read every LOG_EVERY steps with the logged metrics, before every checkpoint and
+before validation, so a run stops at most LOG_EVERY steps after the bad one
+and never saves weights trained through it. (fp16's GradScaler still reads
+its overflow flag per step; bf16 and fp32 do not.)
+
 Layout (torchtune's recipe, nanoGPT's configure_optimizers): ``fit`` is
 ``setup`` (``build_trainer``: ``configure_optimizer``, ``configure_scheduler``,
 Accelerate's prepare; then resume) + ``train`` (epochs of ``_train_epoch``, each
@@ -44,7 +52,7 @@ from .errors import PipelineError, TrainingError
 
 log = logging.getLogger("pipeline")
 
-LOG_EVERY = 10  # optimizer steps between MLflow metric points
+LOG_EVERY = 10  # optimizer steps between MLflow metric points (and finiteness reads)
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight")  # parameter names trained without weight decay
 
 
@@ -143,6 +151,46 @@ class Checkpoints:
         return Progress(**json.loads((path / "progress.json").read_text()))
 
 
+class FiniteWatch:
+    """The first step whose loss was not finite, and the loss terms there, kept on the device (no sync per step)."""
+
+    NONE = 2**62  # "no bad step yet": larger than any step
+
+    def __init__(self):
+        self.first_bad = None  # device int64 scalar once a step was seen
+        self.terms = {}  # name -> device scalar: its value at first_bad, or the latest while all steps were finite
+
+    def see(self, loss: torch.Tensor, terms: dict, step: int) -> None:
+        loss = loss.detach()
+        if self.first_bad is None:
+            self.first_bad = torch.full((), self.NONE, dtype=torch.int64, device=loss.device)
+        fresh = (self.first_bad == self.NONE) & ~torch.isfinite(loss)
+        self.first_bad = torch.where(fresh, torch.full_like(self.first_bad, step), self.first_bad)
+        update = fresh | (self.first_bad == self.NONE)  # after a bad step the terms stay as they were there
+        for name, value in terms.items():  # a batch may lack a term (no relation rows): that one keeps its value
+            value = torch.as_tensor(value, device=loss.device).detach().float().reshape(())
+            self.terms[name] = torch.where(update, value, self.terms.get(name, value))
+
+    def check(self, dist, tag: str) -> None:
+        """Reads the flag (every rank calls this at the same points): raises if any rank saw a non-finite loss."""
+        if self.first_bad is None:
+            return
+        first = self.first_bad
+        if dist.world > 1:
+            # The earliest bad step of any rank; Accelerate's reduce knows sum and max only: min(x) = -max(-x).
+            first = -dist.accelerator.reduce(-first.to(dist.device), reduction="max")
+        step = int(first.item())
+        if step == self.NONE:
+            return
+        values = dict(zip(self.terms, torch.stack(list(self.terms.values())).tolist())) if self.terms else {}
+        bad = [k for k, v in values.items() if not math.isfinite(v)] or ["total"]
+        raise TrainingError(
+            f"{tag}: the loss became non-finite at optimizer step {step} (term(s): {', '.join(bad)}; "
+            f"values: {', '.join(f'{k}={v:.4g}' for k, v in values.items())}). The last good checkpoint is kept. "
+            "Lower the learning rate, use precision: fp32 or bf16 instead of fp16, or check the data."
+        )
+
+
 @dataclass
 class Trainer:
     """A training job once set up: the prepared modules, optimizer and schedule, and what a step needs.
@@ -158,6 +206,7 @@ class Trainer:
     params: list[torch.nn.Parameter]
     settings: TrainSettings
     tag: str
+    watch: FiniteWatch = field(default_factory=FiniteWatch)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -212,7 +261,7 @@ def build_trainer(dist, modules: dict[str, torch.nn.Module], settings: TrainSett
 
 def train_step(trainer: Trainer, batch: dict, loss_fn: Callable, *, step: int, boundary: bool = True,
                weight: float = 1.0):
-    """One batch of one optimizer step: forward under autocast, finiteness check, backward, and at
+    """One batch of one optimizer step: forward under autocast, finiteness noted (read later, see FiniteWatch), backward, and at
     ``boundary`` (the last batch of the step's gradient accumulation) clipping, optimizer and schedule
     step, zero_grad. Returns (loss, {term: value}) as ``loss_fn(batch, trainer.modules)`` gave them.
 
@@ -226,7 +275,7 @@ def train_step(trainer: Trainer, batch: dict, loss_fn: Callable, *, step: int, b
         with accelerator.autocast():
             loss, terms = loss_fn(batch, trainer.modules)
             scaled = loss * weight / settings.grad_accum
-        _check_finite(loss, terms, step, dist, trainer.tag)
+        trainer.watch.see(loss, terms, step)
         accelerator.backward(scaled)
     if boundary:
         if settings.grad_clip:
@@ -306,7 +355,7 @@ def train(ctx, trainer: Trainer, checkpoints: Checkpoints, progress: Progress, *
         # Ctrl-C: keep what was done. The position saved is the last completed
         # optimizer step; a partly accumulated step is simply redone on resume.
         if progress.batches_done % settings.grad_accum == 0:
-            _save(checkpoints, trainer, progress)
+            _save(checkpoints, trainer, progress)  # reads the finiteness first: raises instead of saving bad weights
         raise Interrupted(
             f"Interrupted during {trainer.tag} at epoch {progress.epoch + 1}, step {progress.global_step}; a checkpoint "
             f"is in {checkpoints.root}. Rerun the same command to resume from it."
@@ -314,6 +363,7 @@ def train(ctx, trainer: Trainer, checkpoints: Checkpoints, progress: Progress, *
 
 
 def _save(checkpoints: Checkpoints, trainer: Trainer, progress: Progress) -> Path:
+    trainer.watch.check(trainer.dist, trainer.tag)
     return checkpoints.save(trainer.dist, trainer.modules, trainer.optimizer, trainer.scheduler, progress)
 
 
@@ -340,8 +390,10 @@ def _train_epoch(ctx, trainer: Trainer, checkpoints: Checkpoints, progress: Prog
             progress.global_step += 1
         progress.batches_done = b + 1
         bar.update(1)
-        if boundary and dist.is_main:
-            _report_step(ctx, trainer, progress, bar, window, loss, terms)
+        if boundary and progress.global_step % LOG_EVERY == 0:
+            trainer.watch.check(dist, trainer.tag)  # every rank
+            if dist.is_main:
+                _report_step(ctx, trainer, progress, bar, window, loss, terms)
         if boundary and progress.global_step % settings.checkpoint_every == 0 and b + 1 < len(batches):
             _save(checkpoints, trainer, progress)
     bar.close()
@@ -356,20 +408,23 @@ class _Window:
 
 
 def _report_step(ctx, trainer: Trainer, progress: Progress, bar, window: _Window, loss, terms) -> None:
-    """Main rank, after an optimizer step: the bar's loss and samples/s; every LOG_EVERY steps, tracked metrics."""
+    """Main rank, every LOG_EVERY optimizer steps: the bar's loss and samples/s, and the tracked metrics
+    (one read from the device for all of them)."""
+    values = torch.stack([loss.detach().float().reshape(())]
+                         + [torch.as_tensor(v).detach().float().reshape(()).to(loss.device) for v in terms.values()]).tolist()
     elapsed = max(time.time() - window.start, 1e-9)
-    bar.set_postfix(loss=f"{loss.item():.4f}", samples_s=f"{window.samples / elapsed:.0f}")
-    if progress.global_step % LOG_EVERY == 0:
-        metrics = {f"train/{k}": float(v) for k, v in terms.items()}
-        metrics.update({"train/loss": loss.item(), "train/lr": trainer.scheduler.get_last_lr()[0],
-                        "train/samples_per_s": window.samples / elapsed})
-        ctx.tracker.log_metrics(metrics, step=progress.global_step)
-        window.start, window.samples = time.time(), 0
+    bar.set_postfix(loss=f"{values[0]:.4f}", samples_s=f"{window.samples / elapsed:.0f}")
+    metrics = {f"train/{k}": v for k, v in zip(terms, values[1:])}
+    metrics.update({"train/loss": values[0], "train/lr": trainer.scheduler.get_last_lr()[0],
+                    "train/samples_per_s": window.samples / elapsed})
+    ctx.tracker.log_metrics(metrics, step=progress.global_step)
+    window.start, window.samples = time.time(), 0
 
 
 def _end_epoch(ctx, trainer: Trainer, progress: Progress, validate: Callable, best_path: Path) -> None:
     """Validate, keep the best weights (main rank writes them), and move ``progress`` to the next epoch."""
     dist, epoch = trainer.dist, progress.epoch
+    trainer.watch.check(dist, trainer.tag)  # never validate or keep weights trained through a non-finite loss
     for m in trainer.modules.values():
         m.eval()
     metrics = validate(trainer.modules)
@@ -385,16 +440,3 @@ def _end_epoch(ctx, trainer: Trainer, progress: Progress, validate: Callable, be
     if metrics["accuracy"] > progress.best_metric:
         progress.best_metric, progress.best_epoch = metrics["accuracy"], epoch + 1
     progress.epoch, progress.batches_done = epoch + 1, 0
-
-
-def _check_finite(loss, terms, step, dist, tag):
-    finite = torch.isfinite(loss.detach()).float()
-    if dist.world > 1:
-        finite = dist.accelerator.reduce(finite.to(dist.device), reduction="min")
-    if finite.item() < 1:
-        bad = [k for k, v in terms.items() if not math.isfinite(float(v))] or ["total"]
-        raise TrainingError(
-            f"{tag}: the loss became non-finite at optimizer step {step} (term(s): {', '.join(bad)}; "
-            f"values: {', '.join(f'{k}={float(v):.4g}' for k, v in terms.items())}). The last good checkpoint is kept. "
-            "Lower the learning rate, use precision: fp32 or bf16 instead of fp16, or check the data."
-        )
