@@ -1,7 +1,8 @@
 """Sweeps (issue 15 item 2): three tiny variants, shared stages once, the table, the plot and the pick.
 
 One sweep of configs/sweeps/tiny_depth.yaml is run for the module (about a minute of stage work);
-the other tests rerun it with other picks, which must do no stage work.
+the other tests rerun it with other picks, which must do no stage work, and (last) after removing
+the last variant's evaluate and export, which must rerun only those.
 """
 
 from __future__ import annotations
@@ -141,6 +142,27 @@ def test_no_variant_meets_the_constraint(sweep):
     assert "'champion' alias was not moved" in result.stderr
     assert _champion(client) == champion
     assert read_json(sweep["folder"] / "sweep.json")["pick"]["picked"] is None
+
+
+def test_a_stopped_sweep_continues_where_it_stopped(sweep):
+    """As if the sweep had been stopped after the last variant's distillation: the rerun runs only that
+    variant's evaluate and export, touches nothing else, and ends with the table and the pick.
+    (Resuming inside a stage from its checkpoints is the runner's, tested in tests/test_resume.py.)"""
+    import shutil
+
+    folder, client = sweep["folder"], sweep["client"]
+    before = _stage_work(folder)
+    for stage in ("evaluate", "export"):
+        shutil.rmtree(folder / "both" / stage)
+    result = run_cli("sweep", "tiny", SWEEP, "--pick", "mb<=1000", runs_dir=sweep["runs_dir"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    after = _stage_work(folder)
+    reran = {key for key in after if after[key] != before.get(key)}
+    assert reran == {("both", "evaluate"), ("both", "export")}
+    assert result.stderr.count("running (fingerprint") == 2
+    assert [row["variant"] for row in read_json(folder / "sweep.json")["variants"]] == VARIANTS
+    assert read_json(folder / "sweep.json")["pick"]["picked"] in VARIANTS
+    assert len(_runs(client, role="sweep")) == 1
 
 
 # ---------------------------------------------------------------- the sweep file and the pick, without running
