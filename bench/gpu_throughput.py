@@ -225,11 +225,8 @@ def step_function(stage: str, teacher, run_teacher, student, plan, config, dist,
 
     ``teacher`` / ``student``: the eager models, copied for training; ``run_teacher``: the frozen teacher that
     capture and online distillation run (the compiled copy with --compile)."""
-    import torch.nn.functional as F
-
-    from pipeline.inference import model_inputs
-    from pipeline.objective import DistillObjective, teacher_targets
-    from pipeline.training import build_trainer, train_step
+    from pipeline.objective import DistillObjective
+    from pipeline.training import build_trainer, cross_entropy_loss, train_step
     from stages.capture import capture_shard
 
     if stage == "capture":
@@ -240,26 +237,13 @@ def step_function(stage: str, teacher, run_teacher, student, plan, config, dist,
 
     if stage == "teacher":  # the teacher stage's fine-tuning loss (stages/teacher.py)
         model = copy.deepcopy(teacher).requires_grad_(True)
-        settings, modules = config.teacher, {"model": model}
-
-        def loss_fn(batch, prepared):
-            logits = prepared["model"](**model_inputs(batch)).logits
-            loss = F.cross_entropy(logits.float(), batch["labels"])
-            return loss, {"ce": loss.detach()}
+        settings, modules, loss_fn = config.teacher, {"model": model}, cross_entropy_loss
     else:  # the distill stage's loss (stages/distill.py), targets from the cache or the teacher in the step
         model = copy.deepcopy(student)
-        settings, modules = config.distill, {"model": model}
+        settings = config.distill
         objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
-        if len(objective.projections):
-            modules["projections"] = objective.projections
-        online = stage == "distill-online"
-
-        def loss_fn(batch, prepared):
-            if online:
-                targets = teacher_targets(run_teacher, batch, plan)
-            else:
-                targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], dist.device)
-            return objective(prepared["model"], batch, targets)
+        modules = objective.trained_modules(model)
+        loss_fn = objective.loss_fn(cache=None if stage == "distill-online" else cache, teacher=run_teacher)
     if compile_models:
         model.compile()
     trainer = build_trainer(dist, modules, settings, len(data), tag=f"gpu-{stage}",

@@ -166,29 +166,17 @@ def write_cache(folder: Path, teacher, plan, config, data, pad, dist) -> dict:
 def step_function(kind: str, base_student, teacher, plan, cache, config, dist, num_examples: int):
     """One optimizer step of ``kind`` (plain / cached / online) on a batch: ``pipeline.training.train_step``
     with a trainer set up by ``build_trainer`` and the loss each stage passes to ``fit``."""
-    import torch.nn.functional as F
-
-    from pipeline.objective import DistillObjective, teacher_targets
-    from pipeline.training import build_trainer, train_step
+    from pipeline.objective import DistillObjective
+    from pipeline.training import build_trainer, cross_entropy_loss, train_step
 
     student = copy.deepcopy(base_student).to(dist.device)
     modules = {"model": student}
     if kind == "plain":  # the teacher stage's fine-tuning loss
-        def loss_fn(batch, prepared):
-            logits = prepared["model"](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            loss = F.cross_entropy(logits.float(), batch["labels"])
-            return loss, {"ce": loss.detach()}
+        loss_fn = cross_entropy_loss
     else:  # the distill stage's loss, targets from the cache or from the teacher inside the step
         objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
-        if len(objective.projections):
-            modules["projections"] = objective.projections
-
-        def loss_fn(batch, prepared):
-            if kind == "online":
-                targets = teacher_targets(teacher, batch, plan)
-            else:
-                targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], dist.device)
-            return objective(prepared["model"], batch, targets)
+        modules = objective.trained_modules(student)
+        loss_fn = objective.loss_fn(cache=None if kind == "online" else cache, teacher=teacher)
 
     trainer = build_trainer(dist, modules, config.distill, num_examples, tag=f"micro-{kind}",
                             find_unused_parameters=kind != "plain" and config.distill.loss.kd == 0)

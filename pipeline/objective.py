@@ -157,6 +157,21 @@ class DistillObjective(torch.nn.Module):
                     for s, t in (plan.pairs if term.per_pair else [(None, None)]):
                         self.projections[term.projection_name(s, t)] = torch.nn.Linear(student_hidden, teacher_hidden)
 
+    def trained_modules(self, student) -> dict:
+        """What distillation trains (fit's ``modules``): the student, and the projections when widths differ."""
+        return {"model": student, **({"projections": self.projections} if len(self.projections) else {})}
+
+    def loss_fn(self, *, cache=None, teacher=None):
+        """fit's ``loss_fn(batch, prepared)``: teacher targets read from the capture stage's ``cache``, or,
+        without one, computed by ``teacher`` inside the step (capture.mode: online)."""
+        def loss(batch: dict, prepared: dict):
+            if cache is not None:
+                targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], batch["input_ids"].device)
+            else:
+                targets = teacher_targets(teacher, batch, self.plan)
+            return self(prepared["model"], batch, targets)
+        return loss
+
     def forward(self, student, batch: dict, targets: dict) -> tuple[torch.Tensor, dict]:
         plan, w = self.plan, self.weights
         mask = batch["attention_mask"]

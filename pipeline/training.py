@@ -213,6 +213,15 @@ class Trainer:
         return self.modules["model"]
 
 
+def cross_entropy_loss(batch: dict, prepared: dict):
+    """The teacher's fine-tuning loss, as fit's ``loss_fn``: cross-entropy of the model's logits (in fp32)."""
+    from .inference import model_inputs
+
+    logits = prepared["model"](**model_inputs(batch)).logits
+    loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
+    return loss, {"ce": loss.detach()}
+
+
 def configure_optimizer(modules: dict[str, torch.nn.Module], settings: TrainSettings):
     """AdamW over every trainable parameter, without weight decay on biases and LayerNorm weights.
 

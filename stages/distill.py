@@ -22,7 +22,7 @@ from transformers import set_seed
 from pipeline.cache import TeacherCache
 from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits
 from pipeline.models import build_student, count_parameters, encoder_layers, load_classifier, load_tokenizer, save_model
-from pipeline.objective import DistillObjective, target_plan, teacher_targets
+from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
 from pipeline.training import fit
@@ -63,23 +63,13 @@ def run(ctx) -> dict:
                  "relation heads %d; targets %s", student.config.num_hidden_layers, count_parameters(student) / 1e6,
                  count_parameters(teacher) / 1e6, plan.pairs, plan.relation_heads, "online" if online else "cached")
 
-    modules = {"model": student}
-    if len(objective.projections):
-        modules["projections"] = objective.projections
-
-    def loss_fn(batch, prepared):
-        if online:
-            targets = teacher_targets(teacher, batch, plan)
-        else:
-            targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], ctx.device)
-        return objective(prepared["model"], batch, targets)
-
     def validate(prepared):
         logits = predict_logits(prepared["model"], validation, config.evaluate.batch_size, ctx, pad)
         return {"accuracy": accuracy(logits, validation.labels)}
 
-    progress = fit(ctx, modules=modules, lengths=train.lengths, make_batch=lambda idx: train.batch(idx, pad, ctx.device),
-                   loss_fn=loss_fn, validate=validate, settings=config.distill, seed=seed, tag="distill",
+    progress = fit(ctx, modules=objective.trained_modules(student), lengths=train.lengths,
+                   make_batch=lambda idx: train.batch(idx, pad, ctx.device),
+                   loss_fn=objective.loss_fn(cache=cache, teacher=teacher), validate=validate, settings=config.distill, seed=seed, tag="distill",
                    # without logit KD (or with CE only on some batches) parts of the student get no gradient
                    find_unused_parameters=config.distill.loss.kd == 0)
     student = ctx.unwrap(student).eval()

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import logging
 
-import torch.nn.functional as F
 from transformers import set_seed
 
-from pipeline.inference import TokenizedSplit, accuracy, label_names, model_inputs, pad_id, predict_logits
+from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits
 from pipeline.models import build_teacher_for_finetune, load_tokenizer, save_model, tokenizer_reference
-from pipeline.training import fit
+from pipeline.training import cross_entropy_loss, fit
 
 log = logging.getLogger("pipeline")
 
@@ -43,13 +42,8 @@ def run(ctx) -> dict:
         return {"accuracy": accuracy(logits, validation.labels)}
 
     if config.teacher.finetune and config.teacher.epochs > 0:
-        def loss_fn(batch, prepared):
-            logits = prepared["model"](**model_inputs(batch)).logits
-            loss = F.cross_entropy(logits.float(), batch["labels"])
-            return loss, {"ce": loss.detach()}
-
         progress = fit(ctx, modules={"model": model}, lengths=train.lengths,
-                       make_batch=lambda idx: train.batch(idx, pad, ctx.device), loss_fn=loss_fn,
+                       make_batch=lambda idx: train.batch(idx, pad, ctx.device), loss_fn=cross_entropy_loss,
                        validate=validate, settings=config.teacher, seed=config.seed, tag="teacher")
         model = ctx.unwrap(model)
         best_epoch = progress.best_epoch

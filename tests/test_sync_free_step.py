@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from pipeline.data import pad_batch
 from pipeline.errors import TrainingError
 from pipeline.inference import has_padding, model_inputs
 from pipeline.runner import Distributed
-from pipeline.training import FiniteWatch, build_trainer, train_step
+from pipeline.training import FiniteWatch, build_trainer, cross_entropy_loss, train_step
 
 READ_BACKS = ("item", "tolist", "__float__", "__int__")
 
@@ -68,23 +67,11 @@ def read_backs_forbidden():
             setattr(torch.Tensor, name, original)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_trainer():
     config = load_config("tiny")
     dist = Distributed(config)
     model = tiny_bert()
     return build_trainer(dist, {"model": model}, config.distill, num_examples=64, tag="sync"), dist
-
-
-def ce_loss(batch, modules):
-    logits = modules["model"](**model_inputs(batch)).logits
-    loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
-    return loss, {"ce": loss.detach()}
 
 
 def test_unpadded_batches_call_the_model_without_a_mask_and_give_the_same_logits():
@@ -108,8 +95,8 @@ def test_training_steps_read_nothing_back_from_the_device():
     with read_backs_forbidden():
         for step in range(1, 4):
             rows = [[1, 5 + step, 6, 2], [1, 7, 8 + step, 2, 3]]  # padded and ...
-            train_step(trainer, batch_of(rows), ce_loss, step=step)
-            train_step(trainer, batch_of([[1, 9, 2], [1, 4, 2]]), ce_loss, step=step)  # ... unpadded batches
+            train_step(trainer, batch_of(rows), cross_entropy_loss, step=step)
+            train_step(trainer, batch_of([[1, 9, 2], [1, 4, 2]]), cross_entropy_loss, step=step)  # ... unpadded batches
     assert any(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.params)), "the steps trained nothing"
 
 
@@ -118,7 +105,7 @@ def test_a_non_finite_loss_is_reported_with_its_step_and_term_at_the_next_read()
 
     def loss_at(step):
         def loss_fn(batch, modules):
-            loss, terms = ce_loss(batch, modules)
+            loss, terms = cross_entropy_loss(batch, modules)
             if step == 3:  # the kd term of step 3 blows up
                 kd = torch.tensor(math.inf)
                 return loss + kd, {"ce": terms["ce"], "kd": kd}
@@ -193,10 +180,11 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_its_step(tmp_path
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
     root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(free_port()), str(script)],
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(script)],  # --standalone: torchrun picks a free rendezvous port itself
                             cwd=root, env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
-        assert f"rank {rank}: distill: the loss became non-finite at optimizer step 3" in result.stdout, result.stdout
+        assert f"rank {rank}: distill: the loss became non-finite at optimizer step 3" in result.stdout, \
+            result.stdout + result.stderr[-3000:]
