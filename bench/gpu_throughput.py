@@ -205,11 +205,6 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:240]}"
 
 
-def free(dist) -> None:
-    """Drops the prepared models and optimizers, collects garbage and empties the CUDA cache between rows."""
-    dist.accelerator.free_memory()
-
-
 def raise_recompile_limit() -> None:
     """Every (batch, kind, precision) is its own compiled graph: lift dynamo's per-function limit of 8."""
     import torch._dynamo
@@ -225,8 +220,8 @@ def step_function(stage: str, teacher, run_teacher, student, plan, config, dist,
 
     ``teacher`` / ``student``: the eager models, copied for training; ``run_teacher``: the frozen teacher that
     capture and online distillation run (the compiled copy with --compile)."""
-    from pipeline.objective import DistillObjective
-    from pipeline.training import build_trainer, cross_entropy_loss, train_step
+    from micro import training_job
+    from pipeline.training import train_step
     from stages.capture import capture_shard
 
     if stage == "capture":
@@ -235,21 +230,13 @@ def step_function(stage: str, teacher, run_teacher, student, plan, config, dist,
             capture_shard(run_teacher, data, first, last, plan, layout, last - first, pad, dist)
         return capture
 
-    if stage == "teacher":  # the teacher stage's fine-tuning loss (stages/teacher.py)
-        model = copy.deepcopy(teacher).requires_grad_(True)
-        settings, modules, loss_fn = config.teacher, {"model": model}, cross_entropy_loss
-    else:  # the distill stage's loss (stages/distill.py), targets from the cache or the teacher in the step
-        model = copy.deepcopy(student)
-        settings = config.distill
-        objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
-        modules = objective.trained_modules(model)
-        loss_fn = objective.loss_fn(cache=None if stage == "distill-online" else cache, teacher=run_teacher)
+    # the teacher stage's fine-tuning step, or the distill stage's with targets from the cache / the teacher in the step
+    kind = {"teacher": "plain", "distill-cached": "cached", "distill-online": "online"}[stage]
+    model = copy.deepcopy(teacher).requires_grad_(True) if stage == "teacher" else copy.deepcopy(student)
     if compile_models:
         model.compile()
-    trainer = build_trainer(dist, modules, settings, len(data), tag=f"gpu-{stage}",
-                            find_unused_parameters=stage != "teacher" and config.distill.loss.kd == 0)
-    for m in trainer.modules.values():
-        m.train()
+    trainer, loss_fn = training_job(kind, model, run_teacher, plan, cache, config, dist, len(data),
+                                    config.teacher if stage == "teacher" else config.distill, tag=f"gpu-{stage}")
 
     def step(i):
         train_step(trainer, batches[i % len(batches)]["batch"], loss_fn, step=i + 1)
@@ -454,7 +441,7 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
                             row["error"] = error_text(exc)
                         rows.append(row)
                         step = chosen = None  # the trainer and batches go before the next row
-                        free(dist)
+                        dist.accelerator.free_memory()  # prepared models, optimizers; empties the CUDA cache
                         progress.update(1)
             del dist
     progress.close()

@@ -163,25 +163,34 @@ def write_cache(folder: Path, teacher, plan, config, data, pad, dist) -> dict:
             "layout": layout, "ranges": ranges}
 
 
-def step_function(kind: str, base_student, teacher, plan, cache, config, dist, num_examples: int):
-    """One optimizer step of ``kind`` (plain / cached / online) on a batch: ``pipeline.training.train_step``
-    with a trainer set up by ``build_trainer`` and the loss each stage passes to ``fit``."""
+def training_job(kind: str, model, teacher, plan, cache, config, dist, num_examples: int, settings, tag: str):
+    """(trainer, loss_fn) for training ``model`` as a stage would: ``plain`` is the teacher stage's cross-entropy
+    fine-tuning, ``cached`` / ``online`` the distill stage's loss with targets from ``cache`` or from ``teacher``
+    run inside the step; the trainer is ``build_trainer``'s, with ``settings`` (config.teacher or config.distill)."""
     from pipeline.objective import DistillObjective
-    from pipeline.training import build_trainer, cross_entropy_loss, train_step
+    from pipeline.training import build_trainer, cross_entropy_loss
 
-    student = copy.deepcopy(base_student).to(dist.device)
-    modules = {"model": student}
-    if kind == "plain":  # the teacher stage's fine-tuning loss
-        loss_fn = cross_entropy_loss
-    else:  # the distill stage's loss, targets from the cache or from the teacher inside the step
-        objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(dist.device)
-        modules = objective.trained_modules(student)
+    if kind == "plain":
+        modules, loss_fn = {"model": model}, cross_entropy_loss
+    else:
+        objective = DistillObjective(config, plan, teacher.config.hidden_size, model.config.hidden_size).to(dist.device)
+        modules = objective.trained_modules(model)
         loss_fn = objective.loss_fn(cache=None if kind == "online" else cache, teacher=teacher)
-
-    trainer = build_trainer(dist, modules, config.distill, num_examples, tag=f"micro-{kind}",
+    trainer = build_trainer(dist, modules, settings, num_examples, tag=tag,
                             find_unused_parameters=kind != "plain" and config.distill.loss.kd == 0)
     for m in trainer.modules.values():
         m.train()
+    return trainer, loss_fn
+
+
+def step_function(kind: str, base_student, teacher, plan, cache, config, dist, num_examples: int):
+    """One optimizer step of ``kind`` (plain / cached / online) of the student on a batch:
+    ``pipeline.training.train_step`` with the trainer and loss of ``training_job``."""
+    from pipeline.training import train_step
+
+    student = copy.deepcopy(base_student).to(dist.device)
+    trainer, loss_fn = training_job(kind, student, teacher, plan, cache, config, dist, num_examples, config.distill,
+                                    tag=f"micro-{kind}")
     steps = 0
 
     def step(batch):

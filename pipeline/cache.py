@@ -100,8 +100,9 @@ def relation_subset(layout: CacheLayout, logits_layout: CacheLayout, lengths: np
     in permutation order. Returns a boolean mask over ``lengths``; empty budget left: all False.
     """
     lengths = np.asarray(lengths)
-    left = budget - float(logits_layout.example_bytes(lengths).sum())
-    extra = layout.example_bytes(lengths) - logits_layout.example_bytes(lengths)  # what relation targets add per example
+    logits_bytes = logits_layout.example_bytes(lengths)
+    left = budget - float(logits_bytes.sum())
+    extra = layout.example_bytes(lengths) - logits_bytes  # what relation targets add per example
     order = np.random.default_rng(seed).permutation(len(lengths))
     fits = int(np.searchsorted(np.cumsum(extra[order]), left, side="right")) if left > 0 else 0
     keep = np.zeros(len(lengths), dtype=bool)
@@ -158,19 +159,22 @@ def write_index(folder: Path, num_shards: int, num_examples: int, layout: CacheL
     os.replace(tmp, folder / "index.json")
 
 
-def flatten_targets(targets: dict, layout: CacheLayout, lengths: list[int], mask: torch.Tensor) -> list[np.ndarray]:
-    """Per-example records (unpadded) from a batch of online teacher targets."""
+def flatten_targets(targets: dict, layout: CacheLayout, lengths: list[int], mask: torch.Tensor,
+                    empty_rows=()) -> list[np.ndarray]:
+    """Per-example records (unpadded) from a batch of online teacher targets; rows in ``empty_rows`` (kept for
+    their logits only, capture.max_cache_gb) get an empty record."""
     dtype = DTYPES[layout.dtype]
     pieces: dict[str, torch.Tensor] = {}
     for key, target, _ in layout.plan.teacher_keys():
         pieces.update(target.flatten(key, targets[key], layout.stores.get(target.name), mask, layout.plan.relation_heads))
+    pieces = {name: value.float().cpu().numpy() for name, value in pieces.items()}  # one copy to the host per batch
     records = []
     for row, n in enumerate(lengths):
         parts = []
-        for name, shape in layout.fields(n):
-            value = pieces[name][row].float()
+        for name, shape in ([] if row in empty_rows else layout.fields(n)):
+            value = pieces[name][row]
             value = value[:, :n, :n] if len(shape) == 3 else value[:n]
-            parts.append(value.reshape(-1).cpu().numpy().astype(dtype))
+            parts.append(value.reshape(-1).astype(dtype))
         records.append(np.concatenate(parts) if parts else np.zeros(0, dtype))
     return records
 

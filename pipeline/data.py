@@ -531,8 +531,6 @@ def tokenize_to_disk(encode, texts: pd.Series, pairs: pd.Series | None, labels: 
                              remove_columns=source.column_names, features=features, desc=desc,
                              cache_file_name=str(work / "encoded.arrow"), load_from_cache_file=False,
                              new_fingerprint=f"tokenize-{folder.name}")
-        if not bars_were_on:
-            datasets.disable_progress_bars()
         lengths = pc.list_value_length(encoded.data.table.column("input_ids")).to_numpy()
         facts = {"examples": len(encoded), "truncated": int(pc.sum(encoded.data.table.column("truncated")).as_py() or 0),
                  "mean_tokens": int(lengths.sum()) / max(len(lengths), 1), "max_tokens": int(lengths.max()) if len(lengths) else 0}
@@ -547,15 +545,19 @@ def tokenize_to_disk(encode, texts: pd.Series, pairs: pd.Series | None, labels: 
     return facts
 
 
+def _right_pad(sequences, value: int, longest: int) -> np.ndarray:
+    padded = np.full((len(sequences), longest), value, dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        padded[row, : len(seq)] = seq
+    return padded
+
+
 def pad_batch(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad to the longest sequence in the batch: input_ids and attention_mask (sequences: lists or arrays)."""
-    longest = max(len(s) for s in sequences)
-    ids = np.full((len(sequences), longest), pad_id, dtype=np.int64)
-    mask = np.zeros((len(sequences), longest), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return torch.from_numpy(ids), torch.from_numpy(mask)
+    lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+    longest = int(lengths.max())
+    mask = (np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64)
+    return torch.from_numpy(_right_pad(sequences, pad_id, longest)), torch.from_numpy(mask)
 
 
 def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
@@ -568,13 +570,9 @@ def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-def pad_segments(sequences, longest: int | None = None) -> torch.Tensor:
-    """Right-pad ``token_type_ids`` with 0 to the longest sequence (the padded positions are masked anyway)."""
-    longest = longest or max(len(s) for s in sequences)
-    types = np.zeros((len(sequences), longest), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        types[row, : len(seq)] = seq
-    return torch.from_numpy(types)
+def pad_segments(sequences, longest: int) -> torch.Tensor:
+    """Right-pad ``token_type_ids`` with 0 to ``longest``, the batch's padded length (padded positions are masked)."""
+    return torch.from_numpy(_right_pad(sequences, 0, longest))
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:

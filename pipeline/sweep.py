@@ -466,13 +466,7 @@ class SweepTracker:
 
         tracker = Tracker(self.runs_dir, self.sweep_dir, config.tracking.experiment or config.name)  # store set-up, errors
         self.client = tracker.client
-        experiment = self.client.get_experiment_by_name(tracker.experiment)
-        if experiment is None:
-            location = (self.runs_dir.resolve() / "mlartifacts").as_uri() if tracker.local_store else None
-            experiment_id = self.client.create_experiment(tracker.experiment, artifact_location=location)
-        else:
-            experiment_id = experiment.experiment_id
-        tracker._mark_experiment_kind(experiment_id)
+        experiment_id = tracker.ensure_experiment()
         record = self.sweep_dir / SWEEP_RECORD
         previous = json.loads(record.read_text()) if record.is_file() else {}
         identity = self.identity()
@@ -495,12 +489,10 @@ class SweepTracker:
 
     def identity(self) -> str:
         """Same variants with the same resolved configs -> the same sweep run."""
-        import hashlib
-
         from .config import to_yaml
+        from .tracking import config_hash
 
-        text = json.dumps({name: to_yaml(c) for name, c in self.sweep.configs.items()}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return config_hash(json.dumps({name: to_yaml(c) for name, c in self.sweep.configs.items()}, sort_keys=True))
 
     def adopt(self, run_dir: Path) -> None:
         """Nest a variant's pipeline run under this sweep run (also one recorded by an earlier sweep run)."""

@@ -213,21 +213,24 @@ class Tracker:
             raise store_error(exc, self.uri) from exc
 
     # ------------------------------------------------------------------ runs
+    def ensure_experiment(self) -> str:
+        """The experiment's id, created when missing (artifacts next to mlflow.db for a local store, never
+        ./mlruns in the cwd) and marked as model training."""
+        experiment = self.client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            location = (self.runs_dir.resolve() / "mlartifacts").as_uri() if self.local_store else None
+            experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
+        else:
+            experiment_id = experiment.experiment_id
+        self._mark_experiment_kind(experiment_id)
+        return experiment_id
+
     def start_pipeline(self, config_yaml: str, flat_params: dict, config_hash: str) -> None:
         """Create or re-attach the parent run (same resolved config -> same parent)."""
         if not self.enabled:
             return
         mlflow = self.mlflow
-        experiment = self.client.get_experiment_by_name(self.experiment)
-        if experiment is None:
-            location = None
-            if self.local_store:  # artifacts next to mlflow.db, never ./mlruns in the cwd
-                location = (self.runs_dir.resolve() / "mlartifacts").as_uri()
-            experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
-        else:
-            experiment_id = experiment.experiment_id
-        self.experiment_id = experiment_id
-        self._mark_experiment_kind(experiment_id)
+        experiment_id = self.experiment_id = self.ensure_experiment()
         self.end_orphaned_runs()
         record = self.run_dir / "mlflow_run.json"
         previous = json.loads(record.read_text()) if record.is_file() else {}

@@ -49,6 +49,7 @@ from transformers import get_scheduler
 from .config import TrainSettings
 from .data import global_batches, rank_slice
 from .errors import PipelineError, TrainingError
+from .inference import model_inputs
 
 log = logging.getLogger("pipeline")
 
@@ -215,8 +216,6 @@ class Trainer:
 
 def cross_entropy_loss(batch: dict, prepared: dict):
     """The teacher's fine-tuning loss, as fit's ``loss_fn``: cross-entropy of the model's logits (in fp32)."""
-    from .inference import model_inputs
-
     logits = prepared["model"](**model_inputs(batch)).logits
     loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
     return loss, {"ce": loss.detach()}

@@ -109,10 +109,8 @@ def run(ctx) -> dict:
         logits_only = first >= relational
         shard_plan, shard_layout = (logits_layout.plan, logits_layout) if logits_only else (plan, layout)
         records, logits = capture_shard(teacher, train, first, last, shard_plan, shard_layout, config.capture.batch_size,
-                                        pad, ctx, on_batch=bar.update)
+                                        pad, ctx, on_batch=bar.update, relations=None if logits_only else keep)
         bare = [] if logits_only or keep is None else np.flatnonzero(~keep[first:last]).tolist()
-        for position in bare:  # the budget holds only logits for these rows
-            records[position] = records[position][:0]
         write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first, logits_only, bare)
     bar.close()
     ctx.barrier()
@@ -157,11 +155,12 @@ def fit_budget(cfg, layout: CacheLayout, logits_layout: CacheLayout, lengths: np
 
 
 def capture_shard(teacher, data, first: int, last: int, plan, layout, batch_size: int, pad: int, dist,
-                  on_batch=None) -> tuple[list[np.ndarray], np.ndarray]:
+                  on_batch=None, relations: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """The teacher over examples [first, last) of ``data``: (per-example cache records, logits), in example order.
 
     Batches hold examples of similar length (less padding); ``dist`` is anything with ``device`` and
-    ``autocast()`` (the stage context); ``on_batch(n)`` follows progress.
+    ``autocast()`` (the stage context); ``on_batch(n)`` follows progress. ``relations`` (a mask over example
+    indices, capture.max_cache_gb): examples it leaves out get empty records (the budget holds their logits only).
     """
     lengths = data.lengths
     by_length = first + np.argsort(lengths[first:last], kind="stable")
@@ -171,7 +170,8 @@ def capture_shard(teacher, data, first: int, last: int, plan, layout, batch_size
         batch = data.batch(global_ids, pad, dist.device)
         with dist.autocast():
             targets = teacher_targets(teacher, batch, plan)
-        batch_records = flatten_targets(targets, layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"])
+        empty = set() if relations is None else set(np.flatnonzero(~relations[global_ids]).tolist())
+        batch_records = flatten_targets(targets, layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"], empty)
         for i, record in zip(global_ids - first, batch_records):
             records[i] = record
         logits[global_ids - first] = targets["logits"].float().cpu().numpy()

@@ -267,7 +267,7 @@ def build_text_model(inputs: Inputs, shipped: Shipped, int8: Int8 | None, recomm
     """model.text.onnx: the tokenizer as onnxruntime-extensions operators in front of the recommended graph, checked
     against predict.py on the whole test split (text_model.ship); where it cannot be built exactly, the reason."""
     classifier = int8.path if recommended == "int8" else shipped.fp32_path
-    text = TM.ship(classifier, shipped.tokenizer_json, shipped.facts, inputs.max_length, test_records(inputs.prepare), shipped.pad,
+    text = TM.ship(classifier, shipped.tokenizer_json, shipped.facts, inputs.max_length, read_test_records(inputs.prepare), shipped.pad,
                    out / "model.text.onnx")
     if text["shipped"]:
         check = text["check"]
@@ -300,7 +300,7 @@ def check_mobile(shipped: Shipped, int8: Int8 | None, recommended: str) -> dict:
     return result
 
 
-def test_records(prepare: Path) -> list[dict]:
+def read_test_records(prepare: Path) -> list[dict]:
     """The test split's records ({"text", "label"[, "text_pair"]}) as prepare wrote them."""
     with open(prepare / "test.jsonl", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
@@ -322,7 +322,7 @@ def convert_to_ort(shipped: Shipped, int8: Int8 | None, recommended: str, text: 
         if agreement < 1.0:
             log.warning("[export] %s disagrees with %s on %.2f%% of the test split", ort_file.name, path.name, 100 * (1 - agreement))
     if text_path:
-        texts = [record["text"] for record in test_records(prepare)]
+        texts = [record["text"] for record in read_test_records(prepare)]
         ort_file = out / info["files"][text_path.name]
         agreement = float((TM.run(ort_file, texts)[1] == TM.run(text_path, texts)[1]).mean())
         info.setdefault("agreement_with_onnx", {})[ort_file.name] = agreement
@@ -606,8 +606,7 @@ def trimmed_student(student, prepare, tokenizer_json, work, test, max_length, fu
     kept = B.trim_vocabulary(tokenizer_json, keep, trimmed_json)
     original_vocab = student.config.vocab_size
     student = B.trim_embeddings(copy.deepcopy(student), kept).eval()
-    with open(prepare / "test.jsonl", encoding="utf-8") as fh:
-        records = [json.loads(line) for line in fh if line.strip()]
+    records = read_test_records(prepare)
     pairs = [r["text_pair"] for r in records] if records and "text_pair" in records[0] else None
     if test.token_type_ids is not None:  # sentence pairs with segment ids: re-tokenized with them
         ids, types = B.tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs, segments=True)

@@ -27,9 +27,10 @@ def tiny_bert(config, attn="eager", seed=0):
     return model.eval()
 
 
-def padded_batch(lengths=(10, 7, 3), n=10, vocab=64, seed=1):
+def padded_batch(lengths=(10, 7, 3), n=10, vocab=64, seed=1, lowest_id=1):
+    """Random ids in [lowest_id, vocab) right-padded with 0 to ``n``, and the mask."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab, (len(lengths), n), generator=g)
+    ids = torch.randint(lowest_id, vocab, (len(lengths), n), generator=g)
     mask = torch.zeros(len(lengths), n, dtype=torch.long)
     for i, length in enumerate(lengths):
         mask[i, :length] = 1

@@ -250,7 +250,6 @@ def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, 
     """bundle/demo.html served from 127.0.0.1, opened in headless Chromium: type a sentence, click, read the label and
     probabilities back from the page; they are predict.py's for that sentence."""
     import shutil
-    import socket
     import subprocess
     import time
     import urllib.request
@@ -265,12 +264,9 @@ def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, 
     assert {f"demo/{name}" for name in B.WEB_FILES} | {"demo.html"} <= set(metadata["files"])  # checksummed like the rest
     copy = tmp_path / "bundle"
     shutil.copytree(bundle, copy)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ui.free_port()
     server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(copy)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    browser = None
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -280,32 +276,27 @@ def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, 
             except OSError:
                 assert time.monotonic() < deadline, "the local http server did not start"
                 time.sleep(0.2)
-        log = open(tmp_path / "chromium.log", "w")
-        browser = ui.DevTools(chromium, ui.CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path / 'profile'}"], log)
-        target = browser("Target.createTarget", url="about:blank")["targetId"]
-        browser.session = browser("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        browser("Page.navigate", url=f"http://127.0.0.1:{port}/demo.html")
-        assert browser.wait_for("document.body && ['1', 'error'].includes(document.body.dataset.ready)", 90)
-        status = browser.js("document.getElementById('status').textContent")
-        assert browser.js("document.body.dataset.ready") == "1", status
-        reference = predict.BundleClassifier(copy)
-        texts = test_texts[0][:3] + ["a " * 100 + "dull film"]  # the last one is truncated
-        for text in texts:
-            browser.js(f"document.getElementById('label').textContent = ''; document.getElementById('status').textContent = '';"
-                       f"document.getElementById('text').value = {json.dumps(text)}; document.getElementById('classify').click()")
-            assert browser.wait_for("document.getElementById('status').textContent !== ''", 30)
-            assert browser.js("document.getElementById('status').textContent") == "done"
-            shown = browser.js("({label: document.getElementById('label').textContent, ids: JSON.parse(document.getElementById"
-                               "('label').dataset.ids), rows: [...document.querySelectorAll('#probabilities tr')].map(r => "
-                               "[r.dataset.label, Number(r.dataset.probability)])})")
-            expected = reference.predict([text])[0]  # batch 1, as the page runs it
-            assert shown["ids"] == reference.tokenizer.encode(text).ids, text  # the JavaScript tokenizer, truncation too
-            assert shown["label"] == expected["label"], text
-            assert [name for name, _ in shown["rows"]] == reference.labels
-            # WebAssembly's int8 kernels round differently from the native CPU ones: ~3e-3 measured on the tiny run
-            assert all(abs(p - expected["probabilities"][name]) < 1e-2 for name, p in shown["rows"]), (shown, expected)
+        with ui.browser_page(chromium, tmp_path, 1280, 900) as browser:
+            browser("Page.navigate", url=f"http://127.0.0.1:{port}/demo.html")
+            assert browser.wait_for("document.body && ['1', 'error'].includes(document.body.dataset.ready)", 90)
+            status = browser.js("document.getElementById('status').textContent")
+            assert browser.js("document.body.dataset.ready") == "1", status
+            reference = predict.BundleClassifier(copy)
+            texts = test_texts[0][:3] + ["a " * 100 + "dull film"]  # the last one is truncated
+            for text in texts:
+                browser.js(f"document.getElementById('label').textContent = ''; document.getElementById('status').textContent = '';"
+                           f"document.getElementById('text').value = {json.dumps(text)}; document.getElementById('classify').click()")
+                assert browser.wait_for("document.getElementById('status').textContent !== ''", 30)
+                assert browser.js("document.getElementById('status').textContent") == "done"
+                shown = browser.js("({label: document.getElementById('label').textContent, ids: JSON.parse(document.getElementById"
+                                   "('label').dataset.ids), rows: [...document.querySelectorAll('#probabilities tr')].map(r => "
+                                   "[r.dataset.label, Number(r.dataset.probability)])})")
+                expected = reference.predict([text])[0]  # batch 1, as the page runs it
+                assert shown["ids"] == reference.tokenizer.encode(text).ids, text  # the JavaScript tokenizer, truncation too
+                assert shown["label"] == expected["label"], text
+                assert [name for name, _ in shown["rows"]] == reference.labels
+                # WebAssembly's int8 kernels round differently from the native CPU ones: ~3e-3 measured on the tiny run
+                assert all(abs(p - expected["probabilities"][name]) < 1e-2 for name, p in shown["rows"]), (shown, expected)
     finally:
-        if browser is not None:
-            browser.close()
         server.terminate()
         server.wait(timeout=10)

@@ -28,6 +28,7 @@ from pipeline import families as F
 from pipeline.attention import attention_probs, capture_projections, relation_scores
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, ModelError
+from tests.test_attention import max_diff_valid_rows, padded_batch
 from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
 from tests.conftest import read_json
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
@@ -67,18 +68,13 @@ def family_model(model_type: str, attn: str = "eager", seed: int = 0, **kw):
     return model.eval()
 
 
-def padded_batch(lengths=(10, 7, 3), n=10, vocab=120, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (len(lengths), n), generator=g)
-    mask = torch.zeros(len(lengths), n, dtype=torch.long)
-    for i, length in enumerate(lengths):
-        mask[i, :length] = 1
-    return ids * mask, mask  # pad id 0 on padded positions
+def family_batch():
+    """Ids above every family's special tokens (0-4), padded with 0."""
+    return padded_batch(vocab=120, lowest_id=5)
 
 
 def assert_close_on_valid_rows(probs, reference, mask, atol=1e-6):
-    rows = mask.bool()[:, None, :, None].expand_as(probs)
-    assert (probs - reference).abs()[rows].max().item() <= atol
+    assert max_diff_valid_rows(probs, reference, mask) <= atol
 
 
 # ---------------------------------------------------------------- attention per family
@@ -87,7 +83,7 @@ def assert_close_on_valid_rows(probs, reference, mask, atol=1e-6):
 @pytest.mark.parametrize("model_type", EXACT)
 def test_recomputed_attention_equals_eager_attention_weights(model_type):
     model = family_model(model_type)
-    ids, mask = padded_batch()
+    ids, mask = family_batch()
     with torch.no_grad(), capture_projections(model, [0, 1], ("query", "key", "value")) as captured:
         out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
     assert len(out.attentions) == 2
@@ -104,7 +100,7 @@ def test_deberta_relation_is_its_content_to_content_attention_term(monkeypatch):
     with it, removing the position terms leaves exactly our scores at DeBERTa's scale; and the full attention differs."""
     from transformers.models.deberta_v2 import modeling_deberta_v2 as deberta
 
-    ids, mask = padded_batch()
+    ids, mask = family_batch()
     plain = family_model("deberta-v2", relative_attention=False, pos_att_type=[])
     with torch.no_grad(), capture_projections(plain, [0, 1]) as captured:
         out = plain(input_ids=ids, attention_mask=mask, output_attentions=True)
@@ -160,7 +156,7 @@ def test_teacher_layers_student_with_ffn_pruning(model_type):
     family = F.family_of(teacher)
     # every layer copied, nothing pruned: the student is the teacher
     whole = build_student(tiny_config("student.teacher_layers=[0,1]", "student.attn_implementation=eager"), teacher)
-    ids, mask = padded_batch()
+    ids, mask = family_batch()
     with torch.no_grad():
         torch.testing.assert_close(whole.eval()(input_ids=ids, attention_mask=mask).logits,
                                    teacher(input_ids=ids, attention_mask=mask).logits)
@@ -191,7 +187,7 @@ def test_random_student_is_of_the_teachers_family(model_type):
     assert cfg.vocab_size == teacher.config.vocab_size and cfg.id2label == teacher.config.id2label
     assert F.self_attention(student, 0).get_submodule(family.attention_dropout).p == 0.0
     assert cfg is not teacher.config and teacher.config.hidden_size == 32
-    ids, mask = padded_batch()
+    ids, mask = family_batch()
     with capture_projections(student, [0]) as captured:
         logits = student(input_ids=ids, attention_mask=mask).logits
     assert logits.shape == (3, 2) and captured[0]["query"].shape == (3, 10, 16)

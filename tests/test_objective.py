@@ -40,6 +40,14 @@ def batch_of(lengths, seed=0):
             "indices": np.arange(len(lengths))}
 
 
+def write_cache(folder, targets, batch, layout) -> None:
+    """The batch's teacher ``targets`` written the way the capture stage writes them: one shard and the index."""
+    lengths = [int(n) for n in batch["attention_mask"].sum(1)]
+    write_shard(folder, 0, flatten_targets(targets, layout, lengths, batch["attention_mask"]), targets["logits"].numpy(),
+                lengths, first=0)
+    write_index(folder, 1, len(lengths), layout)
+
+
 @pytest.mark.parametrize("store,dtype,tolerance", [("probs", "float32", 1e-5), ("vectors", "float32", 1e-5),
                                                    ("probs", "float16", 2e-3), ("vectors", "float16", 2e-3)])
 def test_cached_and_online_targets_give_the_same_loss(tmp_path, store, dtype, tolerance):
@@ -52,11 +60,8 @@ def test_cached_and_online_targets_give_the_same_loss(tmp_path, store, dtype, to
     online_loss, online_terms = objective(student, batch, online)
 
     # Write the same targets the way the capture stage does, then read them back.
-    layout = CacheLayout(plan, num_labels=3, hidden=32, stores={"attn": store, "vrel": store}, dtype=dtype)
-    lengths = [7, 4, 9, 2]
-    records = flatten_targets(online, layout, lengths, batch["attention_mask"])
-    write_shard(tmp_path, 0, records, online["logits"].numpy(), lengths, first=0)
-    write_index(tmp_path, 1, 4, layout)
+    write_cache(tmp_path, online, batch, CacheLayout(plan, num_labels=3, hidden=32, stores={"attn": store, "vrel": store},
+                                                     dtype=dtype))
     cache = TeacherCache(tmp_path)
     cached = cache.batch(batch["indices"], batch["input_ids"].shape[1], "cpu")
     cached_loss, cached_terms = objective(student, batch, cached)
@@ -70,10 +75,8 @@ def test_corrupted_shard_is_named(tmp_path):
     teacher = bert(32, 4, 2, seed=0)
     plan = TargetPlan(pairs=[(0, 1)], relation_heads=4, attention=True, value_relation=False, hidden=False, kd=True)
     batch = batch_of([5, 3])
-    layout = CacheLayout(plan, 3, 32, {"attn": "probs", "vrel": "probs"}, "float16")
-    targets = teacher_targets(teacher, batch, plan)
-    write_shard(tmp_path, 0, flatten_targets(targets, layout, [5, 3], batch["attention_mask"]), targets["logits"].numpy(), [5, 3], 0)
-    write_index(tmp_path, 1, 2, layout)
+    write_cache(tmp_path, teacher_targets(teacher, batch, plan), batch,
+                CacheLayout(plan, 3, 32, {"attn": "probs", "vrel": "probs"}, "float16"))
     data = tmp_path / "shard-00000.bin"
     raw = bytearray(data.read_bytes())
     raw[10] ^= 0xFF

@@ -104,7 +104,7 @@ def test_batches_carry_segment_ids_and_the_teacher_uses_them(pair_run):
 
 def test_predict_logits_feeds_segment_ids(pair_run):
     """The evaluation / validation path (predict_logits) equals the teacher run by hand with token_type_ids."""
-    from pipeline.inference import TokenizedSplit, model_inputs, pad_id, predict_logits
+    from pipeline.inference import TokenizedSplit, pad_id, predict_logits
     from pipeline.models import load_classifier
 
     prepare, pad = pair_run["prepare"], pad_id(pair_run["prepare"])
@@ -120,7 +120,10 @@ def test_predict_logits_feeds_segment_ids(pair_run):
 
     logits = predict_logits(teacher, test, 16, Single(), pad)
     with torch.no_grad():
-        by_hand = np.concatenate([teacher(**model_inputs(test.batch([i], pad, "cpu"))).logits.numpy() for i in range(12)])
+        # straight from the stored columns, not through the batch code predict_logits uses
+        by_hand = np.concatenate([teacher(input_ids=torch.tensor([test.input_ids[i]]),
+                                          token_type_ids=torch.tensor([test.token_type_ids[i]])).logits.numpy()
+                                  for i in range(12)])
     np.testing.assert_allclose(logits[:12], by_hand, atol=1e-4)  # one example at a time: no padding at all
 
 

@@ -128,11 +128,11 @@ def test_finite_watch_before_any_step_reads_nothing():
 
 def test_a_distillation_step_from_the_cache_with_logits_only_rows_reads_nothing_back(tmp_path):
     """Cached targets, relation terms on some rows only (the objective picks them with a host-side index)."""
-    from pipeline.cache import CacheLayout, TeacherCache, choose_stores, flatten_targets, write_index, write_shard
+    from pipeline.cache import CacheLayout, TeacherCache, choose_stores
     from pipeline.config import LossWeights
     from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
     from tests.test_objective import batch_of as lengths_batch
-    from tests.test_objective import bert, fake_config
+    from tests.test_objective import bert, fake_config, write_cache
 
     lengths = [7, 4, 9, 2]
     teacher, student = bert(32, 4, 2, seed=0), bert(32, 4, 1, seed=1)
@@ -141,10 +141,7 @@ def test_a_distillation_step_from_the_cache_with_logits_only_rows_reads_nothing_
     objective = DistillObjective(fake_config(weights), plan, 32, 32)
     batch = lengths_batch(lengths)
     online = teacher_targets(teacher, batch, plan)
-    layout = CacheLayout(plan, 3, 32, choose_stores(plan, np.array(lengths), 32, "auto"), "float32")
-    write_shard(tmp_path, 0, flatten_targets(online, layout, lengths, batch["attention_mask"]), online["logits"].numpy(),
-                lengths, first=0)
-    write_index(tmp_path, 1, 4, layout)
+    write_cache(tmp_path, online, batch, CacheLayout(plan, 3, 32, choose_stores(plan, np.array(lengths), 32, "auto"), "float32"))
     cache = TeacherCache(tmp_path)
     batch["relation_rows"] = torch.tensor([True, False, True, False])  # rows 1 and 3: augmented, logits only
     with read_backs_forbidden():

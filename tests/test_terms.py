@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cache import CacheLayout, TeacherCache, choose_stores, flatten_targets, write_index, write_shard
+from pipeline.cache import CacheLayout, TeacherCache, choose_stores
 from pipeline.config import LossWeights, load_config
 from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
 from pipeline.terms import TARGETS, TERMS
-from tests.test_objective import batch_of, bert, fake_config
+from tests.test_objective import batch_of, bert, fake_config, write_cache
 
 LENGTHS = [7, 4, 9, 2]
 
@@ -70,10 +70,7 @@ def test_embedding_mse_from_the_cache_and_on_relation_rows_only(tmp_path):
     objective = DistillObjective(fake_config(weights), plan, 32, 24)
     batch = batch_of(LENGTHS)
     online = teacher_targets(teacher, batch, plan)
-    layout = CacheLayout(plan, 3, 32, choose_stores(plan, np.array(LENGTHS), 32, "auto"), "float32")
-    write_shard(tmp_path, 0, flatten_targets(online, layout, LENGTHS, batch["attention_mask"]), online["logits"].numpy(),
-                LENGTHS, first=0)
-    write_index(tmp_path, 1, 4, layout)
+    write_cache(tmp_path, online, batch, CacheLayout(plan, 3, 32, choose_stores(plan, np.array(LENGTHS), 32, "auto"), "float32"))
     cached = TeacherCache(tmp_path).batch(batch["indices"], batch["input_ids"].shape[1], "cpu")
     assert set(cached) == set(online)
     online_terms, cached_terms = objective(student, batch, online)[1], objective(student, batch, cached)[1]
