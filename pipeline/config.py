@@ -184,7 +184,19 @@ class TeacherConfig(TrainSettings):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
 
 
+class StaticStudent(Section):
+    """The static student (student.kind: static): token vectors, weighted mean, linear head (pipeline/static_model.py)."""
+
+    dim: int = Field(256, ge=2, le=4096, description="width of the token vectors (PCA of the teacher's outputs)")
+    context: bool = Field(True, description="tokens of the training text start from the mean of the teacher's outputs "
+                          "for them in context (else every token from its output on its own, as model2vec does)")
+
+
 class StudentConfig(Section):
+    kind: Literal["transformer", "static"] = Field(
+        "transformer", description="transformer: layers of the teacher's family (init below); static: one vector per "
+                                   "token, weighted mean, linear head, the fastest class (student.static)")
+    static: StaticStudent = StaticStudent()
     init: Literal["teacher_layers", "pretrained", "random"] = "teacher_layers"
     teacher_layers: list[LayerIndex] = [0, 5]
     pretrained: str | None = None
@@ -272,6 +284,36 @@ class CaptureConfig(Section):
     augment: AugmentConfig = AugmentConfig()
 
 
+class FastTextGrid(Section):
+    """fastText's settings tried on the validation split (one fit each), then the best one quantized."""
+
+    epochs: list[Annotated[int, Field(ge=1, le=1000)]] = Field([10, 25], min_length=1)
+    word_ngrams: list[Annotated[int, Field(ge=1, le=5)]] = Field([1, 2], min_length=1)
+    lr: float = Field(0.5, gt=0, le=10)
+    dim: int = Field(100, ge=2, le=1024)
+    buckets: int = Field(2_000_000, ge=1000, le=100_000_000, description="hashed n-gram rows (before quantization)")
+    cutoff: int = Field(100_000, ge=1000, description="words and n-grams kept by quantization")
+
+
+class BaselinesConfig(Section):
+    """What mobile teams ship instead (stages/baselines.py): trained on the run's splits, timed by the export."""
+
+    enabled: bool = True
+    peers: list[Literal["tfidf", "fasttext", "static"]] = Field(["tfidf", "fasttext", "static"], min_length=1)
+    tfidf_c: list[Annotated[float, Field(gt=0)]] = Field([1.0, 4.0, 16.0, 32.0, 64.0], min_length=1,
+                                                          description="logistic regression C values tried on validation")
+    fasttext: FastTextGrid = FastTextGrid()
+    static_dim: int = Field(256, ge=2, le=4096, description="PCA width of the static-embedding peer")
+    static_c: list[Annotated[float, Field(gt=0)]] = Field([0.1, 1.0, 10.0, 100.0], min_length=1)
+
+    @field_validator("peers")
+    @classmethod
+    def _distinct_peers(cls, value):
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value} repeats a peer; list each once")
+        return value
+
+
 class EvaluateConfig(Section):
     batch_size: BatchSize = 64
     heatmap_examples: int = Field(3, ge=0, le=20)
@@ -350,6 +392,7 @@ class PipelineConfig(Section):
     student: StudentConfig = StudentConfig()
     distill: DistillConfig = DistillConfig()
     capture: CaptureConfig = CaptureConfig()
+    baselines: BaselinesConfig = BaselinesConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     export: ExportConfig = ExportConfig()
     tracking: TrackingConfig = TrackingConfig()
@@ -367,6 +410,19 @@ class PipelineConfig(Section):
     @model_validator(mode="after")
     def _student_shape(self):
         s = self.student
+        if s.kind == "static":
+            layered = [name for name, term in TERMS.items() if set(term.needs) - {"logits"} and getattr(self.distill.loss, name) > 0]
+            if layered:
+                raise ValueError(
+                    f"a static student (student.kind: static) has no layers or attention, so it learns from the teacher's "
+                    f"logits only (ce, kd); distill.loss {', '.join(f'{n}={getattr(self.distill.loss, n)}' for n in layered)} "
+                    f"needs layers: set {', '.join(f'distill.loss.{n}=0' for n in layered)}")
+            if s.ffn_size is not None:
+                raise ValueError("student.ffn_size prunes transformer layers; a static student has none: set student.ffn_size: null")
+            if s.init != "teacher_layers":
+                raise ValueError("student.init chooses how a transformer student starts; a static student always starts "
+                                 "from the teacher's token vectors (student.static): leave student.init unset")
+            return self
         if s.init == "teacher_layers" and not s.teacher_layers:
             raise ValueError("student.teacher_layers must list at least one teacher layer")
         if s.init == "teacher_layers" and len(set(s.teacher_layers)) != len(s.teacher_layers):
@@ -389,6 +445,8 @@ class PipelineConfig(Section):
 
     def student_depth(self) -> int | None:
         s = self.student
+        if s.kind == "static":
+            return 0
         if s.init == "teacher_layers":
             return len(s.teacher_layers)
         if s.init == "random":

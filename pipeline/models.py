@@ -24,6 +24,7 @@ from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
 from .errors import ConfigError, ModelError
 from .families import attn_implementation, encoder_layers, family_of, layer_prefix, usable_positions, zero_attention_dropout
 from .pruning import prune_ffn, top_neurons
+from .static_model import MODEL_TYPE as STATIC_MODEL_TYPE  # importing it registers the static student with the Auto classes
 from .terms import TERMS
 
 log = logging.getLogger("pipeline")
@@ -137,6 +138,9 @@ def check_against_models(config: PipelineConfig) -> None:
     hidden, heads = teacher_cfg.hidden_size, teacher_cfg.num_attention_heads
     positions = usable_positions(teacher_cfg)
     student = config.student
+    if student.kind == "static" and student.static.dim > hidden:
+        problems.append(f"student.static.dim: {student.static.dim} is above the teacher's width {hidden}; the token "
+                        f"vectors are a PCA of the teacher's outputs, so use at most {hidden}.")
     if student.init == "teacher_layers":
         bad = [i for i in student.teacher_layers if not 0 <= i < depth]
         if bad:
@@ -265,10 +269,11 @@ def load_classifier(reference: str, label_names: list[str] | None = None, trust_
                 f"({', '.join(label_names)}). Set teacher.finetune: true to train a new head, or use a teacher fine-tuned on these labels."
             )
         check_teacher_labels(cfg, label_names, reference)
+    if cfg.model_type != STATIC_MODEL_TYPE:  # a static model has no attention to choose a kernel for
+        kwargs["attn_implementation"] = _kernel(cfg, attn_implementation)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            reference, trust_remote_code=trust_remote_code, attn_implementation=_kernel(cfg, attn_implementation),
-            use_safetensors=True, **kwargs
+            reference, trust_remote_code=trust_remote_code, use_safetensors=True, **kwargs
         )
     except (OSError, ValueError) as exc:
         raise ModelError(f"Could not load a classifier from '{reference}': {exc}") from exc

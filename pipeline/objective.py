@@ -110,7 +110,8 @@ def target_plan(config, teacher_config=None) -> TargetPlan:
     from .models import layer_map, teacher_model_config
 
     teacher_config = teacher_config or teacher_model_config(config)
-    pairs = layer_map(config, teacher_config.num_hidden_layers)
+    # a static student has no layers: its terms read logits only (the config refuses per-layer terms for it)
+    pairs = [] if config.student.kind == "static" else layer_map(config, teacher_config.num_hidden_layers)
     heads = config.distill.relation_heads or teacher_config.num_attention_heads
     return TargetPlan.from_config(config, pairs, heads)
 

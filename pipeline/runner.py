@@ -42,7 +42,7 @@ from .tracking import Tracker, config_hash, redact_uri, run_status
 
 log = logging.getLogger("pipeline")
 
-STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
+STAGES = ["prepare", "teacher", "baselines", "capture", "distill", "evaluate", "export"]
 
 
 def replace_folder(finished: Path, target: Path) -> None:

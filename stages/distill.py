@@ -1,7 +1,8 @@
 """Stage 4, distill: train the student against the teacher.
 
-The student is built as configured (teacher layers, a pretrained encoder, or
-random) and trained with the objective declared in distill.loss (CE, logit KD,
+The student is built as configured (teacher layers, a pretrained encoder,
+random, or with student.kind: static one vector per token initialised from the
+teacher's outputs: pipeline/static_model.py) and trained with the objective declared in distill.loss (CE, logit KD,
 attention KL, value-relation KL, hidden-state MSE; see pipeline/objective.py)
 under Accelerate: mixed precision, data parallel over processes, gradient
 clipping and accumulation, warmup + schedule, validation each epoch with the
@@ -25,6 +26,7 @@ from pipeline.models import build_student, count_parameters, encoder_layers, loa
 from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
+from pipeline.static_model import build_static_student, context_vectors, static_table, token_vectors
 from pipeline.training import fit
 
 log = logging.getLogger("pipeline")
@@ -44,10 +46,13 @@ def run(ctx) -> dict:
     teacher = load_classifier(str(teacher_dir / "model")).to(ctx.device).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    ffn_scores = None
-    if config.student.ffn_size is not None:
-        ffn_scores = teacher_ffn_importance(teacher, TokenizedSplit(prepare, "train"), config, seed, pad, ctx.device)
-    student = build_student(config, teacher, ffn_scores).to(ctx.device)
+    if config.student.kind == "static":
+        student = static_student(config, teacher, tokenizer, TokenizedSplit(prepare, "train"), pad, ctx.device).to(ctx.device)
+    else:
+        ffn_scores = None
+        if config.student.ffn_size is not None:
+            ffn_scores = teacher_ffn_importance(teacher, TokenizedSplit(prepare, "train"), config, seed, pad, ctx.device)
+        student = build_student(config, teacher, ffn_scores).to(ctx.device)
     if config.student.dropout is not None:
         for module in student.modules():
             if isinstance(module, torch.nn.Dropout):
@@ -84,6 +89,26 @@ def run(ctx) -> dict:
             ctx.log_artifact(ctx.out / "curves.png")
         ctx.log_metrics(summary)
     return summary
+
+
+def static_student(config, teacher, tokenizer, train: TokenizedSplit, pad: int, device):
+    """A static student whose token vectors start from the teacher's outputs (pipeline/static_model.py)."""
+    encoder, vocab = teacher.base_model, teacher.config.vocab_size
+    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    isolated = token_vectors(encoder, vocab, cls_id, sep_id)
+    order = np.argsort(train.lengths, kind="stable")  # similar lengths per batch: little padding
+    counts = np.bincount(np.concatenate([np.asarray(x) for x in train.input_ids]), minlength=vocab).astype(np.float64)
+    sums = None
+    if config.student.static.context:
+        batches = (train.batch(order[i:i + 128], pad, device) for i in range(0, len(order), 128))
+        sums, _ = context_vectors(encoder, batches, vocab, teacher.config.hidden_size)
+    vectors, log_weights = static_table(isolated, sums, counts, config.student.static.dim)
+    log.info("[distill] static student: %d token vectors of width %d (%d of them from the teacher in context over %d "
+             "training texts), SIF pooling weights", vocab, config.student.static.dim,
+             int((counts > 0).sum()) if sums is not None else 0, len(train))
+    return build_static_student(teacher.config, config.student.static.dim, vectors, log_weights,
+                                max_positions=getattr(teacher.config, "max_position_embeddings", 512))
 
 
 def teacher_ffn_importance(teacher, train: TokenizedSplit, config, seed: int, pad: int, device) -> dict:

@@ -57,7 +57,8 @@ def run(ctx) -> dict:
     metrics["compression"] = metrics["teacher"]["parameters"] / metrics["student"]["parameters"]
     for who in ("teacher", "student"):
         plot_confusion(np.array(metrics[who]["confusion_matrix"]), names, ctx.out / f"confusion_{who}.png", f"{who} (test)")
-    metrics["attention_health"] = attention_report(ctx, teacher, student, prepare, pad)
+    metrics["attention_health"] = (attention_report(ctx, teacher, student, prepare, pad) if student.config.num_hidden_layers
+                                   else {"skipped": "the static student has no attention layers"})
     with open(ctx.out / "predictions.jsonl", "w") as fh:
         for i in range(len(test)):
             fh.write(json.dumps({"label": names[test.labels[i]], "teacher": names[t_pred[i]], "student": names[s_pred[i]]}) + "\n")

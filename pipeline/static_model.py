@@ -1,0 +1,183 @@
+"""The static student: one vector per token, a weighted mean, a linear head.
+
+The fastest class of text classifier a phone runs (model2vec, fastText): no
+attention, no layers, a table lookup and one small matrix product per text. Here
+the table is distilled from the teacher twice over:
+
+1. **Initialised from the teacher** (``static_vectors``, model2vec style): every
+   vocabulary token is run through the teacher's encoder on its own
+   (``[CLS] token [SEP]``) and its output is kept; tokens that the training text
+   uses get the mean of the teacher's outputs for them *in context* over that
+   text instead (the fine-tuned teacher's view of the word in this domain).
+   PCA reduces the vectors to ``student.static.dim``; each token's pooling weight
+   starts at the SIF weight a / (a + p(token)) of its training-text frequency.
+2. **Trained as a student** (stages/distill.py): the same CE + logit KD against
+   the teacher's cached logits on the teacher-labelled augmented data as any
+   student; the vectors, the pooling weights and the head all learn.
+
+The model is a transformers ``PreTrainedModel`` registered with the Auto
+classes, so it saves, loads, evaluates, exports to ONNX (ids and mask in,
+logits out: the bundle's text-in model, predict.py and the Node/browser checks
+take it unchanged) and trims its vocabulary like every other student.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+MODEL_TYPE = "static-embedding"
+SIF_A = 1e-3  # Arora et al. 2017's smoothing constant for the token weights
+
+
+class StaticEmbeddingConfig(PretrainedConfig):
+    model_type = MODEL_TYPE
+
+    def __init__(self, vocab_size: int = 30522, hidden_size: int = 256, pad_token_id: int = 0,
+                 max_position_embeddings: int = 512, **kwargs):
+        super().__init__(pad_token_id=pad_token_id, **kwargs)
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        # No layers and no position table: these keep the code that reads them from every student working
+        # (the export's int8 ladder, the latency inputs' longest length).
+        self.num_hidden_layers = 0
+        self.max_position_embeddings = max_position_embeddings
+
+
+class StaticEmbeddingForSequenceClassification(PreTrainedModel):
+    config_class = StaticEmbeddingConfig
+    base_model_prefix = "static"
+    main_input_name = "input_ids"
+
+    def __init__(self, config: StaticEmbeddingConfig):
+        super().__init__(config)
+        self.embeddings = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        # log of each token's pooling weight: a second per-token table (kept apart from the vectors so
+        # per-channel int8 of the vectors is not scaled by the weights)
+        self.token_weights = torch.nn.Embedding(config.vocab_size, 1)
+        self.classifier = torch.nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def _init_weights(self, module):
+        if isinstance(module, torch.nn.Embedding):
+            torch.nn.init.normal_(module.weight, std=0.02)
+            if module is getattr(self, "token_weights", None):
+                torch.nn.init.zeros_(module.weight)
+        elif isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=0.02)
+            torch.nn.init.zeros_(module.bias)
+
+    def get_input_embeddings(self):
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
+
+    def keep_tokens(self, kept: list[int]) -> None:
+        """Cut both per-token tables to the rows in ``kept``, in that order (export's vocabulary trimming)."""
+        index = torch.tensor(kept, dtype=torch.long)
+        for name in ("embeddings", "token_weights"):
+            old = getattr(self, name)
+            new = torch.nn.Embedding(len(kept), old.embedding_dim, dtype=old.weight.dtype)
+            with torch.no_grad():
+                new.weight.copy_(old.weight[index])
+            setattr(self, name, new)
+        self.config.vocab_size = len(kept)
+
+    def pooled(self, input_ids, attention_mask=None) -> torch.Tensor:
+        """The weighted mean of the tokens' vectors (padding weighs 0)."""
+        weights = self.token_weights(input_ids).squeeze(-1).exp()
+        if attention_mask is not None:
+            weights = weights * attention_mask.to(weights.dtype)
+        total = (weights.unsqueeze(-1) * self.embeddings(input_ids)).sum(1)
+        return total / weights.sum(1, keepdim=True).clamp_min(1e-9)
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        # token_type_ids: a static model reads a pair as one bag of tokens
+        pooled = self.pooled(input_ids, attention_mask)
+        logits = self.classifier(pooled)
+        loss = torch.nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return SequenceClassifierOutput(loss=loss, logits=logits,
+                                        hidden_states=(pooled.unsqueeze(1),) if output_hidden_states else None)
+
+
+AutoConfig.register(MODEL_TYPE, StaticEmbeddingConfig)
+AutoModelForSequenceClassification.register(StaticEmbeddingConfig, StaticEmbeddingForSequenceClassification)
+
+
+# ---------------------------------------------------------------- vectors from the teacher
+
+
+@torch.no_grad()
+def token_vectors(encoder, vocab_size: int, cls_id: int, sep_id: int, batch_size: int = 1024) -> np.ndarray:
+    """Every token through the encoder on its own, ``[CLS] token [SEP]``: the token position's output."""
+    rows = []
+    for start in range(0, vocab_size, batch_size):
+        ids = torch.arange(start, min(vocab_size, start + batch_size))
+        inputs = torch.stack([torch.full_like(ids, cls_id), ids, torch.full_like(ids, sep_id)], 1)
+        out = encoder(input_ids=inputs, attention_mask=torch.ones_like(inputs)).last_hidden_state
+        rows.append(out[:, 1].float())
+    return torch.cat(rows).numpy()
+
+
+@torch.no_grad()
+def context_vectors(encoder, batches, vocab_size: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of the encoder's outputs per token id over real text, and how often each id occurred."""
+    sums = torch.zeros(vocab_size, hidden, dtype=torch.float64)
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for batch in batches:
+        out = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        keep = batch["attention_mask"].flatten().bool()
+        ids = batch["input_ids"].flatten()[keep]
+        sums.index_add_(0, ids, out.reshape(-1, out.shape[-1])[keep].double())
+        counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))
+    return sums.numpy(), counts.numpy()
+
+
+def pca(vectors: np.ndarray, dim: int) -> np.ndarray:
+    """Project centred ``vectors`` on their ``dim`` leading principal axes (SVD; deterministic signs)."""
+    if not 1 <= dim <= min(vectors.shape):
+        raise ValueError(f"PCA width {dim} must be between 1 and {min(vectors.shape)} for vectors of shape {vectors.shape}")
+    centred = vectors - vectors.mean(0, keepdims=True)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    axes = vt[:dim]
+    axes *= np.sign(axes[np.arange(dim), np.abs(axes).argmax(1)])[:, None]  # the largest entry of each axis positive
+    return centred @ axes.T
+
+
+def sif_weights(counts: np.ndarray, a: float = SIF_A) -> np.ndarray:
+    """a / (a + p(token)): frequent tokens weigh less (smooth inverse frequency, Arora et al. 2017)."""
+    p = counts / max(counts.sum(), 1.0)
+    return a / (a + p)
+
+
+def static_table(isolated: np.ndarray, context_sums: np.ndarray | None, counts: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The initial (vectors [V, dim], log pooling weights [V]) of a static model.
+
+    Tokens seen in the training text take the mean of their in-context outputs, the others their isolated
+    output; PCA to ``dim``, scaled so the mean row norm is 1; SIF weights from ``counts``.
+    """
+    vectors = isolated.astype(np.float64).copy()
+    if context_sums is not None:
+        seen = counts > 0
+        vectors[seen] = context_sums[seen] / counts[seen, None]
+    reduced = pca(vectors, dim)
+    reduced /= max(float(np.linalg.norm(reduced, axis=1).mean()), 1e-12)
+    return reduced.astype(np.float32), np.log(sif_weights(counts)).astype(np.float32)
+
+
+def build_static_student(teacher_config, dim: int, vectors: np.ndarray, log_weights: np.ndarray,
+                         max_positions: int = 512) -> StaticEmbeddingForSequenceClassification:
+    """A static student with the teacher's labels and vocabulary, its tables set from ``static_table``."""
+    cfg = StaticEmbeddingConfig(vocab_size=vectors.shape[0], hidden_size=dim,
+                                pad_token_id=teacher_config.pad_token_id or 0, max_position_embeddings=max_positions,
+                                num_labels=teacher_config.num_labels, id2label=dict(teacher_config.id2label),
+                                label2id=dict(teacher_config.label2id))
+    model = StaticEmbeddingForSequenceClassification(cfg)
+    with torch.no_grad():
+        model.embeddings.weight.copy_(torch.from_numpy(vectors))
+        model.token_weights.weight.copy_(torch.from_numpy(log_weights)[:, None])
+    return model

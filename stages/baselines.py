@@ -1,0 +1,106 @@
+"""Stage 3, baselines: what a mobile team would ship instead, trained and scored on this run's splits.
+
+TF-IDF + logistic regression, fastText (quantized) and model2vec-style static
+embeddings from the teacher + logistic regression (pipeline/peers.py), each
+tuned on the validation split, saved as the one file an app would ship, read
+back from that file and scored on the test split: accuracy, macro-F1, file
+size, training time. The export stage times them one text per call, side by
+side with the student and the int8 teacher, and puts them in the bundle's
+figures; with ``baselines.enabled: false`` this stage records that and trains
+nothing.
+
+Outputs: peers/ (tfidf.pkl, fasttext.ftz, static.npz), baselines.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+
+import numpy as np
+
+from pipeline.inference import TokenizedSplit, label_names
+from pipeline.metrics import classification_report
+from pipeline.models import load_classifier, load_tokenizer
+from pipeline.peers import FILES, TITLES, FastTextPeer, StaticPeer, TfidfPeer, file_mb, load_peer, timed
+from pipeline.static_model import token_vectors
+
+log = logging.getLogger("pipeline")
+
+READS = ["seed", "baselines"]
+AFTER = ["prepare", "teacher"]
+VERSION = 1
+
+
+def run(ctx) -> dict:
+    if not ctx.is_main:  # seconds of single-process work
+        return {}
+    config, cfg = ctx.config, ctx.config.baselines
+    if not cfg.enabled:
+        ctx.write_json("baselines.json", {"enabled": False, "peers": {}})
+        log.info("[baselines] baselines.enabled is false: no peers trained")
+        return {"enabled": False}
+    prepare, teacher_dir = ctx.input("prepare"), ctx.input("teacher")
+    names = label_names(prepare)
+    texts, labels = read_splits(prepare, names)
+    out = ctx.out / "peers"
+    out.mkdir(exist_ok=True)  # a rerun after an interruption overwrites what it left
+    trainers = {
+        "tfidf": lambda: TfidfPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"],
+                                         cfg.tfidf_c, config.seed),
+        "fasttext": lambda: fasttext_peer(texts, labels, cfg, config.seed),
+        "static": lambda: static_peer(prepare, teacher_dir, labels, cfg, config.seed),
+    }
+    peers = {}
+    for name in cfg.peers:
+        (peer, settings), seconds = timed(trainers[name])
+        peer.save(out / FILES[name])
+        shipped = load_peer(out, name)  # score the file that ships, not the object in memory
+        report = classification_report(labels["test"], shipped.predict(texts["test"]), names)
+        peers[name] = {"title": TITLES[name], "file": f"peers/{FILES[name]}", "file_mb": round(file_mb(out / FILES[name]), 3),
+                       "train_seconds": round(seconds, 2), "settings": settings, **report}
+        log.info("[baselines] %-8s test accuracy %.4f, macro-F1 %.4f, %.1f MB, trained in %.1f s (%s)", name,
+                 report["accuracy"], report["macro_f1"], peers[name]["file_mb"], seconds, _settings_line(settings))
+    ctx.write_json("baselines.json", {"enabled": True, "split": "test", "examples": int(len(labels["test"])), "peers": peers})
+    ctx.log_artifact(ctx.out / "baselines.json")
+    ctx.log_metrics({f"{name}/{key}": peers[name][key] for name in peers for key in ("accuracy", "macro_f1", "file_mb", "train_seconds")})
+    best = max(peers, key=lambda n: peers[n]["accuracy"]) if peers else None
+    return {"best_peer": best, "best_peer_accuracy": peers[best]["accuracy"] if best else None}
+
+
+def read_splits(prepare, names) -> tuple[dict, dict]:
+    """Raw texts (a pair joined by a space: the peers read one bag of words) and label ids per split."""
+    index = {name: i for i, name in enumerate(names)}
+    texts, labels = {}, {}
+    for split in ("train", "validation", "test"):
+        with open(prepare / f"{split}.jsonl", encoding="utf-8") as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+        texts[split] = [r["text"] + (" " + r["text_pair"] if r.get("text_pair") else "") for r in records]
+        labels[split] = np.array([index[str(r["label"])] for r in records], dtype=np.int64)
+    return texts, labels
+
+
+def fasttext_peer(texts, labels, cfg, seed):
+    with tempfile.TemporaryDirectory() as work:
+        return FastTextPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"],
+                                  cfg.fasttext.model_dump(), seed, work)
+
+
+def static_peer(prepare, teacher_dir, labels, cfg, seed):
+    """model2vec's recipe on the fine-tuned teacher: each token alone through the encoder, PCA, SIF weights."""
+    teacher = load_classifier(str(teacher_dir / "model")).eval()
+    tokenizer = load_tokenizer(str(teacher_dir / "model"))
+    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    vocab = teacher.config.vocab_size
+    isolated = token_vectors(teacher.base_model, vocab, cls_id, sep_id)
+    splits = {s: TokenizedSplit(prepare, s) for s in ("train", "validation")}
+    ids = {s: [np.asarray(x) for x in splits[s].input_ids] for s in splits}
+    counts = np.bincount(np.concatenate(ids["train"]), minlength=vocab).astype(np.float64)
+    return StaticPeer.train(teacher_dir / "model" / "tokenizer.json", isolated, counts, min(cfg.static_dim, isolated.shape[1]),
+                            ids["train"], labels["train"], ids["validation"], labels["validation"], cfg.static_c, seed)
+
+
+def _settings_line(settings: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items() if k not in ("weights", "vectors") and not isinstance(v, float))
