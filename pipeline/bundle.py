@@ -659,12 +659,15 @@ def trim_vocabulary(tokenizer_json: Path, keep: set[int], target: Path) -> list[
 
 def trim_embeddings(model, kept: list[int]):
     """``model`` (modified in place) with its word-embedding table cut to the rows in ``kept``, in that order."""
-    old = model.get_input_embeddings()
-    index = torch.tensor(kept, dtype=torch.long)
-    new = torch.nn.Embedding(len(kept), old.embedding_dim, dtype=old.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(old.weight[index])
-    model.set_input_embeddings(new)
+    if hasattr(model, "keep_tokens"):  # the static student: a second per-token table (its pooling weights) too
+        model.keep_tokens(kept)
+    else:
+        old = model.get_input_embeddings()
+        index = torch.tensor(kept, dtype=torch.long)
+        new = torch.nn.Embedding(len(kept), old.embedding_dim, dtype=old.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(old.weight[index])
+        model.set_input_embeddings(new)
     model.config.vocab_size = len(kept)
     if getattr(model.config, "pad_token_id", None) is not None:
         model.config.pad_token_id = kept.index(model.config.pad_token_id)

@@ -104,39 +104,30 @@ class FastTextPeer:
                 fh.write(f"__label__{int(label)} {fasttext_line(text)}\n")
 
     @classmethod
-    def train(cls, texts, labels, val_texts, val_labels, grid: dict, seed: int, work: Path):
-        import fasttext
+    def train(cls, texts, labels, val_texts, val_labels, grid: dict, work: Path):
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
 
-        train_file = Path(work) / "fasttext.train.txt"
+        from .fasttext_worker import fit
+
+        work = Path(work)
+        train_file, validation_file = work / "fasttext.train.txt", work / "fasttext.validation.txt"
         cls._write(train_file, texts, labels)
+        cls._write(validation_file, val_texts, val_labels)
         settings = [{"epoch": e, "wordNgrams": n, "lr": grid["lr"], "dim": grid["dim"]}
                     for e in grid["epochs"] for n in grid["word_ngrams"]]
 
-        def fit(setting):  # one thread: fastText's result depends on its thread count
-            # fastText stops with "Encountered NaN" on some (seed, lr) pairs of small data sets, not monotonically
-            # in either: retry with the next seed, then half the rate; what was used is recorded in the setting.
-            tries = [(seed + k, setting["lr"] / 2 ** h) for h in range(3) for k in range(2)]
-            for attempt, (try_seed, lr) in enumerate(tries):
-                try:
-                    model = fasttext.train_supervised(input=str(train_file), thread=1, verbose=0, minCount=1,
-                                                      bucket=grid["buckets"], **{**setting, "lr": lr, "seed": try_seed})
-                except RuntimeError as exc:
-                    if "NaN" not in str(exc) or attempt == len(tries) - 1:
-                        raise
-                    continue
-                setting.update(lr=lr, seed=try_seed)
-                return model
+        def run(setting, target, cutoff=None):  # a fresh process per fit (see pipeline/fasttext_worker.py)
+            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+                return pool.submit(fit, str(train_file), str(validation_file), setting, grid["buckets"], str(target),
+                                   cutoff).result()
 
-        def score(model):
-            return float((cls(model).predict(val_texts) == val_labels).mean())
-
-        accuracy, setting, _ = _best_on_validation(settings, fit, score)
-        model = fit(setting)  # the chosen setting again: the grid's models are not kept
-        # quantize, retraining the classifier on the quantized input vectors (fastText's own recipe)
-        model.quantize(input=str(train_file), qnorm=True, retrain=True, cutoff=grid["cutoff"], thread=1, verbose=0)
-        peer = cls(model)
-        return peer, {**setting, "quantized": True, "cutoff": grid["cutoff"], "validation_accuracy": accuracy,
-                      "validation_accuracy_quantized": score(model)}
+        scores = [run(setting, work / f"grid-{i}.bin")["validation_accuracy"] for i, setting in enumerate(settings)]
+        best = int(np.argmax(scores))  # ties: the first (the simplest)
+        final = run(settings[best], work / "fasttext.ftz", grid["cutoff"])
+        peer = cls.load(work / "fasttext.ftz")
+        return peer, {**settings[best], "quantized": True, "cutoff": grid["cutoff"], "validation_accuracy": scores[best],
+                      "validation_accuracy_quantized": final["validation_accuracy"]}
 
     def predict(self, texts) -> np.ndarray:
         return np.array([self.predict_one(t) for t in texts], dtype=np.int64)

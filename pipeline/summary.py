@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .from_text import lines as from_text_lines, markdown as from_text_markdown
+
 # (row label, latency model name in export's latency table)
 LATENCY_NAMES = {"teacher (PyTorch)": "teacher PyTorch fp32", "student (PyTorch)": "student PyTorch fp32",
                  "teacher ONNX int8 (baseline)": "teacher ONNX int8",
@@ -125,6 +127,10 @@ def print_summary(run_dir: Path, ran: list[str], states: dict[str, str] | None =
         print("against the int8 teacher (what a user ships without distillation):")
         for line in comparison_lines(comparison)[2:]:
             print(f"  {line}")
+    from_text = export.get("from_text") or {}
+    if from_text.get("measured"):
+        for line in from_text_lines(from_text):
+            print(line)
     bundle = run_dir / "export" / "bundle"
     if bundle.is_dir():
         print(f"mobile bundle: {bundle}  (README.md, predict.py, latency.md inside)")
@@ -165,6 +171,10 @@ def headline_metrics(evaluate: dict, export: dict) -> dict[str, float]:
         for row in rows:
             if row["model"] == f"student ONNX {variant}" and row["threads"] == threads and row.get("input") in inputs:
                 out[f"shipped_latency_ms_{metric_suffix(row['input'])}"] = row["median_ms"]
+    versus_peers = (export.get("from_text") or {}).get("versus_peers")
+    if versus_peers:
+        out["accuracy_margin_over_best_peer_points"] = versus_peers["accuracy_margin_points"]
+        out["latency_vs_fastest_peer"] = versus_peers["latency_vs_fastest_peer"]
     comparison = export.get("versus_int8_teacher")
     if comparison:
         out["accuracy_kept"] = comparison["accuracy_kept"]
@@ -192,4 +202,8 @@ def markdown_results(rows: list[dict], setting, evaluate: dict, export: dict) ->
     comparison = export.get("versus_int8_teacher")
     if comparison:
         notes += comparison_lines(comparison)
-    return "\n".join(lines) + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+    text = "\n".join(lines) + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+    from_text = export.get("from_text") or {}
+    if from_text.get("measured"):
+        text += "\n\nFrom raw text, one text per call, beside what mobile teams ship instead:\n\n" + from_text_markdown(from_text)
+    return text

@@ -181,6 +181,8 @@ PICK_METRICS = {
     "mb": ("mb", "shipped file size in MB", "lower"),
     "speedup": ("speedup", "speed-up against the int8 teacher", "higher"),
     "size_ratio": ("size_ratio", "size against the int8 teacher", "lower"),
+    "text_ms": ("text_ms", "shipped student from raw text, one text per call, median ms (tokenizer included)", "lower"),
+    "text_accuracy": ("text_accuracy", "shipped student's test accuracy from raw text, one text per call", "higher"),
 }
 _CONSTRAINT = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
@@ -327,6 +329,7 @@ def variant_row(name: str, description: str, config: PipelineConfig, run_dir: Pa
 
         registered = result_tags(config, run_dir, done).get(REGISTERED_TAG)
     student = evaluate.get("student") or {}
+    from_text = {r["model"]: r for r in (export.get("from_text") or {}).get("rows", [])}
     return {
         "variant": name, "description": description, "layers": student.get("layers"),
         "parameters": student.get("parameters"),
@@ -339,7 +342,28 @@ def variant_row(name: str, description: str, config: PipelineConfig, run_dir: Pa
         "teacher_accuracy": head.get("teacher_accuracy"),
         "baseline_accuracy": baseline.get("accuracy"), "baseline_mb": baseline.get("size_mb"),
         "baseline_latency_ms": baseline.get("latency_ms"), "registered": registered,
+        "text_accuracy": from_text.get("student", {}).get("accuracy"),
+        "text_ms": from_text.get("student", {}).get("median_ms"),
     }
+
+
+def reference_points(folder: Path, variants: list[str]) -> list[dict]:
+    """What the students are measured against, from raw text (the first variant's export that compared them):
+    the peers of the baselines stage and the int8 teacher. Reference points only: never picked."""
+    for name in variants:
+        metrics = _read_json(folder / name / "export" / "metrics.json")
+        rows = ((metrics or {}).get("from_text") or {}).get("rows") or []
+        if rows:
+            return [{"name": r["title"], "kind": r["kind"], "text_accuracy": r["accuracy"], "text_ms": r["median_ms"],
+                     "mb": r["file_mb"]} for r in rows if r["kind"] != "student"]
+    return []
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 COLUMNS = [  # (key, markdown header, format)
@@ -347,6 +371,7 @@ COLUMNS = [  # (key, markdown header, format)
     ("accuracy", "shipped accuracy", "{:.4f}"), ("retention", "retention", "{:.4f}"),
     ("accuracy_kept", "accuracy kept", "{:.4f}"), ("mb", "MB", "{:.1f}"), ("latency_ms", "ms", "{:.2f}"),
     ("speedup", "speed-up vs int8 teacher", "{:.2f}x"), ("size_ratio", "size vs int8 teacher", "{:.2f}"),
+    ("text_accuracy", "accuracy from text", "{:.4f}"), ("text_ms", "ms per text", "{:.3f}"),
     ("wall_s", "wall time (s)", "{:.0f}"),
 ]
 
@@ -356,7 +381,8 @@ def _cell(row: dict, key: str, fmt: str) -> str:
     return "-" if value is None or value == "" else fmt.format(value)
 
 
-def markdown_table(rows: list[dict], shared: list[str], pick_lines: list[str], picked: str | None) -> str:
+def markdown_table(rows: list[dict], shared: list[str], pick_lines: list[str], picked: str | None,
+                   references: list[dict] = ()) -> str:
     setting = next((r["latency_setting"] for r in rows if r.get("latency_setting")), None)
     head = [h if k != "latency_ms" else f"ms ({setting})" if setting else "ms" for k, h, _ in COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 3 else "---:" for i in range(len(COLUMNS))) + "|"]
@@ -369,10 +395,15 @@ def markdown_table(rows: list[dict], shared: list[str], pick_lines: list[str], p
     if base:
         ms = f"{base['baseline_latency_ms']:.2f}" if base.get("baseline_latency_ms") is not None else "-"
         lines.append(f"| int8 teacher (baseline) | what ships without distillation | - | {base['baseline_accuracy']:.4f} | - "
-                     f"| - | {base['baseline_mb']:.1f} | {ms} | 1.00x | 1.00 | - |")
+                     f"| - | {base['baseline_mb']:.1f} | {ms} | 1.00x | 1.00 | - | - | - |")
+    for ref in references:  # peers (and the int8 teacher) from raw text: reference points, not candidates
+        if ref["kind"] == "peer":
+            lines.append(f"| {ref['name']} | peer (reference, not picked) | - | - | - | - | {ref['mb']:.1f} | - | - | - "
+                         f"| {ref['text_accuracy']:.4f} | {ref['text_ms']:.3f} | - |")
     notes = ["", "Retention: the PyTorch student's test accuracy over the teacher's. Shipped accuracy, MB and ms: the "
-             "ONNX file the bundle ships (int8 unless it lost too much accuracy), batch 1, median. Wall time: the "
-             "stages this variant ran itself."]
+             "ONNX file the bundle ships (int8 unless it lost too much accuracy), batch 1, median. Accuracy from text and "
+             "ms per text: raw text to label, one text per call, one thread, tokenizer included, the same harness and "
+             "texts for students and peers. Wall time: the stages this variant ran itself."]
     if shared:
         notes.append("Shared (run once, hard-linked into the variants): " + "; ".join(shared) + ".")
     if pick_lines:
@@ -388,13 +419,16 @@ def pareto_front(rows: list[dict], x: str) -> list[dict]:
     return sorted(front, key=lambda r: r[x])
 
 
-def pareto_plot(rows: list[dict], path: Path, title: str, picked: str | None) -> Path | None:
-    """Retention against latency and against size, the Pareto front joined, the pick starred."""
+def pareto_plot(rows: list[dict], path: Path, title: str, picked: str | None, references: list[dict] = ()) -> Path | None:
+    """Retention against latency and against size, the Pareto front joined, the pick starred; with reference
+    points (peers, int8 teacher from raw text) the ladder plot instead (ladder_plot)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if references and any(r.get("text_ms") is not None for r in rows):
+        return ladder_plot(plt, rows, references, path, title, picked)
     panels = [("latency_ms", "shipped latency, ms (batch 1, median)", "baseline_latency_ms"),
               ("mb", "shipped file, MB", "baseline_mb")]
     if not any(r.get(x) is not None and r.get("retention") is not None for x, _, _ in panels for r in rows):
@@ -421,6 +455,42 @@ def pareto_plot(rows: list[dict], path: Path, title: str, picked: str | None) ->
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def ladder_plot(plt, rows: list[dict], references: list[dict], path: Path, title: str, picked: str | None) -> Path:
+    """Accuracy from raw text against ms per text (log) and against file size: students joined, peers and the
+    int8 teacher as grey reference points, the pick starred."""
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.4))
+    for ax, (x, label) in zip(axes, [("text_ms", "ms per text from raw text (batch 1, 1 thread, median, log)"),
+                                     ("mb", "file, MB")]):
+        students = sorted((r for r in rows if r.get(x) is not None and r.get("text_accuracy") is not None), key=lambda r: r[x])
+        ax.plot([r[x] for r in students], [r["text_accuracy"] for r in students], "o-", color="tab:blue", zorder=3,
+                label="students")
+        for r in students:
+            ax.annotate(r["variant"], (r[x], r["text_accuracy"]), textcoords="offset points", xytext=(5, 4), fontsize=9)
+        refs = [r for r in references if r.get(x) is not None]
+        ax.scatter([r[x] for r in refs], [r["text_accuracy"] for r in refs], marker="s", color="gray", zorder=3,
+                   label="peers and int8 teacher (references)")
+        for r in refs:
+            ax.annotate(r["name"].split(" (")[0].split(" + ")[0], (r[x], r["text_accuracy"]), textcoords="offset points",
+                        xytext=(5, -10), fontsize=8, color="dimgray")
+        chosen = [r for r in students if r["variant"] == picked]
+        if chosen:
+            ax.scatter([chosen[0][x]], [chosen[0]["text_accuracy"]], marker="*", s=260, color="tab:orange", zorder=4,
+                       label=f"{CHAMPION}: {picked}")
+        if x == "text_ms":
+            ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("test accuracy (one text per call)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(title)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
@@ -577,7 +647,8 @@ def run_sweep(sweep: Sweep, runs_dir: Path, pick: str | None = None, to_stage: s
         outputs = write_outputs(sweep, folder, rows, shared, lines, picked, constraints)
         note = (f"**{sweep.spec.description or 'Sweep ' + sweep.name}**: sweep `{sweep.name}` on config "
                 f"`{sweep.base.name}`, {len(rows)} variants.\n\n"
-                + markdown_table(rows, shared, lines, picked["variant"] if picked else None)
+                + markdown_table(rows, shared, lines, picked["variant"] if picked else None,
+                                 reference_points(folder, sweep.variants))
                 + f"\nRerun: `python -m pipeline sweep {sweep.base.name} {sweep.path}"
                 + (f' --pick "{pick or sweep.spec.pick}"' if constraints else "") + "`")
         tracker.finish(status, note=note, artifacts=outputs,
@@ -645,15 +716,17 @@ def write_outputs(sweep: Sweep, folder: Path, rows: list[dict], shared: list[str
     """sweep.md, sweep.csv, sweep.json and pareto.png in the sweep folder (each written whole, then renamed)."""
     name = picked["variant"] if picked else None
     outputs = []
+    references = reference_points(folder, sweep.variants)
     write_text(folder / "sweep.md", f"# Sweep `{sweep.name}` on `{sweep.base.name}`\n\n"
-               + markdown_table(rows, shared, lines, name))
+               + markdown_table(rows, shared, lines, name, references))
     write_text(folder / "sweep.csv", csv_text(rows))
     write_text(folder / "sweep.json", json.dumps({
         "sweep": sweep.name, "config": sweep.base.name, "description": sweep.spec.description,
         "completed_at": dt.datetime.now().isoformat(timespec="seconds"), "variants": rows, "shared": shared,
-        "pick": {"constraints": [str(c) for c in constraints], "picked": name, "reasoning": lines}}, indent=2))
+        "pick": {"constraints": [str(c) for c in constraints], "picked": name, "reasoning": lines},
+        "references": references}, indent=2))
     outputs += [folder / "sweep.md", folder / "sweep.csv", folder / "sweep.json"]
-    plot = pareto_plot(rows, folder / "pareto.png", f"sweep {sweep.name} on {sweep.base.name}", name)
+    plot = pareto_plot(rows, folder / "pareto.png", f"sweep {sweep.name} on {sweep.base.name}", name, references)
     if plot:
         outputs.append(plot)
     return outputs

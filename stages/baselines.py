@@ -49,7 +49,7 @@ def run(ctx) -> dict:
     trainers = {
         "tfidf": lambda: TfidfPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"],
                                          cfg.tfidf_c, config.seed),
-        "fasttext": lambda: fasttext_peer(texts, labels, cfg, config.seed),
+        "fasttext": lambda: fasttext_peer(texts, labels, cfg),
         "static": lambda: static_peer(prepare, teacher_dir, labels, cfg, config.seed),
     }
     peers = {}
@@ -81,10 +81,10 @@ def read_splits(prepare, names) -> tuple[dict, dict]:
     return texts, labels
 
 
-def fasttext_peer(texts, labels, cfg, seed):
+def fasttext_peer(texts, labels, cfg):
     with tempfile.TemporaryDirectory() as work:
         return FastTextPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"],
-                                  cfg.fasttext.model_dump(), seed, work)
+                                  cfg.fasttext.model_dump(), work)
 
 
 def static_peer(prepare, teacher_dir, labels, cfg, seed):

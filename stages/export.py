@@ -53,6 +53,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import bundle as B
+from pipeline import from_text as FT
+from pipeline import peers as PEERS
 from pipeline import mobile as MOBILE
 from pipeline import text_model as TM
 from pipeline.errors import PipelineError
@@ -64,8 +66,8 @@ from pipeline.summary import comparison_lines
 log = logging.getLogger("pipeline")
 
 READS = ["export"]
-AFTER = ["prepare", "teacher", "distill"]
-VERSION = 3
+AFTER = ["prepare", "teacher", "baselines", "distill"]
+VERSION = 4  # 4: the student, the int8 teacher and the peers from raw text, one text per call (from_text)
 
 ALIAS = "candidate"
 
@@ -86,11 +88,12 @@ def run(ctx) -> dict:
     mobile = check_mobile(shipped, int8, recommended)  # what NNAPI and CoreML could take of the shipped graph
     teacher = export_teacher(inputs, int8, cfg, work)  # 4. the baseline a user would ship instead
     latency = measure_side_by_side(ctx.config.seed, inputs, shipped, int8, teacher, cfg)  # every model side by side
+    from_text = measure_from_text(ctx, inputs, shipped, int8, teacher, text, recommended, out)  # and with the peers, as apps call
     variants = {"onnx_fp32": shipped.fp32, **({"onnx_int8": int8.metrics} if int8 else {})}
     figures = Figures(
         examples=len(shipped.test), variants=variants, recommended=recommended, parity=shipped.parity,
         quant=int8.setting if int8 else None, attempts=int8.attempts if int8 else [],
-        trim=shipped.trim or {"enabled": False}, ort=ort, latency=latency, text_model=text, mobile=mobile,
+        trim=shipped.trim or {"enabled": False}, ort=ort, latency=latency, text_model=text, mobile=mobile, from_text=from_text,
         comparison=compare_with_int8_teacher(cfg, inputs.teacher, teacher.baseline, variants, recommended, latency["rows"]))
     metadata = write_bundle(ctx, inputs, shipped, figures, mlflow_source(ctx))  # 5. the bundle files
     shutil.rmtree(work)
@@ -179,6 +182,7 @@ class Figures:
     comparison: dict | None  # versus_int8_teacher (the baseline inside); None without int8
     text_model: dict  # the text-in model: {"shipped": true, file, check...} or {"shipped": false, "why": ...}
     mobile: dict  # the mobile usability checker's verdicts: "shipped" (the recommended graph) and "fp32"
+    from_text: dict  # student, int8 teacher and peers from raw text, one text per call (measure_from_text)
 
     @property
     def int8_recommended(self) -> bool:
@@ -374,6 +378,51 @@ def measure_side_by_side(seed: int, inputs: Inputs, shipped: Shipped, int8: Int8
     return measure_latency(cfg, models, sentence_ids, sentence_types)
 
 
+def measure_from_text(ctx, inputs: Inputs, shipped: Shipped, int8: Int8 | None, teacher: Teacher, text: dict,
+                      recommended: str, out: Path) -> dict:
+    """The shipped student, the int8 teacher and the peers of the baselines stage from raw text, one text per call
+    (pipeline/from_text.py): accuracy on every test text, latency on one thread over the same sampled texts."""
+    cfg = ctx.config.export
+    baselines = json.loads((ctx.input("baselines") / "baselines.json").read_text())
+    if not baselines["enabled"]:
+        return {"measured": False, "why": "baselines.enabled is false"}
+    if inputs.segments:
+        return {"measured": False, "why": "sentence pairs: the peers read one bag of words, not compared"}
+    records = read_test_records(inputs.prepare)
+    texts = [r["text"] for r in records]
+    index = {name: i for i, name in enumerate(inputs.names)}
+    labels = np.array([index[str(r["label"])] for r in records], dtype=np.int64)
+    classifier = int8.path if recommended == "int8" else shipped.fp32_path
+    student = (FT.text_model_runner(out / text["file"]) if text["shipped"]
+               else FT.tokenizer_runner(shipped.tokenizer_json, classifier, inputs.max_length))
+    runners = {"student": student}
+    teacher_graph = teacher.int8 or teacher.onnx
+    runners["teacher_int8" if teacher.int8 else "teacher_fp32"] = FT.tokenizer_runner(
+        inputs.student / "tokenizer.json", teacher_graph, inputs.max_length)
+    peers = baselines["peers"]
+    for name in peers:
+        runners[name] = PEERS.load_peer(ctx.input("baselines") / "peers", name).predict_one
+    sample = np.random.default_rng(ctx.config.seed).permutation(len(texts))[: max(1, cfg.latency_sentences)].tolist()
+    log.info("[export] from raw text, one text per call: %s on %d test texts, timed on %d", ", ".join(runners), len(texts), len(sample))
+    measured = FT.measure(runners, texts, labels, inputs.names, sample, cfg.latency_rounds)
+    kind = "static" if shipped.model.config.num_hidden_layers == 0 else f"{shipped.model.config.num_hidden_layers}-layer"
+    titles = {"student": f"student ({kind}, {recommended}{', text-in model' if text['shipped'] else ''})",
+              "teacher_int8": "teacher ONNX int8 + tokenizer", "teacher_fp32": "teacher ONNX fp32 + tokenizer"}
+    files = {"student": os.path.getsize(classifier) / 1e6, "teacher_int8": os.path.getsize(teacher_graph) / 1e6,
+             "teacher_fp32": os.path.getsize(teacher_graph) / 1e6}
+    rows = []
+    for name, figures in measured.items():
+        peer = peers.get(name)
+        rows.append({"model": name, "title": peer["title"] if peer else titles[name], "kind": "peer" if peer else name.split("_")[0],
+                     "file_mb": peer["file_mb"] if peer else round(files[name], 3),
+                     "train_seconds": peer["train_seconds"] if peer else None, **figures})
+    result = {"measured": True, "threads": 1, "examples": len(texts), "timed_texts": len(sample), "rows": rows,
+              "versus_peers": FT.comparison(measured, peers, "student", "teacher_int8") if peers else None}
+    for line in FT.lines(result):
+        log.info("[export] %s", line)
+    return result
+
+
 def _spec(runtime, factory, tokenizer_facts, model_config) -> tuple:
     """A measure_latency model entry."""
     roles, legacy = tokenizer_facts["special_tokens"], tokenizer_facts["special_token_ids"]
@@ -521,6 +570,7 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         "parity": {**figures.parity, "tolerance": cfg.parity_tolerance, "split": "test", "examples": figures.examples},
         "vocab_trim": figures.trim,
         "versus_int8_teacher": figures.comparison,
+        "from_text": figures.from_text,
         "ort_format": figures.ort,
         "text_model": figures.text_model,
         "mobile_usability": figures.mobile,
@@ -536,7 +586,8 @@ def metrics_json(figures: Figures) -> dict:
     """metrics.json: per-variant test metrics (evaluate's keys) and the summary figures."""
     return {"split": "test", "examples": figures.examples, **figures.variants, "recommended": figures.recommended,
             "int8_recommended": figures.int8_recommended, "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
-            "latency": figures.latency["rows"], "vocab_trim": figures.trim, "versus_int8_teacher": figures.comparison}
+            "latency": figures.latency["rows"], "vocab_trim": figures.trim, "versus_int8_teacher": figures.comparison,
+            "from_text": figures.from_text}
 
 
 def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
@@ -568,6 +619,13 @@ def mlflow_metrics(figures: Figures) -> dict:
         flat["onnx_int8/drop_points"] = figures.quant["drop_points"]
     flat.update({f"latency_ms/{r['model'].replace(' ', '_')}_{r['input'].replace('=', '')}_t{r['threads']}": r["median_ms"]
                  for r in figures.latency["rows"]})
+    if figures.from_text.get("measured"):
+        for row in figures.from_text["rows"]:
+            flat.update({f"from_text/{row['model']}_{k}": row[k] for k in ("accuracy", "macro_f1", "median_ms")})
+        versus = figures.from_text["versus_peers"]
+        if versus:
+            flat.update({"vs_peers/accuracy_margin_points": versus["accuracy_margin_points"],
+                         "vs_peers/latency_vs_fastest_peer": versus["latency_vs_fastest_peer"]})
     if comparison:
         baseline = comparison["baseline"]
         flat.update({"vs_int8_teacher/accuracy_kept": comparison["accuracy_kept"],
@@ -756,6 +814,21 @@ def baseline_comparison(cfg, teacher_accuracy: float, baseline: dict, shipped: d
             "targets": t.model_dump(), "meets": checks, "all_met": all(checks.values())}
 
 
+def peers_section(from_text: dict) -> str:
+    """The bundle README's comparison with what mobile teams ship instead (TF-IDF, fastText, static embeddings)."""
+    if not from_text.get("measured"):
+        return f"Not compared with TF-IDF, fastText or static embeddings: {from_text.get('why', 'not measured')}."
+    text = ("Beside what mobile teams ship instead, each trained on the same splits (stage `baselines`), every model from "
+            "raw text to label, one text per call, one thread (accuracy on every test text; latency the median over "
+            f"{from_text['timed_texts']} test texts, interleaved):\n\n" + FT.markdown(from_text))
+    c = from_text.get("versus_peers")
+    if c:
+        text += (f"\n\nThis student is {c['accuracy_margin_points']:+.2f} points from the most accurate peer "
+                 f"({c['best_peer_title']}, {c['best_peer_accuracy']:.4f}) and takes {c['latency_vs_fastest_peer']:.2f}x "
+                 f"the time of the fastest ({c['fastest_peer_title']}, {c['fastest_peer_ms']:.3f} ms per text).")
+    return text
+
+
 def readme_values(config, metadata: dict, latency: dict) -> dict:
     """The README's placeholders, rendered from metadata.json and the latency figures."""
     facts, quant = metadata["tokenizer"], metadata["quantization"]
@@ -785,6 +858,7 @@ def readme_values(config, metadata: dict, latency: dict) -> dict:
         "versus_int8_teacher": "" if not metadata.get("versus_int8_teacher") else (
             "Against what you would ship without distillation, the fine-tuned teacher quantized to int8 the same way:\n\n"
             + "\n".join(f"- {line}" for line in comparison_lines(metadata["versus_int8_teacher"]))),
+        "peers_section": peers_section(metadata.get("from_text") or {}),
         "tokenize_section": tokenize_section(facts, metadata["max_length"], metadata["vocab_trim"]),
         "cls_token": _token(facts, "cls"), "sep_token": _token(facts, "sep"),
         "pad_note": (f"`{facts['special_tokens']['pad']['token']}` = {facts['special_tokens']['pad']['id']}"
