@@ -118,9 +118,18 @@ class FastTextPeer:
                     for e in grid["epochs"] for n in grid["word_ngrams"]]
 
         def run(setting, target, cutoff=None):  # a fresh process per fit (see pipeline/fasttext_worker.py)
-            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-                return pool.submit(fit, str(train_file), str(validation_file), setting, grid["buckets"], str(target),
-                                   cutoff).result()
+            # Tiny data sets (a few hundred texts) stop with "Encountered NaN" for some (rate, epochs, n-grams),
+            # not monotonically in the rate: try lower rates in turn; the one used is recorded in the setting.
+            base = setting["lr"]
+            for attempt, factor in enumerate((1.0, 0.5, 0.25, 0.1, 0.05)):
+                setting["lr"] = base * factor
+                with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+                    try:
+                        return pool.submit(fit, str(train_file), str(validation_file), setting, grid["buckets"],
+                                           str(target), cutoff).result()
+                    except RuntimeError as exc:
+                        if "NaN" not in str(exc) or attempt == 4:
+                            raise
 
         scores = [run(setting, work / f"grid-{i}.bin")["validation_accuracy"] for i, setting in enumerate(settings)]
         best = int(np.argmax(scores))  # ties: the first (the simplest)

@@ -1,0 +1,133 @@
+"""The peers (pipeline/peers.py, stages/baselines.py) and the static student, through the whole pipeline on the
+tiny config: every recorded figure recomputed from the files the run wrote."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+
+import numpy as np
+import pytest
+
+from pipeline.inference import TokenizedSplit
+from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
+from pipeline.sweep import markdown_table, pareto_plot, reference_points
+from stages.baselines import read_splits
+from tests.conftest import read_json, run_cli
+
+STATIC_TINY = ["student.kind=static", "student.static.dim=16", "distill.loss.attention=0", "distill.loss.value_relation=0",
+               "baselines.enabled=true", "baselines.fasttext.buckets=20000", "baselines.fasttext.epochs=[5, 10]"]
+
+
+@pytest.fixture(scope="module")
+def static_run(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("static_runs")
+    result = run_cli("run", "tiny", *STATIC_TINY, runs_dir=runs_dir)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {"run_dir": runs_dir / "tiny", "stdout": result.stdout}
+
+
+def splits(run_dir):
+    names = [read_json(run_dir / "prepare" / "labels.json")[str(i)] for i in range(2)]
+    return (*read_splits(run_dir / "prepare", names), names)
+
+
+def test_recorded_peer_figures_come_from_the_shipped_files(static_run):
+    run_dir = static_run["run_dir"]
+    recorded = read_json(run_dir / "baselines" / "baselines.json")
+    texts, labels, _ = splits(run_dir)
+    assert recorded["enabled"] and sorted(recorded["peers"]) == ["fasttext", "static", "tfidf"]
+    for name, figures in recorded["peers"].items():
+        peer = load_peer(run_dir / "baselines" / "peers", name)
+        predictions = peer.predict(texts["test"])
+        assert figures["accuracy"] == pytest.approx(float((predictions == labels["test"]).mean()))
+        assert [peer.predict_one(t) for t in texts["test"][:20]] == list(predictions[:20])  # one per call = batched
+        assert figures["file_mb"] == pytest.approx((run_dir / "baselines" / figures["file"]).stat().st_size / 1e6, abs=1e-3)
+        assert figures["train_seconds"] > 0
+
+
+def test_tfidf_picks_the_c_with_the_best_validation_accuracy(static_run):
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    texts, labels, _ = splits(static_run["run_dir"])
+    cs = [0.5, 4.0, 64.0]
+    _, settings = TfidfPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"], cs, seed=0)
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True).fit(texts["train"])
+    scores = [(LogisticRegression(C=c, max_iter=5000, random_state=0).fit(vectorizer.transform(texts["train"]), labels["train"])
+               .predict(vectorizer.transform(texts["validation"])) == labels["validation"]).mean() for c in cs]
+    assert settings["C"] == cs[int(np.argmax(scores))]
+    assert settings["validation_accuracy"] == pytest.approx(max(scores))
+
+
+def test_fasttext_is_deterministic_and_survives_repeated_fits(static_run):
+    """Each fit runs in a fresh process: in one process fastText's second fits stop with 'Encountered NaN'."""
+    texts, labels, _ = splits(static_run["run_dir"])
+    grid = {"epochs": [5, 10], "word_ngrams": [1, 2], "lr": 0.5, "dim": 50, "buckets": 20000, "cutoff": 1000}
+    runs = []
+    for _ in range(2):
+        with tempfile.TemporaryDirectory() as work:
+            peer, settings = FastTextPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"],
+                                                grid, work)
+            runs.append((peer.predict(texts["test"]), settings))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1] and runs[0][1]["quantized"]
+
+
+def test_static_peer_features_are_the_sif_weighted_mean(static_run):
+    run_dir = static_run["run_dir"]
+    peer = load_peer(run_dir / "baselines" / "peers", "static")
+    train = TokenizedSplit(run_dir / "prepare", "train")
+    ids = [np.asarray(train.input_ids[i]) for i in range(5)]
+    features = StaticPeer.features(peer.vectors, peer.weights, ids)
+    for row, tokens in zip(features, ids):
+        naive = sum(peer.weights[t] * peer.vectors[t] for t in tokens) / sum(peer.weights[t] for t in tokens)
+        np.testing.assert_allclose(row, naive, rtol=1e-4, atol=1e-6)
+
+
+def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static_run):
+    run_dir = static_run["run_dir"]
+    metadata = read_json(run_dir / "export" / "bundle" / "metadata.json")
+    metrics = read_json(run_dir / "export" / "metrics.json")
+    from_text = metadata["from_text"]
+    assert from_text == metrics["from_text"] and from_text["measured"]
+    rows = {r["model"]: r for r in from_text["rows"]}
+    assert set(rows) == {"student", "teacher_int8", "tfidf", "fasttext", "static"}
+    peers = read_json(run_dir / "baselines" / "baselines.json")["peers"]
+    for name in peers:  # the same accuracy through the export's one-text-per-call harness
+        assert rows[name]["accuracy"] == pytest.approx(peers[name]["accuracy"])
+    assert all(r["median_ms"] > 0 for r in rows.values())
+    versus = from_text["versus_peers"]
+    best = max(peers, key=lambda p: rows[p]["accuracy"])
+    assert versus["best_peer"] == best
+    assert versus["accuracy_margin_points"] == pytest.approx(100 * (rows["student"]["accuracy"] - rows[best]["accuracy"]), abs=0.01)
+    fastest = min(peers, key=lambda p: rows[p]["median_ms"])
+    assert versus["latency_vs_fastest_peer"] == pytest.approx(rows["student"]["median_ms"] / rows[fastest]["median_ms"], rel=0.01)
+    # the static student went through the bundle like any other: text-in model, evaluation, summary and README
+    assert metadata["text_model"]["shipped"]
+    assert read_json(run_dir / "evaluate" / "metrics.json")["attention_health"] == {"skipped": "the static student has no attention layers"}
+    assert "from raw text, one text per call" in static_run["stdout"]
+    assert "Against TF-IDF, fastText and static embeddings" in (run_dir / "export" / "bundle" / "README.md").read_text()
+    student = read_json(run_dir / "distill" / "student" / "config.json")
+    assert student["model_type"] == "static-embedding" and student["hidden_size"] == 16
+
+
+def test_budget_table_and_plot_show_peers_as_references_only(static_run, tmp_path):
+    folder = tmp_path / "sweep"
+    (folder / "static" / "export").mkdir(parents=True)
+    (folder / "static" / "export" / "metrics.json").write_text(
+        (static_run["run_dir"] / "export" / "metrics.json").read_text())
+    references = reference_points(folder, ["static"])
+    assert sorted(r["kind"] for r in references) == ["peer", "peer", "peer", "teacher"]
+    rows = [{"variant": "static", "description": "d", "text_accuracy": 0.7, "text_ms": 0.05, "mb": 1.0, "retention": 0.9,
+             "latency_ms": 0.01}]
+    table = markdown_table(rows, [], [], "static", references)
+    assert table.count("peer (reference, not picked)") == 3
+    assert pareto_plot(rows, tmp_path / "ladder.png", "t", "static", references).stat().st_size > 0
+
+
+def test_baselines_off_records_that_and_the_export_says_why(tiny_run):
+    run_dir = tiny_run["run_dir"]
+    assert read_json(run_dir / "baselines" / "baselines.json") == {"enabled": False, "peers": {}}
+    assert read_json(run_dir / "export" / "metrics.json")["from_text"] == {"measured": False, "why": "baselines.enabled is false"}
+    assert json.loads((run_dir / "export" / "bundle" / "metadata.json").read_text())["from_text"]["measured"] is False

@@ -1,0 +1,126 @@
+"""The static student (pipeline/static_model.py): its forward and its initialisation against naive versions,
+vocabulary trimming, save/load and ONNX parity, and the config's refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+from pipeline import bundle as B
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+from pipeline.models import load_classifier
+from pipeline.static_model import (StaticEmbeddingConfig, StaticEmbeddingForSequenceClassification, context_vectors, pca,
+                                   sif_weights, static_table, token_vectors)
+
+
+def random_static(vocab=50, dim=8, labels=3, seed=0):
+    torch.manual_seed(seed)
+    model = StaticEmbeddingForSequenceClassification(StaticEmbeddingConfig(vocab_size=vocab, hidden_size=dim, num_labels=labels))
+    with torch.no_grad():
+        model.token_weights.weight.normal_(0, 1)  # non-uniform pooling weights, or the test cannot see them
+    return model.eval()
+
+
+def test_forward_is_the_weighted_mean_of_token_vectors_then_the_head():
+    model = random_static()
+    ids = torch.tensor([[3, 7, 7, 12, 0, 0], [5, 9, 1, 2, 44, 8]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    E, w = model.embeddings.weight.detach(), model.token_weights.weight.detach()[:, 0].exp()
+    for row in range(2):
+        tokens = [int(t) for t, m in zip(ids[row], mask[row]) if m]
+        pooled = sum(w[t] * E[t] for t in tokens) / sum(w[t] for t in tokens)
+        expected = pooled @ model.classifier.weight.detach().T + model.classifier.bias.detach()
+        torch.testing.assert_close(logits[row], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_padding_does_not_change_the_logits():
+    model = random_static()
+    alone = model(input_ids=torch.tensor([[4, 8, 15]]), attention_mask=torch.ones(1, 3, dtype=torch.long)).logits
+    padded = model(input_ids=torch.tensor([[4, 8, 15, 0, 0, 0, 0]]),
+                   attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0, 0]])).logits
+    torch.testing.assert_close(alone, padded)
+
+
+def test_pca_matches_the_covariance_eigenvectors():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 6)) @ rng.normal(size=(6, 6))
+    ours = pca(x, 3)
+    centred = x - x.mean(0)
+    values, vectors = np.linalg.eigh(np.cov(centred, rowvar=False))
+    naive = centred @ vectors[:, np.argsort(values)[::-1][:3]]
+    np.testing.assert_allclose(np.abs(ours), np.abs(naive), atol=1e-8)  # axes agree up to sign
+    assert np.all(np.abs(ours).max(0) > 0)
+    with pytest.raises(ValueError, match="PCA width 7"):
+        pca(x, 7)
+
+
+def test_sif_weights_and_context_means():
+    counts = np.array([0.0, 1.0, 9.0])
+    np.testing.assert_allclose(sif_weights(counts, a=0.1), 0.1 / (0.1 + counts / 10))
+    isolated = np.arange(12, dtype=np.float64).reshape(3, 4)
+    sums = np.ones((3, 4)) * np.array([[0.0], [5.0], [90.0]])
+    vectors, log_weights = static_table(isolated, sums, counts, dim=2)
+    # token 0 was never seen: its isolated vector; tokens 1, 2: the means of their contexts (5/1 and 90/9)
+    expected = pca(np.stack([isolated[0], np.full(4, 5.0), np.full(4, 10.0)]), 2)
+    expected /= np.linalg.norm(expected, axis=1).mean()
+    np.testing.assert_allclose(vectors, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.exp(log_weights), sif_weights(counts), rtol=1e-6)
+
+
+def test_token_and_context_vectors_read_the_encoder():
+    torch.manual_seed(0)
+    encoder = BertModel(BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32)).eval()
+    vectors = token_vectors(encoder, 30, cls_id=1, sep_id=2, batch_size=7)
+    with torch.no_grad():
+        one = encoder(input_ids=torch.tensor([[1, 11, 2]])).last_hidden_state[0, 1]
+    np.testing.assert_allclose(vectors[11], one.numpy(), rtol=1e-5, atol=1e-6)
+    batch = {"input_ids": torch.tensor([[1, 5, 5, 2], [1, 5, 2, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])}
+    sums, counts = context_vectors(encoder, [batch], 30, 16)
+    with torch.no_grad():
+        out = encoder(**batch).last_hidden_state
+    assert counts[5] == 3 and counts[0] == 0  # padding is not counted
+    np.testing.assert_allclose(sums[5], (out[0, 1] + out[0, 2] + out[1, 1]).double().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_trimming_keeps_both_tables_and_the_predictions():
+    model = random_static(vocab=50)
+    ids = torch.tensor([[3, 7, 7, 12], [5, 9, 1, 2]])
+    before = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    kept = [0, 1, 2, 3, 5, 7, 9, 12]
+    B.trim_embeddings(model, kept)
+    assert model.embeddings.num_embeddings == model.token_weights.num_embeddings == model.config.vocab_size == len(kept)
+    remapped = torch.tensor([[kept.index(int(t)) for t in row] for row in ids])
+    after = model(input_ids=remapped, attention_mask=torch.ones_like(remapped)).logits
+    torch.testing.assert_close(before, after)
+
+
+def test_saves_loads_and_exports_like_any_student(tmp_path):
+    model = random_static(vocab=40, dim=8, labels=2)
+    model.config.id2label, model.config.label2id = {0: "a", 1: "b"}, {"a": 0, "b": 1}
+    model.save_pretrained(tmp_path / "student")
+    loaded = load_classifier(str(tmp_path / "student")).eval()
+    assert type(loaded) is StaticEmbeddingForSequenceClassification
+    ids = torch.tensor([[2, 3, 4, 0], [5, 6, 7, 8]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    expected = model(input_ids=ids, attention_mask=mask).logits.detach().numpy()
+    np.testing.assert_array_equal(loaded(input_ids=ids, attention_mask=mask).logits.detach().numpy(), expected)
+    B.export_onnx(B.LogitsOnly(loaded), tmp_path / "static.onnx", 18)
+    got = B.ort_session(tmp_path / "static.onnx").run(B.OUTPUT_NAMES, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_config_refuses_what_a_static_student_cannot_do():
+    with pytest.raises(ConfigError) as caught:
+        load_config("bert_small", ["student.kind=static", "student.ffn_size=null"])
+    message = str(caught.value)
+    assert "distill.loss.attention=0" in message and "distill.loss.value_relation=0" in message
+    with pytest.raises(ConfigError, match="student.ffn_size"):
+        load_config("bert_small", ["student.kind=static", "distill.loss.attention=0", "distill.loss.value_relation=0"])
+    config = load_config("bert_small", ["student.kind=static", "student.ffn_size=null", "distill.loss.attention=0",
+                                        "distill.loss.value_relation=0"])
+    assert config.student_depth() == 0
