@@ -37,5 +37,19 @@ def tiny_run(tmp_path_factory):
     return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny", "first": result}
 
 
+# The tiny run with a static student (student.kind: static) and the peers on: the bundle checks and the peer
+# figures run on it too.
+STATIC_TINY = ["student.kind=static", "student.static.dim=16", "distill.loss.attention=0", "distill.loss.value_relation=0",
+               "baselines.enabled=true", "baselines.fasttext.buckets=20000", "baselines.fasttext.epochs=[5, 10]"]
+
+
+@pytest.fixture(scope="session")
+def static_tiny_run(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("static_runs")
+    result = run_cli("run", "tiny", *STATIC_TINY, runs_dir=runs_dir)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny", "first": result, "stdout": result.stdout}
+
+
 def read_json(path: Path):
     return json.loads(Path(path).read_text())

@@ -13,18 +13,11 @@ from pipeline.inference import TokenizedSplit
 from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
 from pipeline.sweep import markdown_table, pareto_plot, reference_points
 from stages.baselines import read_splits
-from tests.conftest import read_json, run_cli
-
-STATIC_TINY = ["student.kind=static", "student.static.dim=16", "distill.loss.attention=0", "distill.loss.value_relation=0",
-               "baselines.enabled=true", "baselines.fasttext.buckets=20000", "baselines.fasttext.epochs=[5, 10]"]
-
+from tests.conftest import read_json
 
 @pytest.fixture(scope="module")
-def static_run(tmp_path_factory):
-    runs_dir = tmp_path_factory.mktemp("static_runs")
-    result = run_cli("run", "tiny", *STATIC_TINY, runs_dir=runs_dir)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return {"run_dir": runs_dir / "tiny", "stdout": result.stdout}
+def static_run(static_tiny_run):
+    return static_tiny_run
 
 
 def splits(run_dir):

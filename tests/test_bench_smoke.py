@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
+from pipeline.runner import STAGES  # noqa: E402  (the runner's order)
 
 
 def _spread_ok(d: dict, n: int | None = None) -> None:

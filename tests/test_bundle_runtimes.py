@@ -17,9 +17,11 @@ from pipeline import text_model as TM
 from tests.conftest import read_json
 
 
-@pytest.fixture(scope="module")
-def bundle(tiny_run):
-    return tiny_run["run_dir"] / "export" / "bundle"
+@pytest.fixture(scope="module", params=["transformer", "static"])
+def bundle(request):
+    """The tiny run's bundle, and the same run's with a static student: every runtime check runs on both."""
+    run = request.getfixturevalue("tiny_run" if request.param == "transformer" else "static_tiny_run")
+    return run["run_dir"] / "export" / "bundle"
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 START_PG = REPO / "scripts" / "start_postgres.sh"
 CONFIG = "tiny"
-STAGES = ["prepare", "teacher", "capture", "distill", "evaluate", "export"]
+from pipeline.runner import STAGES  # noqa: E402
 SERVER_READY_TIMEOUT_S = 180
 PIPELINE_TIMEOUT_S = 900
 

@@ -1,4 +1,4 @@
-"""End-to-end: the `tiny` config through all six stages, skip logic, MLflow contents."""
+"""End-to-end: the `tiny` config through all seven stages, skip logic, MLflow contents."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_every_stage_output_exists(tiny_run):
     assert (run_dir / "config.yaml").read_text().startswith("name: tiny")
 
 
-def test_mlflow_has_parent_with_six_nested_stage_runs(tiny_run):
+def test_mlflow_has_parent_with_a_nested_run_per_stage(tiny_run):
     client = mlflow.MlflowClient(f"sqlite:///{tiny_run['runs_dir'] / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tiny")
     runs = client.search_runs([experiment.experiment_id])
@@ -67,7 +67,12 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
     changed = fingerprints(load_config("tiny", ["distill.epochs=1"]))
     assert [s for s in STAGES if base[s] != changed[s]] == ["distill", "evaluate", "export"]
     teacher_change = fingerprints(load_config("tiny", ["teacher.lr=0.002"]))
-    assert [s for s in STAGES if base[s] != teacher_change[s]] == ["teacher", "capture", "distill", "evaluate", "export"]
+    assert [s for s in STAGES if base[s] != teacher_change[s]] == ["teacher", "baselines", "capture", "distill", "evaluate", "export"]
+    # the peers depend on the data and the teacher only: a student change keeps them
+    static = fingerprints(load_config("tiny", ["student.kind=static", "student.static.dim=16", "distill.loss.attention=0",
+                                               "distill.loss.value_relation=0"]))
+    assert [s for s in STAGES if base[s] != static[s]] == ["capture", "distill", "evaluate", "export"]
+    assert [s for s in STAGES if base[s] != fingerprints(load_config("tiny", ["baselines.static_dim=8"]))[s]] == ["baselines", "export"]
     loss_weight = fingerprints(load_config("tiny", ["distill.loss.attention=2.0"]))
     assert [s for s in STAGES if base[s] != loss_weight[s]] == ["distill", "evaluate", "export"]
     # A deeper student matched to the same teacher layer reuses the teacher cache ...

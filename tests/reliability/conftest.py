@@ -42,7 +42,7 @@ distill:
 capture:
   shard_size: 32
 """
-BASE_STAGES = ("prepare", "teacher", "capture")
+BASE_STAGES = ("prepare", "teacher", "baselines", "capture")
 
 
 # The machine is shared: one torch thread per process is several times faster

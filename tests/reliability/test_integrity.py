@@ -43,7 +43,7 @@ def test_edited_data_file_makes_prepare_and_everything_after_stale(run_copy, tmp
     assert cli(*args(run_copy, *overrides, only="prepare")).returncode == 0
     assert "prepare" not in planned(run_copy.config, run_copy.runs_dir, *overrides)
     pd.DataFrame(rows + [{"text": "one more review, a new one", "label": "pos"}]).to_csv(data, index=False)
-    assert planned(run_copy.config, run_copy.runs_dir, *overrides) == ["prepare", "teacher", "capture", "distill",
+    assert planned(run_copy.config, run_copy.runs_dir, *overrides) == ["prepare", "teacher", "baselines", "capture", "distill",
                                                                         "evaluate", "export"]
     status = cli("status", run_copy.config, *overrides, "--runs-dir", str(run_copy.runs_dir))
     assert "prepare    stale" in status.stdout
