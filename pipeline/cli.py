@@ -24,7 +24,7 @@ examples:
   python -m pipeline validate bert_small                  # check the config, run nothing
   python -m pipeline sweep bert_small configs/sweeps/depth.yaml --pick "retention>=0.98"   # variants, table, pick
 
-Stages: prepare -> teacher -> capture -> distill -> evaluate -> export.
+Stages: prepare -> teacher -> baselines -> capture -> distill -> evaluate -> export.
 Outputs go to RUNS_DIR/<config>/<stage>/ (default runs/); MLflow data to
 $MLFLOW_TRACKING_URI or sqlite RUNS_DIR/mlflow.db. Configs live in configs/<name>.yaml.
 Exit codes: 0 ok, 1 run error, 2 config error, 130 interrupted by Ctrl-C or SIGTERM (rerun to resume).
@@ -46,21 +46,25 @@ The sweep file lists named variants, each a set of config overrides:
 
 Each variant runs in RUNS_DIR/<config>/sweeps/<sweep>/<variant>/. A stage whose
 fingerprint matches a complete stage of the config's run folder or of an earlier
-variant is hard-linked from there, not rerun: prepare, teacher and capture run once.
+variant is hard-linked from there, not rerun: prepare, teacher, baselines and capture run once.
 In MLflow the variants' pipeline runs are nested under one sweep run.
 
 The sweep ends with a table (sweep.md, sweep.csv, sweep.json) and a Pareto plot
-(pareto.png: retention against latency and against size) in the sweep folder and
-on the sweep run. --pick chooses the fastest variant meeting the constraint and
+(pareto.png: retention against latency and against size; where the export compared
+the students with the peers, accuracy from raw text against ms per text and against
+size, the peers and the int8 teacher drawn as reference points that are never picked)
+in the sweep folder and on the sweep run. --pick chooses the fastest variant meeting the constraint and
 moves the registry alias 'champion' to its registered version; when none meets it,
 the sweep says how close each came, leaves the alias alone and exits 1.
-Pick metrics: retention, accuracy_kept, accuracy, latency_ms, mb, speedup, size_ratio.
+Pick metrics: retention, accuracy_kept, accuracy, latency_ms, mb, speedup, size_ratio, text_ms (raw text
+to label, one text per call), text_accuracy. Only students are picked, never a peer.
 Rerunning an interrupted sweep continues where it stopped.
 
 examples:
   python -m pipeline sweep bert_small configs/sweeps/depth.yaml --pick "retention>=0.98"
   python -m pipeline sweep bert_small configs/sweeps/depth.yaml --pick "latency_ms<=5" distill.epochs=1
   make sweep CONFIG=bert_small SWEEP=configs/sweeps/depth.yaml PICK="mb<=10"
+  make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml PICK="latency_ms<=0.3"   # static to 3 layers
 """
 
 

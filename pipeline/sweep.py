@@ -455,13 +455,7 @@ def pareto_plot(rows: list[dict], path: Path, title: str, picked: str | None, re
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle(title)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return save_figure(plt, fig, title, path)
 
 
 def ladder_plot(plt, rows: list[dict], references: list[dict], path: Path, title: str, picked: str | None) -> Path:
@@ -491,6 +485,11 @@ def ladder_plot(plt, rows: list[dict], references: list[dict], path: Path, title
         ax.set_ylabel("test accuracy (one text per call)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
+    return save_figure(plt, fig, title, path)
+
+
+def save_figure(plt, fig, title: str, path: Path) -> Path:
+    """Title, layout, then written whole and renamed into place."""
     fig.suptitle(title)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
