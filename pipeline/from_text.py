@@ -83,10 +83,10 @@ def lines(from_text: dict) -> list[str]:
     """Plain-text table lines (end-of-run summary, logs): every model from raw text, one text per call."""
     out = [f"from raw text, one text per call ({from_text['threads']} thread; accuracy on all {from_text['examples']} "
            f"test texts, latency the median over {from_text['timed_texts']} of them):",
-           f"  {'model':<44} {'accuracy':>9} {'macro-F1':>9} {'size MB':>8} {'ms/text':>9} {'train s':>8}"]
+           f"  {'model':<56} {'accuracy':>9} {'macro-F1':>9} {'size MB':>8} {'ms/text':>9} {'train s':>8}"]
     for row in from_text["rows"]:
         train = f"{row['train_seconds']:.0f}" if row.get("train_seconds") is not None else "-"
-        out.append(f"  {row['title']:<44} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} {row['file_mb']:>8.1f} "
+        out.append(f"  {row['title']:<56} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} {row['file_mb']:>8.1f} "
                    f"{row['median_ms']:>9.3f} {train:>8}")
     c = from_text.get("versus_peers")
     if c:
