@@ -16,8 +16,8 @@ side by side with the student and the int8 teacher.
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import re
 import tempfile
 import time
@@ -30,7 +30,7 @@ from .static_model import sif_weights, pca
 PEERS = ("tfidf", "fasttext", "static")
 TITLES = {"tfidf": "TF-IDF 1-2 grams + logistic regression", "fasttext": "fastText supervised (quantized .ftz)",
           "static": "static embeddings from the teacher + logistic regression"}
-FILES = {"tfidf": "tfidf.pkl", "fasttext": "fasttext.ftz", "static": "static.npz"}
+FILES = {"tfidf": "tfidf.npz", "fasttext": "fasttext.ftz", "static": "static.npz"}
 _WORDS = re.compile(r"\w+|[^\w\s]")
 
 
@@ -54,38 +54,58 @@ def _best_on_validation(candidates, fit, score):
 
 
 class TfidfPeer:
-    name = "tfidf"
+    """Saved without pickle: the vocabulary (JSON), the idf weights and the linear classifier, as a mobile port
+    would hold them; loading rebuilds scikit-learn's vectorizer from them."""
 
-    def __init__(self, vectorizer, classifier):
-        self.vectorizer, self.classifier = vectorizer, classifier
+    name = "tfidf"
+    SETTINGS = {"ngram_range": (1, 2), "sublinear_tf": True, "dtype": np.float32}
+
+    def __init__(self, vectorizer, coef: np.ndarray, bias: np.ndarray):
+        self.vectorizer, self.coef, self.bias = vectorizer, coef, bias
 
     @classmethod
     def train(cls, texts, labels, val_texts, val_labels, cs, seed):
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
 
-        vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, dtype=np.float32)
+        vectorizer = TfidfVectorizer(**cls.SETTINGS)
         features, val_features = vectorizer.fit_transform(texts), vectorizer.transform(val_texts)
         accuracy, c, classifier = _best_on_validation(
             cs, lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed).fit(features, labels),
             lambda m: float((m.predict(val_features) == val_labels).mean()))
-        return cls(vectorizer, classifier), {"C": c, "ngram_range": [1, 2], "validation_accuracy": accuracy,
+        coef, bias = _class_scores(classifier)
+        return cls(vectorizer, coef, bias), {"C": c, "ngram_range": [1, 2], "validation_accuracy": accuracy,
                                              "features": len(vectorizer.vocabulary_)}
 
     def predict(self, texts) -> np.ndarray:
-        return self.classifier.predict(self.vectorizer.transform(texts))
+        return np.asarray((self.vectorizer.transform(texts) @ self.coef + self.bias).argmax(1)).ravel()
 
     def predict_one(self, text: str) -> int:
-        return int(self.classifier.predict(self.vectorizer.transform([text]))[0])
+        return int(np.argmax(self.vectorizer.transform([text]) @ self.coef + self.bias))
 
     def save(self, path: Path) -> None:
+        vocabulary = {term: int(i) for term, i in self.vectorizer.vocabulary_.items()}
         with open(path, "wb") as fh:
-            pickle.dump((self.vectorizer, self.classifier), fh, protocol=pickle.HIGHEST_PROTOCOL)
+            np.savez(fh, vocabulary=json.dumps(vocabulary, ensure_ascii=False), idf=self.vectorizer.idf_.astype(np.float32),
+                     coef=self.coef, bias=self.bias)
 
     @classmethod
     def load(cls, path: Path):
-        with open(path, "rb") as fh:  # written by this stage, read back by the export: never a user's file
-            return cls(*pickle.load(fh))
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        data = np.load(path, allow_pickle=False)
+        vectorizer = TfidfVectorizer(vocabulary=json.loads(str(data["vocabulary"])), **cls.SETTINGS)
+        vectorizer.idf_ = data["idf"]
+        return cls(vectorizer, data["coef"], data["bias"])
+
+
+def _class_scores(classifier) -> tuple[np.ndarray, np.ndarray]:
+    """A fitted logistic regression as (weights [features, classes], bias [classes]): argmax is its prediction
+    (binary: scikit-learn keeps one row, class 1 against class 0)."""
+    coef, bias = classifier.coef_, classifier.intercept_
+    if coef.shape[0] == 1:
+        coef, bias = np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], bias])
+    return coef.T.astype(np.float32), bias.astype(np.float32)
 
 
 # ---------------------------------------------------------------- fastText
@@ -189,10 +209,7 @@ class StaticPeer:
         accuracy, c, classifier = _best_on_validation(
             cs, lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed).fit(features, labels),
             lambda m: float((m.predict(val_features) == val_labels).mean()))
-        coef, bias = classifier.coef_, classifier.intercept_
-        if coef.shape[0] == 1:  # binary: sklearn keeps one row (class 1 against class 0)
-            coef, bias = np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], bias])
-        peer = cls(tokenizer_json, vectors, weights, coef.T.astype(np.float32), bias.astype(np.float32))
+        peer = cls(tokenizer_json, vectors, weights, *_class_scores(classifier))
         return peer, {"C": c, "dim": dim, "weights": "SIF a=1e-3 from training-text token counts",
                       "vectors": "each token alone through the teacher's encoder ([CLS] token [SEP]), PCA",
                       "validation_accuracy": accuracy}
@@ -214,7 +231,7 @@ class StaticPeer:
 
     @classmethod
     def load(cls, path: Path):
-        data = np.load(path)
+        data = np.load(path, allow_pickle=False)
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer = Path(tmp) / "tokenizer.json"
             tokenizer.write_text(str(data["tokenizer"]), encoding="utf-8")

@@ -9,7 +9,7 @@ side with the student and the int8 teacher, and puts them in the bundle's
 figures; with ``baselines.enabled: false`` this stage records that and trains
 nothing.
 
-Outputs: peers/ (tfidf.pkl, fasttext.ftz, static.npz), baselines.json.
+Outputs: peers/ (tfidf.npz, fasttext.ftz, static.npz: no pickle), baselines.json.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ log = logging.getLogger("pipeline")
 
 READS = ["seed", "baselines"]
 AFTER = ["prepare", "teacher"]
-VERSION = 1
+VERSION = 2  # 2: the TF-IDF peer saved as npz (vocabulary, idf, weights), not pickle
 
 
 def run(ctx) -> dict:

@@ -37,7 +37,7 @@ def pair_run(tmp_path_factory):
         "relation": np.where(corpus["category"].to_numpy()[first] == corpus["category"].to_numpy()[second], "same", "different"),
     })
     frame.to_csv(folder / "pairs.csv", index=False)
-    config = {"extends": "tiny", "name": "pairs",
+    config = {"extends": "tiny", "name": "pairs", "precision": "fp32",  # the same numbers on AVX2 and AVX512-BF16 machines
               "data": {"source": "csv", "path": str(folder / "pairs.csv"), "text_column": "premise",
                        "text_pair_column": "hypothesis", "label_column": "relation", "group_column": "movie",
                        "max_examples": None,
@@ -99,7 +99,8 @@ def test_batches_carry_segment_ids_and_the_teacher_uses_them(pair_run):
         fed = teacher(**model_inputs(train_batch)).logits
         unfed = teacher(input_ids=train_batch["input_ids"], attention_mask=train_batch["attention_mask"]).logits
     torch.testing.assert_close(cached["logits"], fed, atol=1e-4, rtol=1e-4)
-    assert not torch.allclose(cached["logits"], unfed, atol=1e-4)
+    # the tiny teacher's segment embeddings move its logits by ~1e-4; the fp16 cache is finer than that
+    assert (cached["logits"] - fed).abs().max() < (cached["logits"] - unfed).abs().max()
 
 
 def test_predict_logits_feeds_segment_ids(pair_run):

@@ -66,4 +66,7 @@ def test_distill_losses_per_step_are_pinned(tmp_path, monkeypatch):
         print("}")
     for step, values in PINNED.items():
         for term, expected in values.items():
-            assert got[step][term] == pytest.approx(expected, rel=1e-4, abs=1e-9), (step, term, got[step])
+            # rel 1e-3: fp32 kernels differ between AVX2 and AVX512 machines (kd at step 6: 2.674935e-4 on the
+            # machine these were pinned on, 2.675224e-4 on an AVX512-BF16 one, 1.1e-4 apart); a change to the
+            # objective, targets, batching or initialisation moves them by far more
+            assert got[step][term] == pytest.approx(expected, rel=1e-3, abs=1e-9), (step, term, got[step])
