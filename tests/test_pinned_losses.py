@@ -42,6 +42,11 @@ def distill_step_metrics(tmp_path, monkeypatch) -> dict[int, dict[str, float]]:
     from pipeline.runner import run_pipeline
     from pipeline.tracking import Tracker
 
+    from accelerate.state import AcceleratorState
+
+    # an earlier test in this process may have set up Accelerate with precision auto (bf16 on AVX512-BF16
+    # machines); this run is fp32, and Accelerate refuses to change precision in a live process
+    AcceleratorState._reset_state(reset_partial_state=True)
     config = load_config("tiny", OVERRIDES)
     run_pipeline(config, tmp_path, to_stage="capture")
     recorded: dict[int, dict[str, float]] = {}
