@@ -45,19 +45,23 @@ def distill_step_metrics(tmp_path, monkeypatch) -> dict[int, dict[str, float]]:
     from accelerate.state import AcceleratorState
 
     # an earlier test in this process may have set up Accelerate with precision auto (bf16 on AVX512-BF16
-    # machines); this run is fp32, and Accelerate refuses to change precision in a live process
+    # machines); this run is fp32, and Accelerate refuses to change precision in a live process: reset it
+    # before, and after, so later in-process tests set up their own
     AcceleratorState._reset_state(reset_partial_state=True)
     config = load_config("tiny", OVERRIDES)
-    run_pipeline(config, tmp_path, to_stage="capture")
     recorded: dict[int, dict[str, float]] = {}
 
     def record(self, metrics, step=None):
         if "train/loss" in metrics:
             recorded[step] = {k.removeprefix("train/"): v for k, v in metrics.items()}
 
-    monkeypatch.setattr(training, "LOG_EVERY", 1)
-    monkeypatch.setattr(Tracker, "log_metrics", record)
-    run_pipeline(config, tmp_path, only="distill")
+    try:
+        run_pipeline(config, tmp_path, to_stage="capture")
+        monkeypatch.setattr(training, "LOG_EVERY", 1)
+        monkeypatch.setattr(Tracker, "log_metrics", record)
+        run_pipeline(config, tmp_path, only="distill")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
     return recorded
 
 
