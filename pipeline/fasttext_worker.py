@@ -1,8 +1,8 @@
 """One fastText fit per fresh process (run by pipeline/peers.py).
 
 fastText's bindings keep state between ``train_supervised`` calls in one process: on this machine a second
-fit in the same process stopped with "Encountered NaN" in 6 to 12 of 16 settings that train cleanly as the
-first fit of a fresh process (8 of 8). So every fit runs here, in a process of its own, imports nothing but
+fit in the same process stopped with "Encountered NaN" for settings that train cleanly as the first fit
+of a fresh process (seen in one-off probes on this machine). So every fit runs here, in a process of its own, imports nothing but
 fastText, and hands back a file and its validation accuracy.
 """
 
