@@ -15,12 +15,9 @@ import contextlib
 import io
 import json
 import logging
-import math
 import re
 import shutil
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -182,11 +179,15 @@ def onnx_parameters(path: Path) -> int:
 # ---------------------------------------------------------------- inference
 
 
-def ort_session(path: Path, threads: int | None = None):
+def ort_session(path: Path, threads: int | None = None, custom_ops: str | None = None):
+    """A CPU onnxruntime session; ``threads`` pins one sequential pool (the way latency is measured), ``custom_ops``
+    registers an operator library (onnxruntime-extensions for the text-in model)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if custom_ops:
+        options.register_custom_ops_library(custom_ops)
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -194,14 +195,28 @@ def ort_session(path: Path, threads: int | None = None):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def onnx_logits(path_or_session, split, pad: int, batch_size: int = 64) -> np.ndarray:
+def onnx_logits(path_or_session, split, pad: int, batch_size: int = 1) -> np.ndarray:
     """Logits of an ONNX classifier for every example of a TokenizedSplit, in order (token_type_ids fed when the
-    split has them: the graph must then take them)."""
+    split has them: the graph must then take them).
+
+    One example per call by default, unpadded: the way an app calls the model, and what every recorded accuracy
+    means. ``batch_size`` > 1 is a speed option; dynamic int8 then scales activations over the whole padded
+    batch, so its answers depend on the other texts (see :func:`batch_invariance`)."""
     session = ort_session(path_or_session) if isinstance(path_or_session, (str, Path)) else path_or_session
     parts = []
     for start in range(0, len(split), batch_size):
         parts.append(session.run(OUTPUT_NAMES, split_feeds(split, start, start + batch_size, pad))[0])
     return np.concatenate(parts)
+
+
+def batch_invariance(path, split, pad: int, one_per_call: np.ndarray, batch_size: int = 64) -> dict:
+    """Whether a graph answers the same one text per call and in padded batches of ``batch_size``:
+    predictions changed and the largest logit difference (``one_per_call``: its batch-1 logits)."""
+    batched = onnx_logits(path, split, pad, batch_size)
+    changed = int((batched.argmax(-1) != one_per_call.argmax(-1)).sum())
+    diff = float(np.abs(batched - one_per_call).max())
+    return {"batch_size": batch_size, "predictions_changed": changed, "max_abs_logit_diff": diff,
+            "invariant": changed == 0 and diff <= 1e-4}
 
 
 @torch.no_grad()
@@ -268,6 +283,33 @@ def quantize_int8(source: Path, target: Path, setting: dict) -> dict:
             "activations": "uint8, dynamic per-tensor (computed at run time)", "op_types": op_types,
             "per_channel": setting["per_channel"], "reduce_range": setting["reduce_range"],
             "nodes_excluded": exclude, "setting": setting["name"]}
+
+
+def quantize_static_int8(source: Path, target: Path, calibration: list[dict], excluded: list[str] = ()) -> dict:
+    """Static QDQ int8: weights int8 per channel (every weight MatMul/Gemm and the embedding tables), activations
+    uint8 with per-tensor scales fixed from ``calibration`` (batch-1 feeds of training text; MinMax), so no
+    scale depends on the batch. QuantizeLinear/DequantizeLinear pairs: the format NNAPI and CoreML read."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    class Feeds(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(calibration)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    names = sorted(set(excluded) | {f"{name}_MatMul" for name in excluded})
+    with tempfile.TemporaryDirectory(dir=Path(target).parent) as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Please consider to run pre-processing before quantization"
+        quantize_static(str(source), str(target), Feeds(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul", "Gemm", "Gather"], nodes_to_exclude=names,
+                        calibrate_method=CalibrationMethod.MinMax,
+                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "CalibTensorRangeSymmetric": False,
+                                       "CalibIntermediateOutputPath": str(Path(tmp) / "augmented.onnx")})
+    return {"method": "onnxruntime.quantization.quantize_static (QDQ)", "weight_type": "int8 (QInt8, symmetric, per channel)",
+            "activations": "uint8, static per-tensor scales (MinMax over the calibration texts)",
+            "op_types": ["MatMul", "Gemm", "Gather"], "calibration_examples": len(calibration), "nodes_excluded": list(excluded)}
 
 
 def quantized_node_count(path: Path) -> int:
@@ -351,35 +393,6 @@ def torch_runner(model, threads: int):
     return run
 
 
-def interleaved_latency(runners: dict, inputs: dict, runs: int, warmup: int, rounds: int) -> dict:
-    """Batch-1 latency of several models measured side by side.
-
-    ``runners[name]`` runs one input dict; ``inputs[name]`` is the list of input
-    dicts for that model (one fixed-length sequence, or real sentences in that
-    model's own vocabulary). Each round times every model once, in a rotated
-    order, over ``runs`` passes of its inputs split across rounds, so drift in
-    machine load hits all models alike. A timing is the mean per input of one
-    pass; the summary is median / min / max over passes.
-    """
-    names = list(runners)
-    for name in names:
-        for _ in range(warmup):
-            for item in inputs[name]:
-                runners[name](item)
-    times = {name: [] for name in names}
-    per_round = max(1, math.ceil(runs / rounds))
-    for round_index in range(rounds):
-        order = names[round_index % len(names):] + names[: round_index % len(names)]
-        for name in order:
-            for _ in range(per_round):
-                start = time.perf_counter()
-                for item in inputs[name]:
-                    runners[name](item)
-                times[name].append((time.perf_counter() - start) * 1000 / len(inputs[name]))
-    return {name: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "runs": len(t), "warmup": warmup}
-            for name, t in times.items()}
-
-
 def add_speedups(rows: list[dict], references: dict[str, str]) -> None:
     """``speedup_vs_<key>``: the reference model's median / the row's median, on the same input and threads."""
     for key, reference in references.items():
@@ -399,18 +412,28 @@ def latency_markdown(rows: list[dict], machine: str, load: dict | None = None) -
         "# Latency (batch 1)", "",
         f"Measured on the export machine ({machine}); all models of one input and thread count were timed side by side, "
         "interleaved round by round. `L=n`: one sequence of exactly n tokens; `sentences`: real test sentences one at a "
-        "time, ms per sentence (length = their mean token count). Median over timed passes, min and max alongside. "
+        "time, ms per sentence (length = their mean token count). ms: the median over rounds of a round's mean per call; "
+        "middle half: the 25th-75th percentile of single calls. Speed-up vs the int8 teacher: the median of per-round "
+        "ratios (each round times both) with its 95% interval; rounds are added until every interval is within "
+        "export.latency_max_spread of its median, and a target is met only at the interval's lower bound. "
         f"Phones differ: use this table for ratios, not absolute figures.{busy}", "",
-        "| model | runtime | input | tokens | threads | median ms | min ms | max ms | speed-up vs teacher int8 | vs teacher PyTorch |",
+        "| model | runtime | input | tokens | threads | median ms | middle half, ms | rounds | speed-up vs teacher int8 "
+        "(95% interval) | vs teacher PyTorch |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def speed(value):
         return f"{value:.2f}x" if value else "-"
 
+    def paired(r):
+        if not r.get("speedup_vs_teacher_int8"):
+            return "-"
+        low, high = r.get("speedup_vs_teacher_int8_low"), r.get("speedup_vs_teacher_int8_high")
+        return f"{r['speedup_vs_teacher_int8']:.2f}x" + (f" ({low:.2f}-{high:.2f})" if low is not None else "")
+
     for r in rows:
         lines.append(f"| {r['model']} | {r['runtime']} | {r['input']} | {r['length']} | {r['threads']} | {r['median_ms']:.3f} | "
-                     f"{r['min_ms']:.3f} | {r['max_ms']:.3f} | {speed(r.get('speedup_vs_teacher_int8'))} | "
+                     f"{r['p25_ms']:.3f}-{r['p75_ms']:.3f} | {r['rounds']} | {paired(r)} | "
                      f"{speed(r.get('speedup_vs_teacher_pytorch'))} |")
     return "\n".join(lines) + "\n"
 

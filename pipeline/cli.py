@@ -123,6 +123,7 @@ def setup_logging(debug: bool, rank: int = 0) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # mlflow resets its logger level on import
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's Enum registration notices at import
     logging.getLogger("root").setLevel(logging.ERROR)  # onnxruntime.quantization logs via the root logger
     import transformers
 

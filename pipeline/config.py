@@ -331,14 +331,23 @@ class ExportConfig(Section):
     opset: int = Field(18, description=f"ONNX opset of the shipped graphs, {OPSETS[0]}..{OPSETS[-1]}")
     parity_tolerance: float = Field(1e-3, gt=0)
     quantize: bool = True
-    max_int8_drop: float = Field(0.5, ge=0)
-    latency_runs: int = Field(50, ge=1, le=100_000)
+    max_int8_drop: float = Field(0.5, ge=0, description="most test-accuracy points (one text per call) an int8 variant may lose against fp32")
+    static_int8: bool = Field(True, description="also build static QDQ int8 (activation scales calibrated on training "
+                                                "text): the same answer whatever the batch, the form NNAPI and CoreML take")
+    calibration_examples: int = Field(256, ge=1, le=100_000, description="seeded training texts that calibrate static int8")
+    executorch: Literal["auto", "on", "off"] = Field(
+        "auto", description="model.pte (ExecuTorch, XNNPACK; fp32 and int8 linears): auto builds it when the executorch "
+                            "package is installed (make venv installs it) and records why not otherwise; on requires it")
+    latency_runs: int = Field(50, ge=1, le=100_000, description="calls per model on a fixed-length input, spread over latency_rounds")
     latency_lengths: list[Annotated[int, Field(ge=2, le=8192)]] = Field(
         [32, 128], min_length=1, description="token counts timed ([CLS] ... [SEP], so at least 2); lengths above "
                                              "the models' position embeddings are skipped")
     latency_threads: list[Annotated[int, Field(ge=1, le=1024)]] = Field([1, 2], min_length=1)
     latency_warmup: int = Field(5, ge=0, le=10_000, description="untimed runs before each latency measurement")
-    latency_rounds: int = Field(5, ge=1, le=1000, description="interleaved rounds: every model is timed once per round")
+    latency_rounds: int = Field(8, ge=1, le=1000, description="interleaved rounds at least: every model is timed once per round")
+    latency_max_rounds: int = Field(40, ge=1, le=10_000, description="rounds are added up to this many until every "
+                                                                     "speed-up's 95% interval is within latency_max_spread")
+    latency_max_spread: float = Field(0.10, gt=0, description="widest 95% interval of a speed-up, as a fraction of its median")
     latency_sentences: int = Field(100, ge=0, le=100_000, description="real test sentences timed one by one at batch 1 (0: off)")
     targets: ExportTargets = ExportTargets()
     ort_target_platform: Literal["arm", "amd64"] = Field("arm", description="device the .ort files are optimized for")
@@ -362,6 +371,13 @@ class ExportConfig(Section):
         if len(set(value)) != len(value):
             raise ValueError(f"{value} repeats a value; list each once")
         return value
+
+    @model_validator(mode="after")
+    def _rounds_in_order(self):
+        if self.latency_max_rounds < self.latency_rounds:
+            raise ValueError(f"latency_max_rounds={self.latency_max_rounds} is below latency_rounds={self.latency_rounds}: "
+                             "it is the most rounds, latency_rounds the fewest; give latency_max_rounds >= latency_rounds")
+        return self
 
 
 class TrackingConfig(Section):

@@ -2,47 +2,34 @@
 
 The export puts the shipped student, the int8 teacher and the peers (pipeline/peers.py) through the same
 harness: every test text once for accuracy and macro-F1, then the same sample of test texts timed on one
-thread in interleaved rounds (bundle.interleaved_latency), so tokenization, featurization and the runtime's
+thread in interleaved rounds (timing.interleaved), so tokenization, featurization and the runtime's
 per-call cost are all inside each figure and machine load hits every model alike.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from . import bundle as B
+from . import text_model as TM
+from . import timing
 from .metrics import classification_report
 from .peers import TITLES
 
 
-def _session(path, threads: int, custom_ops: str | None = None):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if custom_ops:
-        options.register_custom_ops_library(custom_ops)
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def text_model_runner(path, threads: int = 1):
     """A text-in ONNX model (tokenizer operators inside): text -> label index."""
-    from .text_model import TEXT_INPUT, extensions_library
-
-    session = _session(path, threads, extensions_library())
-    return lambda text: int(session.run(["label"], {TEXT_INPUT: np.array([text], dtype=object)})[0][0])
+    session = TM.session(path, threads)
+    return lambda text: int(session.run(["label"], {TM.TEXT_INPUT: np.array([text], dtype=object)})[0][0])
 
 
 def tokenizer_runner(tokenizer_json, onnx_path, max_length: int, threads: int = 1):
     """tokenizers (as predict.py uses it) + an ids-in ONNX graph: text -> label index."""
-    from tokenizers import Tokenizer
-
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length)
-    session = _session(onnx_path, threads)
+    session = B.ort_session(onnx_path, threads)
 
     def run(text: str) -> int:
         ids = tokenizer.encode(text).ids
@@ -51,15 +38,22 @@ def tokenizer_runner(tokenizer_json, onnx_path, max_length: int, threads: int = 
     return run
 
 
-def measure(runners: dict, texts: list[str], labels: np.ndarray, names: list[str], sample: list[int], rounds: int) -> dict:
-    """Per model: test accuracy and macro-F1 one text per call, and the median ms per text over ``sample``."""
+def measure(runners: dict, texts: list[str], labels: np.ndarray, names: list[str], sample: list[int], cfg,
+            known: dict | None = None, reference: str | None = None) -> dict:
+    """Per model: test accuracy and macro-F1 one text per call (``known[name]`` where an earlier stage already
+    measured them that way: the peers), and latency over ``sample`` (timing.interleaved: median ms per text,
+    the interquartile range of single calls, and the paired speed-up over ``reference`` with its interval)."""
+    known = known or {}
     rows = {}
     for name, run in runners.items():
-        predictions = np.array([run(t) for t in texts], dtype=np.int64)
-        report = classification_report(labels, predictions, names)
+        if name in known:
+            rows[name] = {"accuracy": known[name]["accuracy"], "macro_f1": known[name]["macro_f1"]}
+            continue
+        report = classification_report(labels, np.array([run(t) for t in texts], dtype=np.int64), names)
         rows[name] = {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"]}
-    timed = B.interleaved_latency(runners, {name: [texts[i] for i in sample] for name in runners}, runs=rounds,
-                                  warmup=1, rounds=rounds)
+    timed = timing.interleaved(runners, {name: [texts[i] for i in sample] for name in runners}, warmup=1,
+                               min_rounds=cfg.latency_rounds, max_rounds=cfg.latency_max_rounds,
+                               reference=reference, max_spread=cfg.latency_max_spread)
     for name, figures in timed.items():
         rows[name].update({k: round(v, 5) if isinstance(v, float) else v for k, v in figures.items()})
     return rows
@@ -98,9 +92,20 @@ def lines(from_text: dict) -> list[str]:
 
 def markdown(from_text: dict) -> str:
     """The same table as markdown (bundle README, BENCHMARKS)."""
-    rows = ["| model | accuracy | macro-F1 | file MB | ms per text | training s |", "|---|---:|---:|---:|---:|---:|"]
+    rows = ["| model | accuracy | macro-F1 | file MB | ms per text | middle half of calls, ms | speed-up vs int8 teacher "
+            "(95% interval) | training s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in from_text["rows"]:
         train = f"{row['train_seconds']:.0f}" if row.get("train_seconds") is not None else "-"
         rows.append(f"| {row['title']} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | {row['file_mb']:.1f} | "
-                    f"{row['median_ms']:.3f} | {train} |")
+                    f"{row['median_ms']:.3f} | {_calls(row)} | {_speedup(row)} | {train} |")
     return "\n".join(rows)
+
+
+def _calls(row: dict) -> str:
+    return f"{row['p25_ms']:.3f}-{row['p75_ms']:.3f}" if row.get("p25_ms") is not None else "-"
+
+
+def _speedup(row: dict) -> str:
+    if row.get("speedup") is None:
+        return "-"
+    return f"{row['speedup']:.2f}x ({row['speedup_low']:.2f}-{row['speedup_high']:.2f})"

@@ -123,6 +123,19 @@ def token_vectors(encoder, vocab_size: int, cls_id: int, sep_id: int, batch_size
     return torch.cat(rows).numpy()
 
 
+def isolated_token_vectors(classifier, tokenizer) -> np.ndarray:
+    """:func:`token_vectors` of a classifier's encoder, each token between the tokenizer's own start and end
+    tokens ([CLS]/[SEP] for BERT, <s>/</s> for RoBERTa-style vocabularies)."""
+    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    end = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    return token_vectors(classifier.base_model, classifier.config.vocab_size, start, end)
+
+
+def token_counts(input_ids, vocab_size: int) -> np.ndarray:
+    """How often each id occurs in a list of token-id sequences (float64: the SIF weights' frequencies)."""
+    return np.bincount(np.concatenate([np.asarray(x) for x in input_ids]), minlength=vocab_size).astype(np.float64)
+
+
 @torch.no_grad()
 def context_vectors(encoder, batches, vocab_size: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
     """Sum of the encoder's outputs per token id over real text, and how often each id occurred."""

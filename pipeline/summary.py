@@ -10,7 +10,13 @@ from .from_text import lines as from_text_lines, markdown as from_text_markdown
 # (row label, latency model name in export's latency table)
 LATENCY_NAMES = {"teacher (PyTorch)": "teacher PyTorch fp32", "student (PyTorch)": "student PyTorch fp32",
                  "teacher ONNX int8 (baseline)": "teacher ONNX int8",
-                 "student ONNX fp32": "student ONNX fp32", "student ONNX int8": "student ONNX int8"}
+                 "student ONNX fp32": "student ONNX fp32", "student ONNX int8": "student ONNX int8",
+                 "student ONNX int8 static": "student ONNX int8 static"}
+
+
+def latency_name(variant: str) -> str:
+    """The latency table's name of a shipped variant ("int8_static" -> "student ONNX int8 static")."""
+    return f"student ONNX {variant.replace('_', ' ')}"
 
 
 def _read(path: Path) -> dict | None:
@@ -54,7 +60,8 @@ def summary_rows(run_dir: Path, current: set[str] | None = None) -> tuple[list[d
     if baseline:
         rows.append({"name": "teacher ONNX int8 (baseline)", "accuracy": baseline["accuracy"], "macro_f1": baseline["macro_f1"],
                      "parameters": None, "size_mb": baseline["file_mb"]})
-    for key, label in (("onnx_fp32", "student ONNX fp32"), ("onnx_int8", "student ONNX int8")):
+    for key, label in (("onnx_fp32", "student ONNX fp32"), ("onnx_int8", "student ONNX int8"),
+                       ("onnx_int8_static", "student ONNX int8 static")):
         if key in export:
             m = export[key]
             rows.append({"name": label, "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
@@ -74,7 +81,9 @@ def comparison_lines(comparison: dict) -> list[str]:
     b, s = comparison["baseline"], comparison["shipped"]
     t = comparison["targets"]
     mark = {True: "met", False: "NOT met"}
-    speed = ", ".join(f"{v:.2f}x at {k}" for k, v in comparison["speedup_vs_int8_teacher"].items()) or "not measured"
+    intervals = comparison.get("speedup_vs_int8_teacher_interval") or {}
+    speed = ", ".join(f"{v:.2f}x at {k}" + (f" (95% interval {intervals[k][0]:.2f}-{intervals[k][1]:.2f})" if k in intervals else "")
+                      for k, v in comparison["speedup_vs_int8_teacher"].items()) or "not measured"
     meets = comparison["meets"]
     speed_ok = all(v for k, v in meets.items() if k.startswith("speedup")) if comparison["speedup_vs_int8_teacher"] else False
     return [
@@ -83,7 +92,7 @@ def comparison_lines(comparison: dict) -> list[str]:
         f"accuracy kept {comparison['accuracy_kept']:.3f} of the fp32 teacher's {comparison['teacher_fp32_accuracy']:.4f} "
         f"(target >= {t['min_accuracy_kept']}: {mark[meets['accuracy_kept']]})",
         f"speed-up vs int8 teacher (batch 1, {comparison.get('threads', 1)} thread{'s' if comparison.get('threads', 1) > 1 else ''}): "
-        f"{speed} (target >= {t['min_speedup']}x: {mark[speed_ok]})",
+        f"{speed} (target >= {t['min_speedup']}x at the interval's lower bound: {mark[speed_ok]})",
         f"size vs int8 teacher: {comparison['size_vs_int8_teacher']:.2f} (target <= {t['max_size_ratio']}: {mark[meets['size']]})",
     ]
 
@@ -118,7 +127,8 @@ def print_summary(run_dir: Path, ran: list[str], states: dict[str, str] | None =
         print(f"retention (student / teacher accuracy): {evaluate['retention']:.4f}   "
               f"agreement: {evaluate.get('agreement', float('nan')):.4f}")
     if export:
-        verdict = "int8 recommended" if export.get("int8_recommended") else "fp32 recommended (int8 over the accuracy budget)"
+        verdict = (f"{export['recommended'].replace('_', ' ')} recommended" if export.get("int8_recommended")
+                   else "fp32 recommended (int8 over the accuracy budget)")
         if "onnx_int8" not in export:
             verdict = "fp32 (int8 off)"
         print(f"* shipped variant: {verdict}; ONNX parity max |diff| {export.get('parity_max_abs_diff', float('nan')):.1e}")
@@ -169,7 +179,7 @@ def headline_metrics(evaluate: dict, export: dict) -> dict[str, float]:
         threads = setting[1] if setting else min((r["threads"] for r in rows), default=1)
         inputs = {setting[0], "sentences"} if setting else {"sentences"}
         for row in rows:
-            if row["model"] == f"student ONNX {variant}" and row["threads"] == threads and row.get("input") in inputs:
+            if row["model"] == latency_name(variant) and row["threads"] == threads and row.get("input") in inputs:
                 out[f"shipped_latency_ms_{metric_suffix(row['input'])}"] = row["median_ms"]
     versus_peers = (export.get("from_text") or {}).get("versus_peers")
     if versus_peers:

@@ -643,11 +643,11 @@ def run_sweep(sweep: Sweep, runs_dir: Path, pick: str | None = None, to_stage: s
         moved = None
         if picked is not None:
             moved = move_champion(picked, tracker.client if tracker.run_id else None, lines)
-        outputs = write_outputs(sweep, folder, rows, shared, lines, picked, constraints)
+        references = reference_points(folder, sweep.variants)
+        outputs = write_outputs(sweep, folder, rows, shared, lines, picked, constraints, references)
         note = (f"**{sweep.spec.description or 'Sweep ' + sweep.name}**: sweep `{sweep.name}` on config "
                 f"`{sweep.base.name}`, {len(rows)} variants.\n\n"
-                + markdown_table(rows, shared, lines, picked["variant"] if picked else None,
-                                 reference_points(folder, sweep.variants))
+                + markdown_table(rows, shared, lines, picked["variant"] if picked else None, references)
                 + f"\nRerun: `python -m pipeline sweep {sweep.base.name} {sweep.path}"
                 + (f' --pick "{pick or sweep.spec.pick}"' if constraints else "") + "`")
         tracker.finish(status, note=note, artifacts=outputs,
@@ -711,11 +711,11 @@ def move_champion(row: dict, client, lines: list[str]) -> str | None:
 
 
 def write_outputs(sweep: Sweep, folder: Path, rows: list[dict], shared: list[str], lines: list[str],
-                  picked: dict | None, constraints: list[Constraint]) -> list[Path]:
-    """sweep.md, sweep.csv, sweep.json and pareto.png in the sweep folder (each written whole, then renamed)."""
+                  picked: dict | None, constraints: list[Constraint], references: list[dict]) -> list[Path]:
+    """sweep.md, sweep.csv, sweep.json and pareto.png in the sweep folder (each written whole, then renamed);
+    ``references``: the peers and the int8 teacher (reference_points)."""
     name = picked["variant"] if picked else None
     outputs = []
-    references = reference_points(folder, sweep.variants)
     write_text(folder / "sweep.md", f"# Sweep `{sweep.name}` on `{sweep.base.name}`\n\n"
                + markdown_table(rows, shared, lines, name, references))
     write_text(folder / "sweep.csv", csv_text(rows))

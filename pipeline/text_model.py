@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import bundle as B
+
 TEXT_INPUT = "text"
 TEXT_OUTPUTS = ["probabilities", "label", "input_ids"]
 EXTENSIONS_DOMAIN = "ai.onnx.contrib"
@@ -281,19 +283,14 @@ def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: 
             "truncation": max_length}
 
 
-def session(path: Path):
+def session(path: Path, threads: int | None = None):
     """An onnxruntime session for a text-in model (.onnx or .ort), the extensions library registered."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.register_custom_ops_library(extensions_library())
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return B.ort_session(path, threads, custom_ops=extensions_library())
 
 
-def run(path_or_session, texts: list[str], batch_size: int = 64) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
-    """probabilities [n, labels], label [n] and every text's token ids (right-padded to the longest of its batch),
-    in batches of ``batch_size`` (predict.py's batching, so the padding matches too)."""
+def run(path_or_session, texts: list[str], batch_size: int = 1) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    """probabilities [n, labels], label [n] and every text's token ids, one text per call by default (as an app
+    and predict.py call it); with ``batch_size`` > 1 ids are right-padded to the longest of their batch."""
     runner = session(path_or_session) if isinstance(path_or_session, (str, Path)) else path_or_session
     probs, labels, ids = [], [], []
     for start in range(0, len(texts), batch_size):
@@ -331,8 +328,6 @@ def ship(classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, r
     """Build the text-in model at ``target`` from the shipped ``classifier`` and check it on ``records`` (the test
     split): predict.py's token ids (tokenizers, truncation at ``max_length``) and the classifier's predictions on
     them must be reproduced exactly, or nothing is shipped. Returns metadata.json's ``text_model``."""
-    from . import bundle as B
-
     why = unsupported_reason(facts, pairs=bool(records) and "text_pair" in records[0])
     if why is None:
         try:

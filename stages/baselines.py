@@ -3,8 +3,8 @@
 TF-IDF + logistic regression, fastText (quantized) and model2vec-style static
 embeddings from the teacher + logistic regression (pipeline/peers.py), each
 tuned on the validation split, saved as the one file an app would ship, read
-back from that file and scored on the test split: accuracy, macro-F1, file
-size, training time. The export stage times them one text per call, side by
+back from that file and scored on the test split one text per call (as an app
+calls it): accuracy, macro-F1, file size, training time. The export stage times them one text per call, side by
 side with the student and the int8 teacher, and puts them in the bundle's
 figures; with ``baselines.enabled: false`` this stage records that and trains
 nothing.
@@ -24,13 +24,13 @@ from pipeline.inference import TokenizedSplit, label_names
 from pipeline.metrics import classification_report
 from pipeline.models import load_classifier, load_tokenizer
 from pipeline.peers import FILES, TITLES, FastTextPeer, StaticPeer, TfidfPeer, file_mb, load_peer, timed
-from pipeline.static_model import token_vectors
+from pipeline.static_model import isolated_token_vectors, token_counts
 
 log = logging.getLogger("pipeline")
 
 READS = ["seed", "baselines"]
 AFTER = ["prepare", "teacher"]
-VERSION = 2  # 2: the TF-IDF peer saved as npz (vocabulary, idf, weights), not pickle
+VERSION = 3  # 2: the TF-IDF peer saved as npz (vocabulary, idf, weights), not pickle; 3: scored one text per call, vocabulary as UTF-8 bytes
 
 
 def run(ctx) -> dict:
@@ -57,7 +57,8 @@ def run(ctx) -> dict:
         (peer, settings), seconds = timed(trainers[name])
         peer.save(out / FILES[name])
         shipped = load_peer(out, name)  # score the file that ships, not the object in memory
-        report = classification_report(labels["test"], shipped.predict(texts["test"]), names)
+        one_per_call = np.array([shipped.predict_one(t) for t in texts["test"]], dtype=np.int64)  # as an app calls it
+        report = classification_report(labels["test"], one_per_call, names)
         peers[name] = {"title": TITLES[name], "file": f"peers/{FILES[name]}", "file_mb": round(file_mb(out / FILES[name]), 3),
                        "train_seconds": round(seconds, 2), "settings": settings, **report}
         log.info("[baselines] %-8s test accuracy %.4f, macro-F1 %.4f, %.1f MB, trained in %.1f s (%s)", name,
@@ -91,13 +92,10 @@ def static_peer(prepare, teacher_dir, labels, cfg, seed):
     """model2vec's recipe on the fine-tuned teacher: each token alone through the encoder, PCA, SIF weights."""
     teacher = load_classifier(str(teacher_dir / "model")).eval()
     tokenizer = load_tokenizer(str(teacher_dir / "model"))
-    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    vocab = teacher.config.vocab_size
-    isolated = token_vectors(teacher.base_model, vocab, cls_id, sep_id)
+    isolated = isolated_token_vectors(teacher, tokenizer)
     splits = {s: TokenizedSplit(prepare, s) for s in ("train", "validation")}
     ids = {s: [np.asarray(x) for x in splits[s].input_ids] for s in splits}
-    counts = np.bincount(np.concatenate(ids["train"]), minlength=vocab).astype(np.float64)
+    counts = token_counts(ids["train"], teacher.config.vocab_size)
     return StaticPeer.train(teacher_dir / "model" / "tokenizer.json", isolated, counts, min(cfg.static_dim, isolated.shape[1]),
                             ids["train"], labels["train"], ids["validation"], labels["validation"], cfg.static_c, seed)
 

@@ -26,7 +26,7 @@ from pipeline.models import build_student, count_parameters, encoder_layers, loa
 from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
-from pipeline.static_model import build_static_student, context_vectors, static_table, token_vectors
+from pipeline.static_model import build_static_student, context_vectors, isolated_token_vectors, static_table, token_counts
 from pipeline.training import fit
 
 log = logging.getLogger("pipeline")
@@ -94,11 +94,9 @@ def run(ctx) -> dict:
 def static_student(config, teacher, tokenizer, train: TokenizedSplit, pad: int, device):
     """A static student whose token vectors start from the teacher's outputs (pipeline/static_model.py)."""
     encoder, vocab = teacher.base_model, teacher.config.vocab_size
-    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    isolated = token_vectors(encoder, vocab, cls_id, sep_id)
+    isolated = isolated_token_vectors(teacher, tokenizer)
     order = np.argsort(train.lengths, kind="stable")  # similar lengths per batch: little padding
-    counts = np.bincount(np.concatenate([np.asarray(x) for x in train.input_ids]), minlength=vocab).astype(np.float64)
+    counts = token_counts(train.input_ids, vocab)
     sums = None
     if config.student.static.context:
         batches = (train.batch(order[i:i + 128], pad, device) for i in range(0, len(order), 128))

@@ -54,7 +54,7 @@ def test_text_model_reproduces_predict_py_ids_and_predictions(bundle, predict, t
     expected = reference.predict(texts)
     encoded = [reference.tokenizer.encode(t).ids for t in texts]
     for name in ("model.text.onnx", "model.text.ort"):
-        probabilities, labels, ids = TM.run(bundle / name, texts)  # predict.py's batches: int8 activations are scaled per batch
+        probabilities, labels, ids = TM.run(bundle / name, texts)  # one text per call, as predict.py now defaults to
         for row, expected_ids in zip(ids, encoded):  # right-padded with the pad id, like predict.py's batches
             assert row[: len(expected_ids)] == expected_ids and set(row[len(expected_ids):]) <= {reference.pad_id}
         assert [reference.labels[i] for i in labels] == [e["label"] for e in expected], name
@@ -210,7 +210,11 @@ def test_mobile_usability_verdicts_recorded_and_match_the_checker_cli(bundle):
     readme = (bundle / "README.md").read_text()
     assert "## Mobile execution providers (NNAPI, CoreML)" in readme
     assert f"| NNAPI (Android) | {shipped['providers']['NNAPI']['as_shipped']['supported_nodes']}/" in readme
-    assert mobile["static_qdq_int8"]["why"] in readme
+    static = mobile["static_qdq_int8"]  # the static QDQ int8 graph is checked too, shipped or not
+    assert static["built"] and static["model"] == metadata["variants"]["int8_static"]["file"]
+    assert set(static["providers"]) == set(shipped["providers"])
+    if shipped["model"] != static["model"]:
+        assert f"The static QDQ int8 graph `{static['model']}`" in readme
 
 
 def test_verify_checks_every_file_and_names_the_one_that_differs(bundle, tmp_path):

@@ -51,7 +51,7 @@ def expected_metrics(run_dir) -> dict:
         expected[f"speedup_vs_int8_teacher_{name.replace('=', '')}"] = value
     # tiny times L=16 on 1 thread (the summary's latency setting) and real sentences
     for row in export["latency"]:
-        if row["model"] == f"student ONNX {variant}" and row["threads"] == 1 and row["input"] in ("L=16", "sentences"):
+        if row["model"] == f"student ONNX {variant.replace('_', ' ')}" and row["threads"] == 1 and row["input"] in ("L=16", "sentences"):
             expected[f"shipped_latency_ms_{row['input'].replace('=', '')}"] = row["median_ms"]
     assert {"shipped_latency_ms_L16", "shipped_latency_ms_sentences", "speedup_vs_int8_teacher_L16"} <= set(expected)
     return expected
@@ -72,7 +72,7 @@ def test_parent_description_has_the_results_table_and_the_command(tiny_run):
     assert "| model | accuracy | macro-F1 | params | size MB |" in note
     evaluate = read_json(tiny_run["run_dir"] / "evaluate" / "metrics.json")
     assert f"| teacher (PyTorch) | {evaluate['teacher']['accuracy']:.4f} | {evaluate['teacher']['macro_f1']:.4f} |" in note
-    assert re.search(r"\| student ONNX (int8|fp32) \*\*\(shipped\)\*\* \|", note)
+    assert re.search(r"\| student ONNX (int8|int8 static|fp32) \*\*\(shipped\)\*\* \|", note)
     assert "config/resolved.yaml" in note
     # The command in the description rebuilds exactly the resolved config the run used.
     command = re.search(r"^python -m pipeline run tiny(.*)$", note, re.M)

@@ -15,6 +15,7 @@ file, not the training code.
     python predict.py "a gripping, beautifully acted film" "a tedious mess"
     python predict.py --model model.int8.onnx --eval test.jsonl      # accuracy on {"text", "label"} records
     python predict.py --model model.int8.ort "works with the ORT format file too"
+    python predict.py --model model.int8.pte "an ExecuTorch program (needs: pip install executorch)"
     python predict.py "a man is eating" --pair "someone eats"   # a sentence pair: one --pair per text, in order
     python predict.py --verify          # check every bundle file against metadata.json's sha256 (exit 2 naming a bad one)
     python predict.py --verify "..."    # the same check, then classify
@@ -104,7 +105,8 @@ class BundleClassifier:
             path = Path(model) if Path(model).is_absolute() or Path(model).exists() else bundle / model
             inside = path.resolve().parent == bundle.resolve()  # a digest describes the bundle's own file only
             self.recorded_sha256 = self.metadata.get("files", {}).get(path.name, {}).get("sha256") if inside else None
-            shipped = sorted({v[k] for v in variants.values() for k in ("file", "ort_file") if v.get(k)})
+            shipped = sorted({v[k] for v in variants.values() for k in ("file", "ort_file") if v.get(k)}
+                             | {v["file"] for v in (self.metadata.get("executorch") or {}).get("variants", {}).values()})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PredictError(f"{bundle / 'metadata.json'} is incomplete ({type(exc).__name__}: {exc}); {REBUILD}") from None
         try:
@@ -117,6 +119,10 @@ class BundleClassifier:
             raise PredictError(f"model file {path} does not exist; this bundle's models: {', '.join(shipped)}")
         self.model_path = path
         self.sha256 = sha256_file(path)
+        self.executorch = path.suffix == ".pte"
+        if self.executorch:  # an ExecuTorch program: batch 1, input_ids and attention_mask
+            self.session, self.segments = ExecuTorchSession(path, threads), False
+            return
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
@@ -154,16 +160,18 @@ class BundleClassifier:
                 feeds["token_type_ids"][row, : len(encoding.type_ids)] = encoding.type_ids
         return feeds
 
-    def logits(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 64) -> np.ndarray:
+    def logits(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 1) -> np.ndarray:
         if batch_size < 1:  # a negative step would silently classify nothing
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        if self.executorch:
+            batch_size = 1  # a .pte takes one text per call
         parts = []
         for start in range(0, len(texts), batch_size):
             batch_pairs = pairs[start:start + batch_size] if pairs is not None else None
             parts.append(self.session.run(["logits"], self.encode(texts[start:start + batch_size], batch_pairs))[0])
         return np.concatenate(parts) if parts else np.zeros((0, len(self.labels)), dtype=np.float32)
 
-    def predict(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 64) -> list[dict]:
+    def predict(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 1) -> list[dict]:
         logits = self.logits(texts, pairs, batch_size)
         shifted = np.exp(logits - logits.max(-1, keepdims=True))
         probs = shifted / shifted.sum(-1, keepdims=True)  # softmax: logits -> probabilities
@@ -210,6 +218,30 @@ def read_jsonl(path: Path) -> list[dict]:
     if not records:
         raise PredictError(f"--eval file {path} has no records; expected {expected}")
     return records
+
+
+class ExecuTorchSession:
+    """A .pte program behind onnxruntime's ``run(outputs, feeds)``; imports executorch (and with it torch) only here."""
+
+    def __init__(self, path: Path, threads: int | None = None):
+        try:
+            import torch
+            from executorch.extension.pybindings import portable_lib
+            from executorch.runtime import Runtime
+        except ImportError:
+            raise PredictError(f"{path} is an ExecuTorch program: pip install executorch to run it from Python "
+                               "(the .onnx and .ort files need only onnxruntime)") from None
+        if threads:  # before any program is loaded: a loaded program keeps the pool it was loaded with
+            portable_lib._unsafe_reset_threadpool(threads)
+        self.torch = torch
+        try:
+            self.method = Runtime.get().load_program(path).load_method("forward")
+        except Exception as exc:  # the runtime raises RuntimeError / ValueError subclasses for bad programs
+            raise PredictError(f"{path} is not an ExecuTorch program this runtime can load ({exc})") from None
+
+    def run(self, _outputs, feeds: dict) -> list:
+        ids, mask = (self.torch.from_numpy(feeds[name]) for name in ("input_ids", "attention_mask"))
+        return [self.method.execute((ids, mask))[0].numpy()]
 
 
 def evaluate(classifier: BundleClassifier, records: list[dict], batch_size: int) -> dict:
@@ -275,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", action="append", metavar="TEXT",
                         help="second text of a sentence pair; give one --pair per text, in the texts' order")
     parser.add_argument("--eval", metavar="FILE.jsonl", help='accuracy on records {"text": ..., "label": <label name>}')
-    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--batch-size", type=positive_int, default=1,
+                        help="texts per call (default 1, as an app calls the model, and what metadata.json's accuracies "
+                             "mean); larger batches are faster for bulk scoring, but dynamic int8 then scales "
+                             "activations per batch, so a few answers change with the other texts of the batch")
     parser.add_argument("--threads", type=positive_int, default=None, help="onnxruntime intra-op threads (default: its own)")
     parser.add_argument("--verify", action="store_true",
                         help="exit 2 unless every file metadata.json lists has the sha256 recorded there")

@@ -1,16 +1,18 @@
 // The bundle's classifier in Node.js: tokenizer.json through @huggingface/tokenizers, the ids-in model through
 // onnxruntime-node. Written from the bundle's README and metadata.json only; it shares no code with the pipeline.
 //
-//   node predict.mjs BUNDLE_DIR TEXTS.jsonl [MODEL_FILE]  ->  one JSON line per text: {ids, label, probabilities}
+//   node predict.mjs BUNDLE_DIR TEXTS.jsonl [MODEL_FILE [BATCH_SIZE]]  ->  one JSON line per text: {ids, label, probabilities}
 //
-// Batches of 64 texts, right-padded with the pad token to the longest of the batch (as predict.py does: int8 graphs
-// scale activations per batch, so the same batching gives the same numbers).
+// One text per call by default, as an app calls the model and as metadata.json's accuracies are measured; a larger
+// BATCH_SIZE right-pads to the longest text of the batch (as predict.py --batch-size does: dynamic int8 graphs then
+// scale activations per batch, so only the same batching gives the same numbers).
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as ort from "onnxruntime-node";
 import { Tokenizer } from "@huggingface/tokenizers";
 
-const [bundle, textsFile, modelArg] = process.argv.slice(2);
+const [bundle, textsFile, modelArg, batchArg] = process.argv.slice(2);
+const batchSize = Number(batchArg ?? 1);
 const read = (name) => JSON.parse(readFileSync(join(bundle, name), "utf-8"));
 const metadata = read("metadata.json");
 const labels = read("labels.json");
@@ -28,8 +30,8 @@ function encode(text) {
 const texts = readFileSync(textsFile, "utf-8").split("\n").filter((line) => line.trim()).map((line) => JSON.parse(line).text);
 const session = await ort.InferenceSession.create(join(bundle, modelFile), { executionProviders: ["cpu"] });
 const lines = [];
-for (let start = 0; start < texts.length; start += 64) {
-  const batch = texts.slice(start, start + 64).map(encode);
+for (let start = 0; start < texts.length; start += batchSize) {
+  const batch = texts.slice(start, start + batchSize).map(encode);
   const longest = Math.max(...batch.map((ids) => ids.length));
   const inputIds = new BigInt64Array(batch.length * longest).fill(BigInt(padId));
   const mask = new BigInt64Array(batch.length * longest);

@@ -86,7 +86,8 @@ def assert_error(result: Result, *phrases: str, code: int = 2) -> None:
     (["--batch-size", "-1"], ["argument --batch-size: expected a positive integer, got '-1'"]),
     (["--threads", "0"], ["argument --threads: expected a positive integer, got '0'"]),
     (["--threads", "-2"], ["argument --threads: expected a positive integer, got '-2'"]),
-    (["--model", "nope.onnx"], ["nope.onnx does not exist", "this bundle's models: model.int8.onnx, model.int8.ort, model.onnx"]),
+    (["--model", "nope.onnx"], ["nope.onnx does not exist", "this bundle's models: model.int8.onnx, model.int8.ort, model.int8.pte, model.int8.static.onnx, "
+                                        "model.int8.static.ort, model.onnx, model.pte"]),
     (["--model", "labels.json"], ["labels.json is not an ONNX or ORT-format model"]),
 ], ids=["batch-size-0", "batch-size-negative", "threads-0", "threads-negative", "missing-model", "model-not-onnx"])
 def test_bad_arguments(exported, args, phrases):

@@ -1,0 +1,135 @@
+"""The student as an ExecuTorch program (model.pte), the second on-device runtime beside ONNX Runtime.
+
+Mobile teams that build on PyTorch ship ``.pte`` files: the student is captured with ``torch.export`` (batch 1,
+a dynamic sequence axis up to max_length), lowered to the XNNPACK delegate (ARM and x86 CPU kernels) and
+serialised. Two variants:
+
+* fp32: every XNNPACK-supported operator delegated; parity with PyTorch is checked by the export;
+* int8 linears: torchao's 8-bit dynamic-activation, 8-bit per-channel-weight linears (``8da8w``) before
+  export. The embedding table stays fp32: torchao's 8-bit embedding leaves a ``dequantize_affine`` that
+  ExecuTorch 1.5.1 has no kernel for.
+
+Attention is captured in its ``eager`` form (plain matmul + softmax), which XNNPACK lowers whole; the SDPA form
+leaves more of the graph outside the delegate. Tokenisation stays with ``tokenizer.json`` (the app's tokenizer,
+as for the ids-in ONNX model): there is no string operator set for ExecuTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+INSTALL = "pip install executorch==1.5.1 (brings torchao 0.18; installs beside torch 2.13 without moving it)"
+
+
+def version() -> str | None:
+    """The installed executorch version, or None."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("executorch")
+    except PackageNotFoundError:
+        return None
+
+
+class _Logits(torch.nn.Module):
+    """(input_ids, attention_mask) -> logits, the .pte's one method."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def export_pte(model, path: Path, max_length: int, int8_linears: bool = False) -> dict:
+    """Lower ``model`` (eager attention, eval mode) to XNNPACK and write ``path``; returns what was done."""
+    import copy
+
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    started = time.perf_counter()
+    module = _Logits(copy.deepcopy(model).float().eval())
+    if int8_linears:
+        from torchao.quantization import quantize_
+        from torchao.quantization.granularity import PerAxis
+        from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
+    length = min(16, max_length)
+    example = (torch.ones(1, length, dtype=torch.long), torch.ones(1, length, dtype=torch.long))
+    sequence = torch.export.Dim("sequence", min=2, max=max_length)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao's and the exporter's deprecation notices, one per tensor
+        exported = torch.export.export(module, example, dynamic_shapes=({1: sequence}, {1: sequence}), strict=False)
+        program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_bytes(program.buffer)
+    tmp.replace(path)
+    delegated = sum(1 for node in program.exported_program().graph.nodes
+                    if node.op == "call_function" and "executorch_call_delegate" in str(node.target))
+    return {"file": path.name, "file_mb": path.stat().st_size / 1e6, "backend": "XNNPACK", "batch": 1,
+            "sequence": f"2..{max_length} (dynamic)", "int8_linears": int8_linears,
+            "quantization": ("torchao Int8DynamicActivationIntxWeightConfig (int8 per-channel weights, int8 dynamic "
+                             "per-token activations) on every Linear; embeddings fp32") if int8_linears else None,
+            "delegate_calls": delegated, "export_seconds": round(time.perf_counter() - started, 1),
+            "executorch": version()}
+
+
+def runner(path: Path, threads: int | None = None):
+    """feeds (numpy input_ids / attention_mask, batch 1) -> logits [1, labels], through the ExecuTorch runtime.
+
+    ``threads`` sizes ExecuTorch's own thread pool (XNNPACK's kernels run on it, not on torch's). The pool is one
+    per process and a loaded program keeps using the pool it was loaded with (resizing it under a loaded program
+    corrupts memory), so the pool is resized before loading: the runner made last decides, and programs loaded
+    before it must not run again."""
+    from executorch.extension.pybindings import portable_lib
+    from executorch.runtime import Runtime
+
+    with _quiet_stderr():  # the runtime's CPU probe prints "Failed to open midr file" lines on x86
+        if threads and portable_lib._threadpool_get_thread_count() != threads:
+            portable_lib._unsafe_reset_threadpool(threads)
+        method = Runtime.get().load_program(Path(path)).load_method("forward")
+
+    def run(feeds: dict) -> np.ndarray:
+        ids = torch.from_numpy(np.ascontiguousarray(feeds["input_ids"]))
+        mask = torch.from_numpy(np.ascontiguousarray(feeds["attention_mask"]))
+        return method.execute((ids, mask))[0].numpy()
+    return run
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence what native code writes to file descriptor 2 (Python's own stderr is left alone)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def logits(path: Path, split) -> np.ndarray:
+    """Logits for every example of a TokenizedSplit / IdSplit, one example per call (the .pte takes batch 1)."""
+    run = runner(path)
+    rows = []
+    for ids in split.input_ids:
+        ids = np.asarray([list(ids)], dtype=np.int64)
+        rows.append(run({"input_ids": ids, "attention_mask": np.ones_like(ids)})[0])
+    return np.stack(rows)
