@@ -1,5 +1,5 @@
-"""What the bench scripts share, kept once: the import path, the product's stage order, ``spread`` and
-``link_upstream``."""
+"""What the bench scripts share, kept once: the import path, the product's stage order, ``emit``, ``spread``
+and ``link_upstream``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,14 @@ for _path in (str(ROOT), str(BENCH)):
 
 from pipeline.runner import STAGES  # noqa: E402,F401  (the runner's order: the bench keeps no copy)
 from pipeline.sweep import link_stage  # noqa: E402
+
+
+def emit(lines: list[str], out: Path | None) -> None:
+    """Print a markdown report and, with ``out``, write it there too (the committed copy in bench/results)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)
 
 
 def spread(values: list[float]) -> dict:

@@ -22,14 +22,12 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from common import emit  # noqa: E402  (also puts the repository on the import path)
 from pipeline import bundle as B  # noqa: E402
 from pipeline import from_text as FT  # noqa: E402
 from pipeline import timing  # noqa: E402
@@ -128,10 +126,7 @@ def main(argv=None) -> int:
         for name, setting in settings.items():
             count = len(setting[1]["student"]) if setting else "-"
             lines.append(f"| {name} | {count} | " + " | ".join(cells[name]) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    emit(lines, args.out)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -83,9 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
     run = sub.add_parser("run", parents=[common], help="run the pipeline (skips stages that are complete and current)",
                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("--from", dest="from_stage", choices=STAGES, help="rerun this stage and all later ones")
-    run.add_argument("--only", choices=STAGES, help="run only this stage (its inputs must be complete)")
-    run.add_argument("--to", dest="to_stage", choices=STAGES, help="stop after this stage (e.g. --to evaluate skips export)")
+    # append, then checked once in _dispatch: a stage option given twice is an error, never "the last one wins"
+    run.add_argument("--from", dest="from_stage", choices=STAGES, action="append", help="rerun this stage and all later ones")
+    run.add_argument("--only", choices=STAGES, action="append", help="run only this stage (its inputs must be complete)")
+    run.add_argument("--to", dest="to_stage", choices=STAGES, action="append",
+                     help="stop after this stage (e.g. --to evaluate skips export)")
     run.add_argument("--force", action="store_true", help="rerun stages even when their outputs are current")
     sweep = sub.add_parser(
         "sweep", help="run a sweep's variants (shared stages once), compare them, pick the one to ship",
@@ -123,7 +126,6 @@ def setup_logging(debug: bool, rank: int = 0) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # mlflow resets its logger level on import
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's Enum registration notices at import
     logging.getLogger("root").setLevel(logging.ERROR)  # onnxruntime.quantization logs via the root logger
     import transformers
 
@@ -133,8 +135,30 @@ def setup_logging(debug: bool, rank: int = 0) -> None:
     datasets.disable_progress_bars()  # "Saving the dataset" bars
 
 
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # key=value, as the overrides positional takes them
+
+
+def parse(argv: list[str] | None):
+    """The command line, with config overrides accepted anywhere after the config (argparse alone takes them only
+    before the first option: `run tiny --to prepare seed=3` would be "unrecognized arguments")."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    late = [item for item in extra if OVERRIDE.match(item)]
+    unknown = [item for item in extra if not OVERRIDE.match(item)]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if late:
+        args.overrides = [*(getattr(args, "overrides", None) or []), *late]
+    keys = [item.split("=", 1)[0].strip() for item in getattr(args, "overrides", None) or []]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        parser.error(f"the override key(s) {', '.join(twice)} are given more than once on the command line; give "
+                     "each once (a section given as {...} merges into the config's section)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(args.debug, rank)
     # Schedulers and containers stop jobs with SIGTERM: treat it as Ctrl-C (checkpoint, clear message, exit 130).
@@ -156,6 +180,33 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Tear down the process group before the interpreter exits: left to exit-time destructors, gloo's worker
+    threads can still be joinable and a rank aborts ("terminate called without an active exception")."""
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def stage_range(args) -> None:
+    """--from / --only / --to each at most once, and a range that holds a stage; replaced by their single values."""
+    from .runner import STAGES
+
+    for option, dest in (("--from", "from_stage"), ("--only", "only"), ("--to", "to_stage")):
+        given = getattr(args, dest) or []
+        if len(given) > 1:
+            raise ConfigError(f"{option} was given {len(given)} times ({', '.join(given)}); give it once. For several "
+                              "stages use a range: --from FIRST --to LAST")
+        setattr(args, dest, given[0] if given else None)
+    if args.only and (args.from_stage or args.to_stage):
+        raise ConfigError(f"--only {args.only} cannot be combined with --from/--to: --only runs exactly one stage")
+    if args.from_stage and args.to_stage and STAGES.index(args.from_stage) > STAGES.index(args.to_stage):
+        raise ConfigError(f"--from {args.from_stage} comes after --to {args.to_stage}, so the range holds no stage; the "
+                          f"stages run in the order {', '.join(STAGES)}")
 
 
 def _interrupt(signum, frame):
@@ -171,6 +222,8 @@ def _dispatch(args) -> int:
                           "e.g. --runs-dir runs.")
     if args.command == "sweep":
         return _sweep(args)
+    if args.command == "run":
+        stage_range(args)
     config = _resolved(load_config(args.config, args.overrides))
     if args.command == "validate":
         print(to_yaml(config), end="")

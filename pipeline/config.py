@@ -570,6 +570,23 @@ class ConfigLoader(yaml.SafeLoader):
     def construct_text(self, node):
         return self.construct_scalar(node)
 
+    def construct_mapping(self, node, deep=False):
+        """As SafeLoader's, but a key given twice is an error naming both lines (YAML would keep the last one:
+        two `distill:` sections, or a sweep variant named twice, would silently drop the first)."""
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                continue  # the base class reports unhashable keys
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key '{key}' is given twice (first on line {seen[key].line + 1}); give each key "
+                    "once (merge the two entries)", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
     def construct_refused(self, node):
         raise yaml.constructor.ConstructorError(
             None, None, f"the YAML type {node.tag} is not allowed in a config (only text, numbers, booleans, null, "
@@ -720,7 +737,12 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if not isinstance(child, dict):
                 raise ConfigError(f"Override '{item}': '{part}' is a value, not a section.")
             node = child
-        node[parts[-1]] = value
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+            # a section given as a mapping merges into the section, as `extends` does: `distill={epochs: 1}`
+            # changes epochs and keeps the config's batch size, learning rate, ...
+            node[parts[-1]] = deep_merge(node[parts[-1]], value)
+        else:
+            node[parts[-1]] = value
     return result
 
 

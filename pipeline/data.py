@@ -78,7 +78,7 @@ def _read_local(cfg: DataConfig, reference: str) -> pd.DataFrame:
         if cfg.source == "csv":
             return pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype=str)
         if cfg.source == "jsonl":
-            return pd.read_json(path, lines=True, encoding="utf-8", dtype=False)
+            return pd.read_json(path, lines=True, encoding="utf-8-sig", dtype=False)  # -sig: a leading BOM, as CSV allows
         return pd.read_parquet(path)
     except UnicodeDecodeError as exc:
         raise DataError(
@@ -101,7 +101,7 @@ def _line_in(message: str) -> int | None:
 
 def _bad_jsonl_line(path: Path) -> int | None:
     """The first line of a JSONL file that is not a JSON object (blank lines are skipped, as pandas does)."""
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -271,7 +271,7 @@ def _place(cfg: DataConfig, index: int, reference: str) -> str:
         return f"row {index + 1} (line {index + 2} of the file, if no cell spans lines)"
     if cfg.source == "jsonl":
         path, seen = data_file(reference), -1
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             for number, line in enumerate(fh, start=1):
                 seen += bool(line.strip())  # pandas skips blank lines
                 if seen == index:

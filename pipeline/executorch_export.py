@@ -52,7 +52,11 @@ class _Logits(torch.nn.Module):
 
 
 def export_pte(model, path: Path, max_length: int, int8_linears: bool = False) -> dict:
-    """Lower ``model`` (eager attention, eval mode) to XNNPACK and write ``path``; returns what was done."""
+    """Lower ``model`` (eager attention, eval mode) to XNNPACK and write ``path``; returns what was done.
+
+    The sequence axis is bounded by the model's position table (``max_position_embeddings``), not by
+    ``max_length``: ExecuTorch plans memory for the bound and refuses longer inputs, and the ONNX graphs it is
+    compared with take any length up to the position table too."""
     import copy
 
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -68,9 +72,10 @@ def export_pte(model, path: Path, max_length: int, int8_linears: bool = False) -
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
+    bound = int(getattr(model.config, "max_position_embeddings", None) or max_length)
     length = min(16, max_length)
     example = (torch.ones(1, length, dtype=torch.long), torch.ones(1, length, dtype=torch.long))
-    sequence = torch.export.Dim("sequence", min=2, max=max_length)
+    sequence = torch.export.Dim("sequence", min=2, max=bound)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchao's and the exporter's deprecation notices, one per tensor
         exported = torch.export.export(module, example, dynamic_shapes=({1: sequence}, {1: sequence}), strict=False)
@@ -82,7 +87,7 @@ def export_pte(model, path: Path, max_length: int, int8_linears: bool = False) -
     delegated = sum(1 for node in program.exported_program().graph.nodes
                     if node.op == "call_function" and "executorch_call_delegate" in str(node.target))
     return {"file": path.name, "file_mb": path.stat().st_size / 1e6, "backend": "XNNPACK", "batch": 1,
-            "sequence": f"2..{max_length} (dynamic)", "int8_linears": int8_linears,
+            "sequence": f"2..{bound} (dynamic; the tokenizer truncates to {max_length})", "int8_linears": int8_linears,
             "quantization": ("torchao Int8DynamicActivationIntxWeightConfig (int8 per-channel weights, int8 dynamic "
                              "per-token activations) on every Linear; embeddings fp32") if int8_linears else None,
             "delegate_calls": delegated, "export_seconds": round(time.perf_counter() - started, 1),

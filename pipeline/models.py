@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
@@ -277,6 +278,12 @@ def load_classifier(reference: str, label_names: list[str] | None = None, trust_
         )
     except (OSError, ValueError) as exc:
         raise ModelError(f"Could not load a classifier from '{reference}': {exc}") from exc
+    except SafetensorError as exc:  # a truncated or overwritten weights file
+        weights = sorted(Path(reference).glob("*.safetensors")) if Path(reference).is_dir() else []
+        named = ", ".join(str(w) for w in weights) or f"the .safetensors weights of '{reference}'"
+        raise ModelError(f"The weights file {named} is damaged ({exc}): it is shorter or other than what was saved "
+                         "(an interrupted copy or download?). Copy or download it again; for a stage's own output, "
+                         "rerun that stage with --from.") from exc
     return model
 
 

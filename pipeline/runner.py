@@ -448,8 +448,11 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
         try:
             for name in STAGES:
                 if not to_run[name]:
-                    if dist.is_main:
+                    if dist.is_main and check_stage(run_dir, name, current[name])[0] == "done":
                         log.info("[%s] up to date (fingerprint %s), skipped", name, current[name])
+                    elif dist.is_main:  # left out by --only / --to: say so, never "up to date"
+                        log.info("[%s] not run: outside the stages asked for (--only / --to); its output is not current",
+                                 name)
                     continue
                 try:
                     _run_stage(config, name, run_dir, current[name], tracker, dist)

@@ -70,7 +70,8 @@ log = logging.getLogger("pipeline")
 
 READS = ["export"]
 AFTER = ["prepare", "teacher", "baselines", "distill"]
-VERSION = 5  # 4: the student, the int8 teacher and the peers from raw text, one text per call (from_text); 5: every accuracy one text per call, static QDQ int8, ExecuTorch programs, latency intervals
+VERSION = 6  # 4: the student, the int8 teacher and the peers from raw text, one text per call (from_text); 5: every accuracy one text per call, static QDQ int8, ExecuTorch programs, latency intervals;
+# 6: text_pairs in metadata.json; predict.py refuses paths outside the bundle and pair/single mismatches
 
 ALIAS = "candidate"
 
@@ -447,6 +448,11 @@ def check_mobile(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recom
     return result
 
 
+def has_text_pairs(prepare: Path) -> bool:
+    records = read_records(prepare)
+    return bool(records) and "text_pair" in records[0]
+
+
 def read_records(prepare: Path, split: str = "test") -> list[dict]:
     """A split's records ({"text", "label"[, "text_pair"]}) as prepare wrote them."""
     with open(prepare / f"{split}.jsonl", encoding="utf-8") as fh:
@@ -702,6 +708,7 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         "name": bundle_name(config),
         "created_at": dt.datetime.now().isoformat(timespec="seconds"),
         "task": "single-label text classification",
+        "text_pairs": has_text_pairs(inputs.prepare),  # predict.py refuses a pair for a single-text model and vice versa
         "config": config.name,
         "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in B.input_names(inputs.segments)],
         "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(inputs.names)],
@@ -1150,7 +1157,7 @@ def executorch_section(metadata: dict, latency: dict) -> str:
 
 
 EXECUTORCH_SECTION = """For apps built on PyTorch's runtime: the same student as ExecuTorch programs, lowered to the XNNPACK delegate
-(ARM and x86 CPU kernels), batch 1, sequence length 2 to {max_length}. Inputs are `input_ids` and `attention_mask`
+(ARM and x86 CPU kernels), batch 1, sequence length 2 to {max_length} (as the tokenizer truncates). Inputs are `input_ids` and `attention_mask`
 (int64, shape [1, sequence]) from `tokenizer.json` exactly as for the ids-in ONNX model (step 1 above): there is no
 text-in `.pte`. Output: logits [1, labels]. Embeddings: {embeddings}.
 

@@ -435,6 +435,10 @@ def test_executorch_programs_match_pytorch_and_predict_py(bundle, tiny_run, tmp_
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads(proc.stdout.strip().splitlines()[-1])["accuracy"] == info["accuracy"], info["file"]
         assert metadata["files"][info["file"]]["bytes"] == (bundle / info["file"]).stat().st_size
+    longer = load_config("tiny").data.max_length + 8  # latency inputs go past the truncation length, as for ONNX
+    feeds = B.latency_inputs(longer, metadata["tokenizer"]["vocab_size"], 101, 102)
+    np.testing.assert_allclose(ET.runner(bundle / "model.pte")(feeds), B.ort_session(bundle / "model.onnx").run(["logits"], feeds)[0],
+                               atol=1e-4)
     runtimes = {r["model"]: r["runtime"] for r in read_json(bundle / "latency.json")["rows"]}
     assert runtimes["student ExecuTorch fp32"] == runtimes["student ExecuTorch int8"] == "executorch"
     readme = (bundle / "README.md").read_text()

@@ -164,6 +164,10 @@ def test_predict_py_reproduces_the_accuracy_and_classifies_a_pair(pair_run):
     uneven = subprocess.run([sys.executable, str(bundle / "predict.py"), "a", "b", "--pair", "c"],
                             capture_output=True, text=True, timeout=120)
     assert uneven.returncode == 2 and "one --pair per text" in uneven.stderr
+    assert metadata["text_pairs"] is True
+    bare = subprocess.run([sys.executable, str(bundle / "predict.py"), "a gripping film"],
+                          capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 2 and "classifies sentence pairs" in bare.stderr and "Traceback" not in bare.stderr
 
 
 def test_predict_py_feeds_the_encodings_type_ids(pair_run):

@@ -169,6 +169,7 @@ try:
     print(f"rank {accelerator.process_index}: no error")
 except TrainingError as err:
     print(f"rank {accelerator.process_index}: {err}")
+torch.distributed.destroy_process_group()  # as the CLI does: no gloo thread left joinable at exit
 """
 
 

@@ -101,12 +101,17 @@ class BundleClassifier:
             self.max_length = int(self.metadata["max_length"])
             self.pad_id = pad_token_id(self.metadata["tokenizer"])
             variants = self.metadata["variants"]
-            model = model or variants[self.metadata["recommended"]]["file"]
+            if model is None:  # the recommended file, as metadata.json names it: it must be a file of this bundle
+                model = variants[self.metadata["recommended"]]["file"]
+                if not inside_bundle(bundle, model):
+                    raise PredictError(f"metadata.json names {model!r} as the recommended model, which is not a file "
+                                       f"inside the bundle folder {bundle}: refusing to load it; {REBUILD}")
             path = Path(model) if Path(model).is_absolute() or Path(model).exists() else bundle / model
             inside = path.resolve().parent == bundle.resolve()  # a digest describes the bundle's own file only
             self.recorded_sha256 = self.metadata.get("files", {}).get(path.name, {}).get("sha256") if inside else None
             shipped = sorted({v[k] for v in variants.values() for k in ("file", "ort_file") if v.get(k)}
                              | {v["file"] for v in (self.metadata.get("executorch") or {}).get("variants", {}).values()})
+            self.text_pairs = self.metadata.get("text_pairs")  # None in bundles older than the field: not checked
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PredictError(f"{bundle / 'metadata.json'} is incomplete ({type(exc).__name__}: {exc}); {REBUILD}") from None
         try:
@@ -163,6 +168,12 @@ class BundleClassifier:
     def logits(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 1) -> np.ndarray:
         if batch_size < 1:  # a negative step would silently classify nothing
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        if self.text_pairs is False and pairs is not None:
+            raise PredictError("this bundle's model classifies single texts (metadata.json text_pairs: false), but a "
+                               "second text was given (--pair, or text_pair in the --eval records): drop it")
+        if self.text_pairs and pairs is None and texts:
+            raise PredictError("this bundle's model classifies sentence pairs (metadata.json text_pairs: true): give "
+                               "one --pair per text (or text_pair in every --eval record)")
         if self.executorch:
             batch_size = 1  # a .pte takes one text per call
         parts = []
@@ -187,7 +198,7 @@ def read_jsonl(path: Path) -> list[dict]:
     """Records {"text": str, "label": str[, "text_pair": str]}, one JSON object a line (blank lines skipped)."""
     expected = 'one JSON object a line, {"text": <string>, "label": <label name>} (optionally "text_pair": <string>)'
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # -sig: a leading BOM is not part of line 1
     except FileNotFoundError:
         raise PredictError(f"--eval file {path} does not exist") from None
     except UnicodeDecodeError as exc:
@@ -272,12 +283,31 @@ def check_sha256(classifier: BundleClassifier, verify: bool) -> None:
         print(f"warning: {message} (--verify makes this an error)", file=sys.stderr)
 
 
+def inside_bundle(bundle: Path, name: str) -> bool:
+    """Whether ``name`` (as metadata.json writes it: relative, '/'-separated) is a path inside the bundle folder."""
+    path = (Path(bundle) / name).resolve()
+    return not Path(name).is_absolute() and Path(bundle).resolve() in path.parents
+
+
+MODEL_SUFFIXES = (".onnx", ".ort", ".pte")
+
+
 def verify_bundle(bundle: Path) -> int:
-    """Every file metadata.json -> files lists must exist with that sha256; returns how many were checked."""
+    """Every file metadata.json -> files lists must be inside the bundle and exist with that sha256, and every
+    model file in the bundle must be listed; returns how many were checked."""
     bundle = Path(bundle)
     files = read_json(bundle / "metadata.json").get("files") if (bundle / "metadata.json").is_file() else None
     if not isinstance(files, dict) or not files:
         raise PredictError(f"--verify: {bundle / 'metadata.json'} is missing or lists no files with their sha256; {REBUILD}")
+    outside = sorted(name for name in files if not inside_bundle(bundle, name))
+    if outside:
+        raise PredictError(f"--verify: metadata.json lists {', '.join(map(repr, outside))}, outside the bundle folder "
+                           f"{bundle}: a bundle describes only its own files; {REBUILD}")
+    unlisted = sorted(p.relative_to(bundle).as_posix() for p in bundle.rglob("*")
+                      if p.is_file() and p.suffix in MODEL_SUFFIXES and p.relative_to(bundle).as_posix() not in files)
+    if unlisted:
+        raise PredictError(f"--verify: {', '.join(unlisted)} in {bundle} is a model file metadata.json does not list: "
+                           f"the export did not write it; remove it or {REBUILD}")
     for name, entry in sorted(files.items()):
         path = bundle / name
         if not path.is_file():
@@ -330,13 +360,20 @@ def main(argv: list[str] | None = None) -> int:
         check_sha256(classifier, args.verify)
         if records is not None:
             print(json.dumps(evaluate(classifier, records, args.batch_size)))
+        texts, pairs = [valid_text(t) for t in args.texts], [valid_text(p) for p in args.pair] if args.pair else None
+        results = classifier.predict(texts, pairs, batch_size=args.batch_size)
     except PredictError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    pairs = args.pair or [None] * len(args.texts)
-    for text, pair, result in zip(args.texts, pairs, classifier.predict(args.texts, args.pair, batch_size=args.batch_size)):
+    for text, pair, result in zip(texts, pairs or [None] * len(texts), results):
         print(json.dumps({"text": text, **({"text_pair": pair} if pair is not None else {}), **result}, ensure_ascii=False))
     return 0
+
+
+def valid_text(text: str) -> str:
+    """A command-line argument as the model reads it: bytes that are not UTF-8 (which Python keeps as lone
+    surrogates) become U+FFFD, the replacement character, as the bundle README asks of every caller."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 if __name__ == "__main__":

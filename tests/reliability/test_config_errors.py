@@ -117,3 +117,92 @@ def test_python_launcher_prints_no_traceback(run_copy, tmp_path):
     plain = run_cli("run", str(path), runs_dir=run_copy.runs_dir)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr, plain.stderr
     assert f"{path}, line 2" in error_message(plain.stderr) and plain.stdout == ""
+
+
+@pytest.mark.parametrize("extra, phrases", [
+    (("--only", "prepare", "--only", "teacher"), ("--only was given 2 times (prepare, teacher)", "give it once")),
+    (("--from", "export", "--to", "prepare"), ("--from export comes after --to prepare", "holds no stage")),
+    (("--to", "capture", "--to", "distill"), ("--to was given 2 times (capture, distill)",)),
+    (("--only", "prepare", "--to", "teacher"), ("--only prepare cannot be combined with --from/--to",)),
+], ids=["only-twice", "empty-range", "to-twice", "only-with-to"])
+def test_stage_options_that_cannot_mean_what_they_say_are_refused(run_copy, extra, phrases):
+    """Never "the last --only wins" or an empty range that exits 0 having done nothing."""
+    from tests.reliability.conftest import cli
+
+    before = nothing_written(run_copy.run_dir)
+    result = cli(*run_args(run_copy, run_copy.config, *extra))
+    assert result.returncode == 2, result.stderr[-2000:]
+    message = error_message(result.stderr)
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in message, message
+    assert nothing_written(run_copy.run_dir) == before
+
+
+def test_only_on_a_new_folder_never_calls_later_stages_up_to_date(tmp_path):
+    from tests.reliability.conftest import cli
+
+    result = cli("run", "tiny", "tracking.enabled=false", "--only", "prepare", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[teacher] up to date" not in result.stderr + result.stdout
+    assert "[teacher] not run: outside the stages asked for (--only / --to)" in result.stderr + result.stdout
+
+
+def test_overrides_are_taken_after_options_too(tmp_path):
+    """`run tiny --to prepare seed=3` and the README's `sweep ... --pick ... distill.epochs=3` used to end in
+    "unrecognized arguments"; an override is now taken wherever it stands, and a stray word is still refused."""
+    import yaml
+
+    from pipeline.cli import parse
+    from tests.reliability.conftest import cli
+
+    args = parse(["run", "tiny", "--to", "prepare", "seed=3", "--runs-dir", str(tmp_path), "distill.epochs=1"])
+    assert args.overrides == ["seed=3", "distill.epochs=1"] and args.to_stage == ["prepare"]
+    args = parse(["sweep", "bert_small", "configs/sweeps/depth.yaml", "--pick", "latency_ms<=5", "distill.epochs=3"])
+    assert args.overrides == ["distill.epochs=3"] and args.pick == "latency_ms<=5"
+    printed = cli("validate", "tiny", "--runs-dir", str(tmp_path), "seed=3")
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert yaml.safe_load(printed.stdout)["seed"] == 3
+    stray = cli("validate", "tiny", "--runs-dir", str(tmp_path), "oops")
+    assert stray.returncode == 2 and "unrecognized arguments: oops" in stray.stderr
+
+
+@pytest.mark.parametrize("command, text, line", [
+    ("run", "extends: tiny\ndistill:\n  epochs: 1\nseed: 3\ndistill:\n  lr: 0.01\n", "the key 'distill' is given twice (first on line 2)"),
+    ("sweep", "variants:\n  a: {overrides: {seed: 1}}\n  a: {overrides: {seed: 2}}\n", "the key 'a' is given twice (first on line 2)"),
+], ids=["config-section-twice", "sweep-variant-twice"])
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path, command, text, line):
+    """YAML keeps the last of two equal keys; the product would silently drop the first section or variant."""
+    from tests.reliability.conftest import cli
+
+    path = write_config(tmp_path, "dup", text)
+    args = ("run", str(path)) if command == "run" else ("sweep", "tiny", str(path))
+    result = cli(*args, "--runs-dir", str(tmp_path / "runs"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    message = error_message(result.stderr)
+    assert line in message, message
+    assert f"line {5 if command == 'run' else 3}" in message, message  # the second occurrence
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.partial"))
+
+
+def test_a_section_override_merges_into_the_section(tmp_path):
+    """`distill={epochs: 1}` (command line or sweep variant) changes epochs and keeps the config's other distill
+    keys; before, the whole section fell back to the schema's defaults without a word."""
+    from pipeline.config import PipelineConfig, load_config
+    from pipeline.sweep import load_sweep
+
+    base, schema = load_config("tiny"), PipelineConfig.model_fields["distill"].default
+    merged = load_config("tiny", ["distill={epochs: 1}"])
+    assert merged.distill.epochs == 1
+    kept = (merged.distill.batch_size, merged.distill.lr)
+    assert kept == (base.distill.batch_size, base.distill.lr) and kept != (schema.batch_size, schema.lr)
+    sweep = write_config(tmp_path, "merge", "variants:\n  one: {overrides: {distill: {epochs: 1}}}\n")
+    variant = load_sweep("tiny", sweep).configs["one"]
+    assert variant.distill.epochs == 1 and variant.distill.lr == base.distill.lr
+
+
+def test_an_override_key_given_twice_on_the_command_line_is_refused(tmp_path):
+    from tests.reliability.conftest import cli
+
+    result = cli("validate", "tiny", "seed=1", "--runs-dir", str(tmp_path), "seed=2")
+    assert result.returncode == 2 and "the override key(s) seed are given more than once" in result.stderr

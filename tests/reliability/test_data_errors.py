@@ -148,3 +148,19 @@ def test_long_texts_are_truncated_and_counted(run_copy, tmp_path):
     assert f"{truncated} texts were longer than data.max_length=16 tokens and were truncated" in result.stderr
     assert all(s["max_tokens"] <= 16 for s in stats["splits"].values())
     assert run_copy.snapshot()["teacher"] == teacher_before  # downstream output kept (now stale, not deleted)
+
+
+def test_a_jsonl_file_with_a_utf8_bom_reads_like_one_without(run_copy, tmp_path):
+    """Editors on Windows write a byte-order mark; a BOM CSV always worked, a BOM JSONL was refused."""
+    plain = write(tmp_path / "plain.jsonl", rows(60))
+    marked = tmp_path / "bom.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    runs = {}
+    for name, path in (("plain", plain), ("bom", marked)):
+        folder = tmp_path / f"runs_{name}"
+        result = cli("run", run_copy.config, "data.source=jsonl", f"data.path={path}", "data.group_column=null",
+                     "tracking.enabled=false", "--only", "prepare", "--runs-dir", str(folder))
+        assert result.returncode == 0, result.stderr[-2000:]
+        runs[name] = next(folder.glob("*/prepare"))
+    for split in ("train", "validation", "test"):
+        assert (runs["bom"] / f"{split}.jsonl").read_text() == (runs["plain"] / f"{split}.jsonl").read_text()

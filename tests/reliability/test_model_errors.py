@@ -84,6 +84,20 @@ def test_pickle_only_weights_are_refused(run_copy, saved_models):
     assert_complete_stages_untouched(before, run_copy.run_dir)
 
 
+def test_a_truncated_weights_file_is_named_not_called_a_bug(run_copy, saved_models, tmp_path):
+    import shutil
+
+    folder = tmp_path / "cut"
+    shutil.copytree(saved_models["three_labels"], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # an interrupted copy
+    before = run_copy.snapshot()
+    result = expect_error(*run_args(run_copy, f"teacher.model={folder}", "teacher.finetune=true", only="teacher"), code=1,
+                          phrases=(f"the weights file {weights} is damaged", "copy or download it again"))
+    assert "most likely a bug" not in result.stderr
+    assert_complete_stages_untouched(before, run_copy.run_dir)
+
+
 def test_teacher_label_count_disagrees_with_data(run_copy, saved_models):
     before = run_copy.snapshot()
     folder = saved_models["three_labels"]

@@ -165,3 +165,41 @@ def test_verify_passes_an_intact_bundle_and_names_an_unlisted_model(bundle, tmp_
     shutil.copy(bundle / "model.onnx", outside)
     assert_error(predict(bundle, "--verify", "--model", str(outside), "a fine film"),
                  f"--verify: metadata.json records no sha256 for {outside}")
+
+
+def test_metadata_naming_a_file_outside_the_bundle_is_refused(bundle, tmp_path):
+    """predict.py loads only the bundle's own files as metadata.json names them, and --verify checks only those."""
+    shutil.copy(bundle / "model.onnx", tmp_path / "x.onnx")
+    metadata = json.loads((bundle / "metadata.json").read_text())
+    recommended = metadata["recommended"]
+    metadata["variants"][recommended]["file"] = "../x.onnx"
+    metadata["files"]["../x.onnx"] = metadata["files"]["model.onnx"]
+    (bundle / "metadata.json").write_text(json.dumps(metadata))
+    assert_error(predict(bundle, "a fine film"), "metadata.json names '../x.onnx' as the recommended model",
+                 "not a file inside the bundle folder", "refusing to load it")
+    assert_error(predict_process(bundle, "--verify"), "--verify: metadata.json lists '../x.onnx', outside the bundle folder")
+
+
+def test_verify_names_a_model_file_the_export_did_not_write(bundle):
+    shutil.copy(bundle / "model.onnx", bundle / "extra.onnx")
+    assert_error(predict_process(bundle, "--verify"),
+                 "--verify: extra.onnx in", "is a model file metadata.json does not list")
+
+
+def test_a_pair_for_a_single_text_model_is_refused(exported, tmp_path):
+    assert json.loads((exported / "metadata.json").read_text())["text_pairs"] is False
+    assert_error(predict(exported, "a fine film", "--pair", "another"), "classifies single texts", "drop it")
+    records = tmp_path / "pairs.jsonl"
+    records.write_text('{"text": "a fine film", "text_pair": "b", "label": "fresh"}\n')
+    assert_error(predict(exported, "--eval", str(records)), "classifies single texts")
+
+
+def test_bytes_that_are_not_utf8_become_the_replacement_character(exported):
+    """A shell passes bytes; Python keeps invalid ones as lone surrogates, which used to end in a traceback."""
+    text = b"bad \xff\xfe bytes".decode("utf-8", "surrogateescape")
+    result = predict(exported, text)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    line = json.loads(result.stdout)
+    assert line["text"] == "bad \ufffd\ufffd bytes"
+    reference = predict(exported, "bad \ufffd\ufffd bytes")
+    assert json.loads(reference.stdout)["probabilities"] == line["probabilities"]
