@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
@@ -11,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .errors import ConfigError, PipelineError
+from .errors import ConfigError, PipelineError, disk_full_error, exception_chain
 
 log = logging.getLogger("pipeline")
 
@@ -149,11 +150,15 @@ def parse(argv: list[str] | None):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if late:
         args.overrides = [*(getattr(args, "overrides", None) or []), *late]
-    keys = [item.split("=", 1)[0].strip() for item in getattr(args, "overrides", None) or []]
-    twice = sorted({key for key in keys if keys.count(key) > 1})
-    if twice:
-        parser.error(f"the override key(s) {', '.join(twice)} are given more than once on the command line; give "
-                     "each once (a section given as {...} merges into the config's section)")
+    given: dict[str, list[str]] = {}
+    for item in getattr(args, "overrides", None) or []:
+        key, _, value = item.partition("=")
+        given.setdefault(key.strip(), []).append(value.strip())
+    clashes = {key: values for key, values in given.items() if len(set(values)) > 1}
+    if clashes:  # the same value twice (composed scripts) is harmless; two values would silently keep the last
+        parser.error("; ".join(f"{key} is given {len(v)} times on the command line with different values "
+                               f"({', '.join(v)})" for key, v in sorted(clashes.items()))
+                     + ": give each key once (a section given as {...} merges into the config's section)")
     return args
 
 
@@ -169,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
         print("\nInterrupted. Completed stages are kept; rerun the same command to resume.", file=sys.stderr)
         return 130
     except Exception as exc:  # every failure ends as one paragraph; --debug adds the (redacted) traceback
-        from .errors import explain
         from .tracking import redact
 
         error = exc if isinstance(exc, PipelineError) else explain(exc, Path(args.runs_dir))
@@ -181,6 +185,48 @@ def main(argv: list[str] | None = None) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         _close_process_group()
+
+
+def explain(exc: BaseException, runs_dir) -> PipelineError:
+    """The one-paragraph error for an exception that is not one of the pipeline's own.
+
+    The runner tags exceptions with the stage they came from (``pipeline_stage``).
+    Known causes (full disk, permissions, the MLflow store, memory, a missing
+    package) get their fix; anything else is named as unexpected, with --debug
+    for the traceback.
+    """
+    stage = getattr(exc, "pipeline_stage", None)
+    doing = f"the {stage} stage" if stage else "the pipeline"
+    kept = "Complete stages are kept; rerun the same command to continue."
+    full = disk_full_error(exc, runs_dir, doing)
+    if full is not None:
+        return full
+    chain = exception_chain(exc)
+    denied = next((e for e in chain if isinstance(e, PermissionError) or
+                   (isinstance(e, OSError) and e.errno == errno.EROFS)), None)
+    if denied is not None:
+        return PipelineError(
+            f"Permission denied: {doing} cannot write {denied.filename or runs_dir} ({os.strerror(denied.errno or 13)}). "
+            f"Make the runs folder writable or point --runs-dir at a folder you own. {kept}")
+    if any(type(e).__module__.split(".")[0] in ("mlflow", "sqlalchemy", "sqlite3") for e in chain):
+        from .tracking import store_error, tracking_uri  # MLflow's store code: loaded only when it failed
+
+        store = store_error(exc, tracking_uri(runs_dir), before_work=False)
+        return PipelineError(f"{doing.capitalize()} failed talking to MLflow: {store} {kept}")
+    if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+           for e in chain):  # torch's OutOfMemoryError is a RuntimeError
+        return PipelineError(
+            f"Out of memory in {doing}. Lower the batch sizes (teacher.batch_size, distill.batch_size, capture.batch_size, "
+            f"evaluate.batch_size) or data.max_length. {kept}")
+    missing = next((e for e in chain if isinstance(e, ModuleNotFoundError)), None)
+    if missing is not None:
+        return PipelineError(f"{doing.capitalize()} needs the Python module '{missing.name}', which is not installed. "
+                             f"Run 'make venv' (or pip install it). {kept}")
+    text = str(exc)
+    text = text if len(text) <= 300 else text[:300] + "..."
+    return PipelineError(
+        f"Unexpected error in {doing}: {type(exc).__name__}: {text}. The pipeline has no explanation for this one, "
+        f"so it is most likely a bug: rerun with --debug for the traceback and report it with the config. {kept}")
 
 
 def _close_process_group() -> None:

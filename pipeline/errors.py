@@ -57,7 +57,7 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
     import shutil
     from pathlib import Path
 
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     path = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None)
     folder = Path(folder)
     probe = folder
@@ -80,54 +80,9 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
     )
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def exception_chain(exc: BaseException) -> list[BaseException]:
     chain, seen = [], exc
     while seen is not None and len(chain) < 8:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
     return chain
-
-
-def explain(exc: BaseException, runs_dir) -> PipelineError:
-    """The one-paragraph error for an exception that is not one of the pipeline's own.
-
-    The runner tags exceptions with the stage they came from (``pipeline_stage``).
-    Known causes (full disk, permissions, the MLflow store, memory, a missing
-    package) get their fix; anything else is named as unexpected, with --debug
-    for the traceback.
-    """
-    import errno
-    import os
-
-    stage = getattr(exc, "pipeline_stage", None)
-    doing = f"the {stage} stage" if stage else "the pipeline"
-    kept = "Complete stages are kept; rerun the same command to continue."
-    full = disk_full_error(exc, runs_dir, doing)
-    if full is not None:
-        return full
-    chain = _chain(exc)
-    denied = next((e for e in chain if isinstance(e, PermissionError) or
-                   (isinstance(e, OSError) and e.errno == errno.EROFS)), None)
-    if denied is not None:
-        return PipelineError(
-            f"Permission denied: {doing} cannot write {denied.filename or runs_dir} ({os.strerror(denied.errno or 13)}). "
-            f"Make the runs folder writable or point --runs-dir at a folder you own. {kept}")
-    if any(type(e).__module__.split(".")[0] in ("mlflow", "sqlalchemy", "sqlite3") for e in chain):
-        from .tracking import store_error, tracking_uri
-
-        store = store_error(exc, tracking_uri(runs_dir), before_work=False)
-        return PipelineError(f"{doing.capitalize()} failed talking to MLflow: {store} {kept}")
-    if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
-           for e in chain):  # torch's OutOfMemoryError is a RuntimeError
-        return PipelineError(
-            f"Out of memory in {doing}. Lower the batch sizes (teacher.batch_size, distill.batch_size, capture.batch_size, "
-            f"evaluate.batch_size) or data.max_length. {kept}")
-    missing = next((e for e in chain if isinstance(e, ModuleNotFoundError)), None)
-    if missing is not None:
-        return PipelineError(f"{doing.capitalize()} needs the Python module '{missing.name}', which is not installed. "
-                             f"Run 'make venv' (or pip install it). {kept}")
-    text = str(exc)
-    text = text if len(text) <= 300 else text[:300] + "..."
-    return PipelineError(
-        f"Unexpected error in {doing}: {type(exc).__name__}: {text}. The pipeline has no explanation for this one, "
-        f"so it is most likely a bug: rerun with --debug for the traceback and report it with the config. {kept}")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime as dt
+import difflib
 import io
 import json
 import logging
@@ -50,8 +51,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .config import RUN_NAME, RUN_NAME_RULE, PipelineConfig, load_config, read_yaml
+from .config import RUN_NAME, RUN_NAME_RULE, PipelineConfig, load_config, read_yaml, to_yaml
 from .errors import ConfigError, LockedError, PipelineError
+from .integrity import output_identity
+from .runner import STAGES, check_stage, fingerprints, read_manifest, replace_folder, run_lock, run_pipeline, stage_module
+from .summary import headline_metrics, metric_suffix, summary_rows
+from .tracking import MAX_NOTE, NOTE_TAG, REGISTERED_TAG, Tracker, config_hash, result_tags, run_status
 
 log = logging.getLogger("pipeline")
 
@@ -92,8 +97,6 @@ class SweepSpec(_Strict):
 
 def sweep_problems(exc: ValidationError, path: Path) -> str:
     """Every problem of a sweep file, with its key path; unknown keys get the nearest valid one."""
-    import difflib
-
     lines = []
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
@@ -268,8 +271,6 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def link_stage(source: Path, target: Path) -> None:
     """Put a hard-linked copy of the complete stage folder ``source`` at ``target``, atomically."""
-    from .runner import replace_folder
-
     staging = target.with_name(f".{target.name}.linking")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging, copy_function=_link_or_copy, symlinks=True)
@@ -283,9 +284,6 @@ def reuse_stages(run_dir: Path, current: dict[str, str], sources: list[Path]) ->
     as the ones in ``run_dir`` (compared by their recorded identity), so a linked stage is exactly
     what the runner would have produced here. Returns stage -> the folder it came from.
     """
-    from .integrity import output_identity
-    from .runner import STAGES, check_stage, read_manifest, run_lock, stage_module
-
     reused: dict[str, Path] = {}
     for name in STAGES:
         if check_stage(run_dir, name, current[name])[0] == "done":
@@ -317,16 +315,12 @@ def reuse_stages(run_dir: Path, current: dict[str, str], sources: list[Path]) ->
 def variant_row(name: str, description: str, config: PipelineConfig, run_dir: Path, done: set[str],
                 own_seconds: float) -> dict:
     """One row of the comparison: the variant's headline figures (from its stages' outputs)."""
-    from .summary import headline_metrics, metric_suffix, summary_rows
-
     rows, setting, evaluate, export = summary_rows(run_dir, done)
     head = headline_metrics(evaluate, export)
     suffix = metric_suffix(setting[0]) if setting else None
     baseline = next((r for r in rows if r["name"].startswith("teacher ONNX int8")), {})
     registered = None
     if "export" in done:
-        from .tracking import REGISTERED_TAG, result_tags
-
         registered = result_tags(config, run_dir, done).get(REGISTERED_TAG)
     student = evaluate.get("student") or {}
     from_text = {r["model"]: r for r in (export.get("from_text") or {}).get("rows", [])}
@@ -422,7 +416,7 @@ def pareto_front(rows: list[dict], x: str) -> list[dict]:
 def pareto_plot(rows: list[dict], path: Path, title: str, picked: str | None, references: list[dict] = ()) -> Path | None:
     """Retention against latency and against size, the Pareto front joined, the pick starred; with reference
     points (peers, int8 teacher from raw text) the ladder plot instead (ladder_plot)."""
-    import matplotlib
+    import matplotlib  # here, not at the top: the backend must be chosen before pyplot is imported, and only plots need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -531,8 +525,6 @@ class SweepTracker:
         config = self.sweep.base
         if not config.tracking.enabled:
             return
-        from .tracking import Tracker
-
         tracker = Tracker(self.runs_dir, self.sweep_dir, config.tracking.experiment or config.name)  # store set-up, errors
         self.client = tracker.client
         experiment_id = tracker.ensure_experiment()
@@ -558,9 +550,6 @@ class SweepTracker:
 
     def identity(self) -> str:
         """Same variants with the same resolved configs -> the same sweep run."""
-        from .config import to_yaml
-        from .tracking import config_hash
-
         return config_hash(json.dumps({name: to_yaml(c) for name, c in self.sweep.configs.items()}, sort_keys=True))
 
     def adopt(self, run_dir: Path) -> None:
@@ -576,8 +565,6 @@ class SweepTracker:
             return
         try:
             if note is not None:
-                from .tracking import MAX_NOTE, NOTE_TAG
-
                 self.client.set_tag(self.run_id, NOTE_TAG, note[:MAX_NOTE])
             for key, value in (tags or {}).items():
                 self.client.set_tag(self.run_id, key, str(value))
@@ -605,9 +592,6 @@ def run_sweep(sweep: Sweep, runs_dir: Path, pick: str | None = None, to_stage: s
     Returns {"rows", "picked", "pick_lines", "ran", "folder"}; raises PipelineError when a pick was asked
     for and no variant meets it (after the table and plot are written; the alias is left where it was).
     """
-    from .runner import fingerprints, run_lock, run_pipeline
-    from .tracking import run_status
-
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise PipelineError("A sweep runs in one process (its variants one after another); launch it without "
                             "accelerate launch / torchrun (NPROC=1). Each variant is an ordinary pipeline run.")
@@ -665,8 +649,6 @@ def results(sweep: Sweep, folder: Path, base_dir: Path, states: dict[str, dict])
 
     ``states``: variant -> its stages' states after its run (figures only from stages complete and current).
     """
-    from .runner import STAGES, read_manifest
-
     seen: dict[tuple, str] = {}
     for stage in STAGES:  # stages the base run folder holds were not run by any variant
         manifest = read_manifest(base_dir / stage) or {}

@@ -308,7 +308,7 @@ class Tracker:
             log.warning("MLflow: could not mark experiment %s as model training (%s)", experiment_id, _brief_error(exc))
 
     # ------------------------------------------------------------------ the result, on the pipeline run
-    def record_result(self, config, current: dict[str, str], done: set[str] | None = None) -> None:
+    def record_result(self, config, current: dict[str, str], done: set[str]) -> None:
         """Put the run's result on the pipeline (parent) run, so pipeline runs compare in the runs table.
 
         Headline metrics, a markdown description (results table, the command that reproduces the
@@ -317,7 +317,7 @@ class Tracker:
         complete and current. Called when a pipeline run finishes, and when nothing needed doing (a
         pipeline run recorded before its result was, or whose result changed, gets it then).
         Never fails the pipeline: MLflow refusing something is a warning. ``done``: the stages whose
-        outputs are complete and current, when the caller has checked them already.
+        outputs are complete and current (the runner checks them; tracking never imports the runner).
         """
         if not self.enabled:
             return
@@ -344,9 +344,7 @@ class Tracker:
             return None
         return run.info.run_id if run.info.lifecycle_stage == "active" else None
 
-    def _record_result(self, config, current: dict[str, str], done: set[str] | None) -> None:
-        from .runner import stage_states
-
+    def _record_result(self, config, current: dict[str, str], done: set[str]) -> None:
         ran_now = self.parent_id is not None  # stages ran in this process (start_pipeline attached a parent)
         parent_id = self.parent_id or self._recorded_parent(config)
         if parent_id is None:
@@ -355,8 +353,6 @@ class Tracker:
         run = self.client.get_run(parent_id)
         if not ran_now:
             self._mark_experiment_kind(run.info.experiment_id)
-        if done is None:
-            done = {name for name, state in stage_states(self.run_dir, current).items() if state == "done"}
         result = pipeline_result(config, self.run_dir, done)
         datasets = "prepare" in done
         digest = hashlib.sha256(json.dumps([result, datasets and current.get("prepare")], sort_keys=True,

@@ -161,7 +161,7 @@ def test_rerun_with_nothing_to_do_fills_a_parent_lacking_its_result(tiny_run):
 
 def test_disabled_tracking_records_nothing(tmp_path):
     tracker = Tracker(tmp_path, tmp_path / "tiny", "tiny", enabled=False)
-    tracker.record_result(load_config("tiny"), {})
+    tracker.record_result(load_config("tiny"), {}, set())
     assert list(tmp_path.iterdir()) == []
 
 
@@ -183,7 +183,7 @@ def test_mlflow_refusing_the_result_is_a_warning(tiny_run):
     logger = logging.getLogger("pipeline")
     logger.addHandler(handler)
     try:
-        tracker.record_result(load_config("tiny"), {})  # raises nothing
+        tracker.record_result(load_config("tiny"), {}, set())  # raises nothing
     finally:
         logger.removeHandler(handler)
     assert any(r.levelno == logging.WARNING and "result was not recorded" in r.getMessage() for r in records)

@@ -314,7 +314,7 @@ def test_only_refuses_to_read_a_damaged_input(tiny_run, tmp_path):
 
 
 def test_out_of_memory_is_explained(tmp_path):
-    from pipeline.errors import explain
+    from pipeline.cli import explain
 
     error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     error.pipeline_stage = "distill"
