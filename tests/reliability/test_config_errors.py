@@ -208,3 +208,20 @@ def test_an_override_key_given_twice_on_the_command_line_is_refused(tmp_path):
     assert result.returncode == 2 and "seed is given 2 times on the command line with different values (1, 2)" in result.stderr
     same = cli("validate", "tiny", "seed=1", "--runs-dir", str(tmp_path), "seed=1")  # a composed script repeating itself
     assert same.returncode == 0, same.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, code", [
+    (("run", "tinny"), 2),  # refused while reading the config
+    (("run", "tiny", "data.source=csv", "data.path=/nonexistent/reviews.csv", "tracking.enabled=false", "--only",
+      "prepare"), 1),  # refused inside a stage
+], ids=["config", "stage"])
+def test_debug_adds_the_traceback_and_keeps_the_exit_code(tmp_path, args, code):
+    """Every user-facing error goes through cli.main's one handler: without --debug one paragraph and no
+    traceback (expect_error checks that in every case), with --debug the same exit code and the traceback."""
+    from tests.reliability.conftest import cli
+
+    plain = cli(*args, "--runs-dir", str(tmp_path))
+    debug = cli(*args, "--runs-dir", str(tmp_path), "--debug")
+    assert plain.returncode == debug.returncode == code, debug.stderr[-3000:]
+    assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr
+    assert error_message(debug.stderr) == error_message(plain.stderr)  # the same paragraph, after the traceback
