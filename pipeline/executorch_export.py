@@ -17,23 +17,25 @@ as for the ids-in ONNX model): there is no string operator set for ExecuTorch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import time
 import warnings
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as installed
 from pathlib import Path
 
 import numpy as np
 import torch
 
+# executorch and torchao are imported inside the functions that use them: they are an optional extra (the
+# `executorch` one), and this module is imported by every export to ask version() whether they are there.
 INSTALL = "pip install executorch==1.5.1 (brings torchao 0.18; installs beside torch 2.13 without moving it)"
 
 
 def version() -> str | None:
     """The installed executorch version, or None."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
     try:
         return installed("executorch")
     except PackageNotFoundError:
@@ -57,8 +59,6 @@ def export_pte(model, path: Path, max_length: int, int8_linears: bool = False) -
     The sequence axis is bounded by the model's position table (``max_position_embeddings``), not by
     ``max_length``: ExecuTorch plans memory for the bound and refuses longer inputs, and the ONNX graphs it is
     compared with take any length up to the position table too."""
-    import copy
-
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 

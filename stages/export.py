@@ -92,7 +92,7 @@ def run(ctx) -> dict:
     latency = measure_side_by_side(ctx.config.seed, inputs, shipped, int8, static, pte, teacher, cfg)  # every model side by side
     recommended, because = choose_variant(cfg, int8, static, latency["rows"])  # on one-text-per-call accuracy and speed
     text = build_text_model(inputs, shipped, int8, static, recommended, out)  # 4. text in, probabilities out
-    ort = convert_to_ort(shipped, int8, static, recommended, text, inputs.prepare, cfg, out)  # ORT format
+    ort = convert_to_ort(shipped, int8, static, recommended, text, inputs.test_records, cfg, out)  # ORT format
     mobile = check_mobile(shipped, int8, static, recommended)  # what NNAPI and CoreML could take of each graph
     from_text = measure_from_text(ctx, inputs, shipped, int8, static, teacher, text, recommended, out)  # with the peers
     variants = {"onnx_fp32": shipped.fp32, **({"onnx_int8": int8.metrics} if int8 else {}),
@@ -129,6 +129,12 @@ class Inputs:
     pad: int  # [PAD] id of the original vocabulary
     max_length: int
     test: TokenizedSplit  # the test split in the original vocabulary (the teacher's)
+    test_records: list[dict]  # the same split as prepare wrote it ({"text", "label"[, "text_pair"]}), read once
+
+    @property
+    def text_pairs(self) -> bool:
+        """Sentence pairs (with or without segment ids): predict.py refuses a pair for a single-text model."""
+        return bool(self.test_records) and "text_pair" in self.test_records[0]
 
     @property
     def segments(self) -> bool:
@@ -210,7 +216,7 @@ def read_inputs(ctx) -> Inputs:
     return Inputs(prepare=prepare, teacher=teacher, student=distill / "student", names=names,
                   labels={str(i): name for i, name in enumerate(names)}, pad=pad_id(prepare),
                   max_length=json.loads((prepare / "stats.json").read_text())["max_length"],
-                  test=TokenizedSplit(prepare, "test"))
+                  test=TokenizedSplit(prepare, "test"), test_records=read_records(prepare))
 
 
 def fresh_folder(folder: Path) -> Path:
@@ -255,7 +261,8 @@ def export_fp32(model, test, pad, tokenizer_json, path, own_logits, reference, n
 
 def export_trimmed(full: Shipped, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
     """A smaller embedding table: the student cut to the tokens the training text uses, exported and checked again."""
-    model, test, tokenizer_json, trim = trimmed_student(full.model, inputs.prepare, full.tokenizer_json, work, full.test,
+    model, test, tokenizer_json, trim = trimmed_student(full.model, inputs.prepare, inputs.test_records, full.tokenizer_json,
+                                                        work, full.test,
                                                         inputs.max_length, full.facts)
     pad = trim["pad_id"]
     roles = {role: entry["token"] for role, entry in full.facts["special_tokens"].items()}
@@ -416,7 +423,7 @@ def build_text_model(inputs: Inputs, shipped: Shipped, int8: Int8 | None, static
     against predict.py on the whole test split, one text per call (text_model.ship); where it cannot be built
     exactly, the reason."""
     classifier = shipped_graph(shipped, int8, static, recommended)
-    text = TM.ship(classifier, shipped.tokenizer_json, shipped.facts, inputs.max_length, read_records(inputs.prepare), shipped.pad,
+    text = TM.ship(classifier, shipped.tokenizer_json, shipped.facts, inputs.max_length, inputs.test_records, shipped.pad,
                    out / "model.text.onnx")
     if text["shipped"]:
         check = text["check"]
@@ -448,19 +455,14 @@ def check_mobile(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recom
     return result
 
 
-def has_text_pairs(prepare: Path) -> bool:
-    records = read_records(prepare)
-    return bool(records) and "text_pair" in records[0]
-
-
 def read_records(prepare: Path, split: str = "test") -> list[dict]:
     """A split's records ({"text", "label"[, "text_pair"]}) as prepare wrote them."""
     with open(prepare / f"{split}.jsonl", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def convert_to_ort(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str, text: dict, prepare: Path,
-                   cfg, out: Path) -> dict:
+def convert_to_ort(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str, text: dict,
+                   records: list[dict], cfg, out: Path) -> dict:
     """ORT-format twins of the int8 graphs, of model.onnx when fp32 is recommended, and of the text-in model;
     each must agree with its .onnx."""
     graphs = ([(v.path, v.logits) for v in (int8, static) if v]
@@ -476,7 +478,7 @@ def convert_to_ort(shipped: Shipped, int8: Int8 | None, static: Int8 | None, rec
         if agreement < 1.0:
             log.warning("[export] %s disagrees with %s on %.2f%% of the test split", ort_file.name, path.name, 100 * (1 - agreement))
     if text_path:
-        texts = [record["text"] for record in read_records(prepare)]
+        texts = [record["text"] for record in records]
         ort_file = out / info["files"][text_path.name]
         agreement = float((TM.run(ort_file, texts)[1] == TM.run(text_path, texts)[1]).mean())
         info.setdefault("agreement_with_onnx", {})[ort_file.name] = agreement
@@ -549,7 +551,7 @@ def measure_from_text(ctx, inputs: Inputs, shipped: Shipped, int8: Int8 | None, 
         return {"measured": False, "why": "baselines.enabled is false"}
     if inputs.segments:
         return {"measured": False, "why": "sentence pairs: the peers read one bag of words, not compared"}
-    records = read_records(inputs.prepare)
+    records = inputs.test_records
     texts = [r["text"] for r in records]
     index = {name: i for i, name in enumerate(inputs.names)}
     labels = np.array([index[str(r["label"])] for r in records], dtype=np.int64)
@@ -708,7 +710,7 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         "name": bundle_name(config),
         "created_at": dt.datetime.now().isoformat(timespec="seconds"),
         "task": "single-label text classification",
-        "text_pairs": has_text_pairs(inputs.prepare),  # predict.py refuses a pair for a single-text model and vice versa
+        "text_pairs": inputs.text_pairs,  # predict.py refuses a pair for a single-text model and vice versa
         "config": config.name,
         "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in B.input_names(inputs.segments)],
         "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(inputs.names)],
@@ -835,7 +837,7 @@ def export_checked(student, path, split, pad, reference, cfg):
     return logits, {"max_abs_logit_diff": max_diff, "prediction_agreement": agreement}, ladder
 
 
-def trimmed_student(student, prepare, tokenizer_json, work, test, max_length, full_facts):
+def trimmed_student(student, prepare, records, tokenizer_json, work, test, max_length, full_facts):
     """The student and tokenizer cut to the tokens train/validation use; test re-tokenized with the cut vocabulary.
 
     ``full_facts``: tokenizer_facts of the untrimmed tokenizer (its special-token roles name the trimmed one's)."""
@@ -844,7 +846,6 @@ def trimmed_student(student, prepare, tokenizer_json, work, test, max_length, fu
     kept = B.trim_vocabulary(tokenizer_json, keep, trimmed_json)
     original_vocab = student.config.vocab_size
     student = B.trim_embeddings(copy.deepcopy(student), kept).eval()
-    records = read_records(prepare)
     pairs = [r["text_pair"] for r in records] if records and "text_pair" in records[0] else None
     if test.token_type_ids is not None:  # sentence pairs with segment ids: re-tokenized with them
         ids, types = B.tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs, segments=True)
