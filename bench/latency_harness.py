@@ -12,7 +12,7 @@ thread, timed five ways on the same finished run, each paired against the teache
 6. as (1), with the fp32 teacher in PyTorch timed in the same rounds, as the export's table does (its 90 MB of
    weights pass through the caches between the two ONNX models).
 
-The teacher's int8 graph is rebuilt here exactly as the export builds it (stages/export.export_teacher). Every
+The teacher's int8 graph is rebuilt here exactly as the export builds it (pipeline/export/variants.export_teacher). Every
 speed-up is the median of per-round ratios with its 95% interval (pipeline/timing.py).
 """
 
@@ -28,8 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from common import emit  # noqa: E402  (also puts the repository on the import path)
-from pipeline import bundle as B  # noqa: E402
-from pipeline import from_text as FT  # noqa: E402
+from pipeline.export.latency import ort_runner, torch_runner  # noqa: E402
+from pipeline.export.onnx_graph import LogitsOnly, export_onnx  # noqa: E402
+from pipeline.export.quantize import quantize_int8  # noqa: E402
+from pipeline.export.tokenizer import tokenize_texts  # noqa: E402
+from pipeline.export import from_text as FT  # noqa: E402
 from pipeline import timing  # noqa: E402
 from pipeline.config import PipelineConfig  # noqa: E402
 from pipeline.models import load_classifier  # noqa: E402
@@ -65,17 +68,17 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         teacher_onnx, teacher_int8 = Path(tmp) / "teacher.onnx", Path(tmp) / "teacher.int8.onnx"
         eager = load_classifier(str(args.run / "teacher" / "model"), attn_implementation="eager").eval()
-        B.export_onnx(B.LogitsOnly(eager), teacher_onnx, config.export.opset)
-        B.quantize_int8(teacher_onnx, teacher_int8, {"name": quant["setting"], "per_channel": quant["per_channel"],
+        export_onnx(LogitsOnly(eager), teacher_onnx, config.export.opset)
+        quantize_int8(teacher_onnx, teacher_int8, {"name": quant["setting"], "per_channel": quant["per_channel"],
                                                      "reduce_range": quant["reduce_range"], "op_types": quant["op_types"],
                                                      "exclude": []})
         teacher_tokenizer = args.run / "distill" / "student" / "tokenizer.json"  # the original vocabulary
         n = config.export.latency_sentences
         samples = {"export": np.random.default_rng(config.seed).permutation(len(texts))[:n].tolist(),
                    "twice as many": np.random.default_rng(config.seed + 1).permutation(len(texts))[: 2 * n].tolist()}
-        teacher_ids = B.tokenize_texts(teacher_tokenizer, texts, max_length)
-        student_ids = B.tokenize_texts(bundle / "tokenizer.json", texts, max_length)
-        teacher_run, student_run = B.ort_runner(teacher_int8, 1), B.ort_runner(student_graph, 1)
+        teacher_ids = tokenize_texts(teacher_tokenizer, texts, max_length)
+        student_ids = tokenize_texts(bundle / "tokenizer.json", texts, max_length)
+        teacher_run, student_run = ort_runner(teacher_int8, 1), ort_runner(student_graph, 1)
         settings = {
             "1. ids in, the export's sample": ({"teacher": teacher_run, "student": student_run},
                                                {"teacher": [feeds(teacher_ids[i]) for i in samples["export"]],
@@ -94,7 +97,7 @@ def main(argv=None) -> int:
         }
         pytorch_teacher = load_classifier(str(args.run / "teacher" / "model")).eval()
         settings["6. as 1, the PyTorch teacher timed in the same rounds"] = (
-            {"teacher": teacher_run, "student": student_run, "pytorch": B.torch_runner(pytorch_teacher, 1)},
+            {"teacher": teacher_run, "student": student_run, "pytorch": torch_runner(pytorch_teacher, 1)},
             {"teacher": [feeds(teacher_ids[i]) for i in samples["export"]],
              "student": [feeds(student_ids[i]) for i in samples["export"]],
              "pytorch": [feeds(teacher_ids[i]) for i in samples["export"]]})

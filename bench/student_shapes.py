@@ -28,7 +28,9 @@ from transformers import BertConfig, BertForSequenceClassification
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import bundle as B  # noqa: E402
+from pipeline.export.latency import latency_inputs  # noqa: E402
+from pipeline.export.onnx_graph import LogitsOnly, export_onnx, ort_session  # noqa: E402
+from pipeline.export.quantize import quantize_int8  # noqa: E402
 
 # name -> (layers, intermediate size, vocabulary)
 SHAPES = {
@@ -94,14 +96,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, (layers, ffn, vocab) in SHAPES.items():
             fp32, int8 = Path(tmp) / f"{len(sessions)}.onnx", Path(tmp) / f"{len(sessions)}.int8.onnx"
-            B.export_onnx(B.LogitsOnly(build(layers, ffn, vocab)), fp32, 18)
-            B.quantize_int8(fp32, int8, {"name": "per_channel_embeddings", "per_channel": True, "reduce_range": False,
+            export_onnx(LogitsOnly(build(layers, ffn, vocab)), fp32, 18)
+            quantize_int8(fp32, int8, {"name": "per_channel_embeddings", "per_channel": True, "reduce_range": False,
                                          "exclude": [], "op_types": ["MatMul", "Gather"]})
-            sessions[name] = B.ort_session(int8, threads=1)
+            sessions[name] = ort_session(int8, threads=1)
             sizes[name] = int8.stat().st_size / 1e6
             print(f"exported {name}: {sizes[name]:.1f} MB", flush=True)
-        long_input = B.latency_inputs(128, 12000, 101, 102)
-        sentence_inputs = [B.latency_inputs(n, 12000, 101, 102, seed=i) for i, n in enumerate(lengths)]
+        long_input = latency_inputs(128, 12000, 101, 102)
+        sentence_inputs = [latency_inputs(n, 12000, 101, 102, seed=i) for i, n in enumerate(lengths)]
         timings = {name: {"len128": [], "sentences": []} for name in sessions}
         for _ in range(args.rounds):
             for name in rng.permutation(list(sessions)):

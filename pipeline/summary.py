@@ -5,18 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .from_text import lines as from_text_lines, markdown as from_text_markdown
+from .export.from_text import lines as from_text_lines, markdown as from_text_markdown
+from .export.latency import comparison_lines
+from .export.variants import latency_name
 
 # (row label, latency model name in export's latency table)
 LATENCY_NAMES = {"teacher (PyTorch)": "teacher PyTorch fp32", "student (PyTorch)": "student PyTorch fp32",
                  "teacher ONNX int8 (baseline)": "teacher ONNX int8",
                  "student ONNX fp32": "student ONNX fp32", "student ONNX int8": "student ONNX int8",
                  "student ONNX int8 static": "student ONNX int8 static"}
-
-
-def latency_name(variant: str) -> str:
-    """The latency table's name of a shipped variant ("int8_static" -> "student ONNX int8 static")."""
-    return f"student ONNX {variant.replace('_', ' ')}"
 
 
 def _read(path: Path) -> dict | None:
@@ -74,27 +71,6 @@ def summary_rows(run_dir: Path, current: set[str] | None = None) -> tuple[list[d
         for row in rows:
             row["latency_ms"] = by_model.get(LATENCY_NAMES.get(row["name"], ""))
     return rows, setting, evaluate, export
-
-
-def comparison_lines(comparison: dict) -> list[str]:
-    """Plain-text lines: the shipped student against the int8 teacher (summary, logs, README)."""
-    b, s = comparison["baseline"], comparison["shipped"]
-    t = comparison["targets"]
-    mark = {True: "met", False: "NOT met"}
-    intervals = comparison.get("speedup_vs_int8_teacher_interval") or {}
-    speed = ", ".join(f"{v:.2f}x at {k}" + (f" (95% interval {intervals[k][0]:.2f}-{intervals[k][1]:.2f})" if k in intervals else "")
-                      for k, v in comparison["speedup_vs_int8_teacher"].items()) or "not measured"
-    meets = comparison["meets"]
-    speed_ok = all(v for k, v in meets.items() if k.startswith("speedup")) if comparison["speedup_vs_int8_teacher"] else False
-    return [
-        f"baseline (no distillation): teacher ONNX int8, accuracy {b['accuracy']:.4f}, {b['file_mb']:.1f} MB",
-        f"shipped student ({s['variant']}): accuracy {s['accuracy']:.4f}, {s['file_mb']:.1f} MB",
-        f"accuracy kept {comparison['accuracy_kept']:.3f} of the fp32 teacher's {comparison['teacher_fp32_accuracy']:.4f} "
-        f"(target >= {t['min_accuracy_kept']}: {mark[meets['accuracy_kept']]})",
-        f"speed-up vs int8 teacher (batch 1, {comparison.get('threads', 1)} thread{'s' if comparison.get('threads', 1) > 1 else ''}): "
-        f"{speed} (target >= {t['min_speedup']}x at the interval's lower bound: {mark[speed_ok]})",
-        f"size vs int8 teacher: {comparison['size_vs_int8_teacher']:.2f} (target <= {t['max_size_ratio']}: {mark[meets['size']]})",
-    ]
 
 
 def print_summary(run_dir: Path, ran: list[str], states: dict[str, str] | None = None) -> None:

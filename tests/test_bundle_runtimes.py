@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import bundle as B
-from pipeline import text_model as TM
+from pipeline.export.files import WEB_FILES
+from pipeline.export.tokenizer import tokenize_texts, tokenizer_facts
+from pipeline.export import text_model as TM
 from tests.conftest import read_json
 
 
@@ -108,14 +109,14 @@ def test_byte_level_bpe_tokenizer_graph_matches_tokenizers(tmp_path, test_texts)
     """Byte-level BPE runs as HfJsonTokenizer (+ the prefix space tokenizers adds): identical ids, truncation included."""
     tokenizer_json = _train("bpe", tmp_path / "bpe")
     roles = {"cls": "<s>", "sep": "</s>", "pad": "<pad>", "unk": "<unk>", "mask": "<mask>"}
-    facts = B.tokenizer_facts(tokenizer_json, roles)
+    facts = tokenizer_facts(tokenizer_json, roles)
     assert TM.unsupported_reason(facts, pairs=False) is None
     texts = test_texts[0] + ["", " leading space", "\ttab first", "x" * 300]
     model, operator = TM.tokenizer_graph(tokenizer_json, facts, 24, 18)
     path = tmp_path / "tokenizer.onnx"
     path.write_bytes(model.SerializeToString())
     ids, mask = TM.session(path).run(None, {TM.TEXT_INPUT: np.array(texts, dtype=object)})
-    expected = B.tokenize_texts(tokenizer_json, texts, 24)
+    expected = tokenize_texts(tokenizer_json, texts, 24)
     assert operator == "HfJsonTokenizer" and any(len(e) == 24 for e in expected)
     assert [list(row[: m.sum()]) for row, m in zip(ids, mask)] == expected
 
@@ -123,12 +124,12 @@ def test_byte_level_bpe_tokenizer_graph_matches_tokenizers(tmp_path, test_texts)
 def test_unigram_tokenizer_ships_ids_in_model_only_with_the_reason(tmp_path, bundle):
     """A tokenizer kind the operators cannot reproduce: no file, metadata says why (and so does a pair task)."""
     tokenizer_json = _train("unigram", tmp_path / "unigram")
-    facts = B.tokenizer_facts(tokenizer_json, {"cls": "[CLS]", "sep": "[SEP]", "pad": "<pad>", "unk": "<unk>"})
+    facts = tokenizer_facts(tokenizer_json, {"cls": "[CLS]", "sep": "[SEP]", "pad": "<pad>", "unk": "<unk>"})
     target = tmp_path / "model.text.onnx"
     records = [{"text": "a fine film", "label": "fresh"}]
     result = TM.ship(bundle / "model.int8.onnx", tokenizer_json, facts, 16, records, 0, target)
     assert result["shipped"] is False and "Unigram" in result["why"] and not target.exists()
-    wordpiece = B.tokenizer_facts(bundle / "tokenizer.json")
+    wordpiece = tokenizer_facts(bundle / "tokenizer.json")
     pairs = TM.ship(bundle / "model.int8.onnx", bundle / "tokenizer.json", wordpiece, 16,
                     [{"text": "a", "text_pair": "b", "label": "fresh"}], 0, target)
     assert pairs["shipped"] is False and "pair" in pairs["why"] and not target.exists()
@@ -267,7 +268,7 @@ def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, 
     chromium = next((path for name in ui.CHROMIUM_NAMES if (path := shutil.which(name))), None)
     if chromium is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the demo page cannot be opened")
-    assert {f"demo/{name}" for name in B.WEB_FILES} | {"demo.html"} <= set(metadata["files"])  # checksummed like the rest
+    assert {f"demo/{name}" for name in WEB_FILES} | {"demo.html"} <= set(metadata["files"])  # checksummed like the rest
     copy = tmp_path / "bundle"
     shutil.copytree(bundle, copy)
     port = ui.free_port()

@@ -14,7 +14,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from pipeline import bundle as B
+from pipeline.export.latency import latency_inputs
+from pipeline.export.onnx_graph import HiddenStates, LogitsOnly, batch_invariance, export_onnx, onnx_logits, ort_session, torch_logits
+from pipeline.export.quantize import quantization_ladder, quantize_int8, quantize_static_int8, quantized_node_count
+from pipeline.export.tokenizer import corpus_token_ids, tokenize_texts, trim_embeddings, trim_vocabulary
 from pipeline.config import load_config
 from pipeline.runner import read_manifest
 from tests.conftest import read_json
@@ -157,7 +160,7 @@ def test_ort_file_loads_and_agrees(bundle):
     session = ort.InferenceSession(str(bundle / "model.int8.ort"), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
     reference = ort.InferenceSession(str(bundle / "model.int8.onnx"), providers=["CPUExecutionProvider"])
-    feeds = B.latency_inputs(12, 30522, 101, 102)
+    feeds = latency_inputs(12, 30522, 101, 102)
     feeds = {k: np.repeat(v, 3, axis=0) for k, v in feeds.items()}  # batch 3: dynamic batch axis works
     a, b = session.run(["logits"], feeds)[0], reference.run(["logits"], feeds)[0]
     assert a.shape == (3, 2) and np.allclose(a, b, atol=1e-4)
@@ -230,12 +233,12 @@ def test_the_int8_teacher_baseline_and_three_ratios(bundle, tiny_run, tmp_path_f
 
     run_dir, work = tiny_run["run_dir"], tmp_path_factory.mktemp("baseline")
     teacher_model = load_classifier(str(run_dir / "teacher" / "model"), attn_implementation="eager").eval()
-    B.export_onnx(B.LogitsOnly(teacher_model), work / "teacher.onnx", 18)
-    B.quantize_int8(work / "teacher.onnx", work / "teacher.int8.onnx", {
+    export_onnx(LogitsOnly(teacher_model), work / "teacher.onnx", 18)
+    quantize_int8(work / "teacher.onnx", work / "teacher.int8.onnx", {
         "name": baseline["setting"], "per_channel": True, "reduce_range": False, "exclude": [],
         "op_types": metadata["quantization"]["op_types"]})
     test = TokenizedSplit(run_dir / "prepare", "test")
-    logits = B.onnx_logits(work / "teacher.int8.onnx", test, pad_id(run_dir / "prepare"))
+    logits = onnx_logits(work / "teacher.int8.onnx", test, pad_id(run_dir / "prepare"))
     assert baseline["accuracy"] == pytest.approx(float((logits.argmax(-1) == test.labels).mean()))
     assert baseline["file_mb"] == pytest.approx((work / "teacher.int8.onnx").stat().st_size / 1e6, rel=1e-3)
     readme = (bundle / "README.md").read_text()
@@ -295,10 +298,10 @@ def test_over_budget_int8_ships_fp32_with_trimmed_vocabulary(tiny_run, tmp_path)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["model"] == "model.onnx" and result["accuracy"] == metadata["variants"]["fp32"]["accuracy"]
     # the head exclusion really keeps the pooler/classifier in fp32 (found by weight names in a stripped graph too)
-    ladder = {setting["name"]: setting for setting in B.quantization_ladder(bundle / "model.onnx", 1)}
-    B.quantize_int8(bundle / "model.onnx", tmp_path / "full.onnx", ladder["per_channel"])
-    B.quantize_int8(bundle / "model.onnx", tmp_path / "head.onnx", ladder["per_channel_fp32_head"])
-    assert B.quantized_node_count(tmp_path / "full.onnx") - B.quantized_node_count(tmp_path / "head.onnx") == 2
+    ladder = {setting["name"]: setting for setting in quantization_ladder(bundle / "model.onnx", 1)}
+    quantize_int8(bundle / "model.onnx", tmp_path / "full.onnx", ladder["per_channel"])
+    quantize_int8(bundle / "model.onnx", tmp_path / "head.onnx", ladder["per_channel_fp32_head"])
+    assert quantized_node_count(tmp_path / "full.onnx") - quantized_node_count(tmp_path / "head.onnx") == 2
 
 
 def test_parity_failure_stops_the_export_loudly(tiny_run, tmp_path):
@@ -340,10 +343,10 @@ def test_int8_drift_on_real_minilm(tmp_path):
     enc = tokenizer(sentences, padding=True, return_tensors="np")
     feeds = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
     fp32 = tmp_path / "minilm.onnx"
-    B.export_onnx(B.HiddenStates(model), fp32, 18, ["last_hidden_state"])
+    export_onnx(HiddenStates(model), fp32, 18, ["last_hidden_state"])
 
     def pooled(path):
-        hidden = B.ort_session(path).run(["last_hidden_state"], feeds)[0]
+        hidden = ort_session(path).run(["last_hidden_state"], feeds)[0]
         mask = feeds["attention_mask"][..., None]
         return (hidden * mask).sum(1) / mask.sum(1)
 
@@ -352,7 +355,7 @@ def test_int8_drift_on_real_minilm(tmp_path):
 
     reference = pooled(fp32)
     quantize_dynamic(str(fp32), str(tmp_path / "per_tensor.onnx"), weight_type=QuantType.QInt8)  # the defaults
-    B.quantize_int8(fp32, tmp_path / "per_channel.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False})
+    quantize_int8(fp32, tmp_path / "per_channel.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False})
     per_tensor = cosine(reference, pooled(tmp_path / "per_tensor.onnx"))
     per_channel = cosine(reference, pooled(tmp_path / "per_channel.onnx"))
     print(f"MiniLM pooled cosine to fp32: per-tensor mean {per_tensor.mean():.4f} min {per_tensor.min():.4f}; "
@@ -379,14 +382,14 @@ def test_batch_invariance_on_real_minilm(tmp_path):
     enc = tokenizer(sentences, padding=True, return_tensors="np")
     batch = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
     fp32 = tmp_path / "minilm.onnx"
-    B.export_onnx(B.HiddenStates(model), fp32, 18, ["last_hidden_state"])
-    B.quantize_int8(fp32, tmp_path / "dynamic.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False})
+    export_onnx(HiddenStates(model), fp32, 18, ["last_hidden_state"])
+    quantize_int8(fp32, tmp_path / "dynamic.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False})
     calibration = [{k: v.astype(np.int64) for k, v in tokenizer([t], return_tensors="np").items() if k != "token_type_ids"}
                    for t in ("a film", "the cast is superb and the story moves", "boring", "two hours I will not get back")]
-    B.quantize_static_int8(fp32, tmp_path / "static.onnx", calibration)
+    quantize_static_int8(fp32, tmp_path / "static.onnx", calibration)
 
     def largest_change(path):
-        session = B.ort_session(path)
+        session = ort_session(path)
         batched = session.run(["last_hidden_state"], batch)[0]
         return max(float(np.abs(session.run(["last_hidden_state"], feeds)[0][0] - batched[i, : feeds["input_ids"].shape[1]]).max())
                    for i, feeds in enumerate(alone))
@@ -405,9 +408,9 @@ def test_every_variant_is_scored_one_text_per_call(bundle, tiny_run):
     test = TokenizedSplit(tiny_run["run_dir"] / "prepare", "test")
     pad = pad_id(tiny_run["run_dir"] / "prepare")
     for name, variant in metadata["variants"].items():
-        one = B.onnx_logits(bundle / variant["file"], test, pad, batch_size=1)
+        one = onnx_logits(bundle / variant["file"], test, pad, batch_size=1)
         assert variant["accuracy"] == float((one.argmax(-1) == test.labels).mean()), name
-        assert variant["batch_invariance"] == B.batch_invariance(bundle / variant["file"], test, pad, one), name
+        assert variant["batch_invariance"] == batch_invariance(bundle / variant["file"], test, pad, one), name
     assert metadata["variants"]["fp32"]["batch_invariance"]["invariant"]
     assert metadata["variants"]["int8_static"]["batch_invariance"]["invariant"]
 
@@ -415,7 +418,7 @@ def test_every_variant_is_scored_one_text_per_call(bundle, tiny_run):
 def test_executorch_programs_match_pytorch_and_predict_py(bundle, tiny_run, tmp_path):
     """model.pte and model.int8.pte: parity with the PyTorch student, the recorded one-text-per-call accuracy
     reproduced by predict.py --model, in the latency table and the README."""
-    from pipeline import executorch_export as ET
+    from pipeline.export import executorch_program as ET
     from pipeline.inference import TokenizedSplit, pad_id
     from pipeline.models import load_classifier
 
@@ -424,7 +427,7 @@ def test_executorch_programs_match_pytorch_and_predict_py(bundle, tiny_run, tmp_
     assert pte["built"] and set(pte["variants"]) == {"fp32", "int8"} and pte["executorch"] == "1.5.1"
     test = TokenizedSplit(tiny_run["run_dir"] / "prepare", "test")
     student = load_classifier(str(tiny_run["run_dir"] / "distill" / "student"), attn_implementation="eager").eval()
-    reference = B.torch_logits(student, test, pad_id(tiny_run["run_dir"] / "prepare"))
+    reference = torch_logits(student, test, pad_id(tiny_run["run_dir"] / "prepare"))
     got = ET.logits(bundle / "model.pte", test)
     assert np.abs(got - reference).max() == pytest.approx(pte["variants"]["fp32"]["max_abs_logit_diff_vs_pytorch"], abs=1e-6)
     assert np.abs(got - reference).max() <= load_config("tiny").export.parity_tolerance
@@ -436,8 +439,8 @@ def test_executorch_programs_match_pytorch_and_predict_py(bundle, tiny_run, tmp_
         assert json.loads(proc.stdout.strip().splitlines()[-1])["accuracy"] == info["accuracy"], info["file"]
         assert metadata["files"][info["file"]]["bytes"] == (bundle / info["file"]).stat().st_size
     longer = load_config("tiny").data.max_length + 8  # latency inputs go past the truncation length, as for ONNX
-    feeds = B.latency_inputs(longer, metadata["tokenizer"]["vocab_size"], 101, 102)
-    np.testing.assert_allclose(ET.runner(bundle / "model.pte")(feeds), B.ort_session(bundle / "model.onnx").run(["logits"], feeds)[0],
+    feeds = latency_inputs(longer, metadata["tokenizer"]["vocab_size"], 101, 102)
+    np.testing.assert_allclose(ET.runner(bundle / "model.pte")(feeds), ort_session(bundle / "model.onnx").run(["logits"], feeds)[0],
                                atol=1e-4)
     runtimes = {r["model"]: r["runtime"] for r in read_json(bundle / "latency.json")["rows"]}
     assert runtimes["student ExecuTorch fp32"] == runtimes["student ExecuTorch int8"] == "executorch"
@@ -448,7 +451,7 @@ def test_executorch_programs_match_pytorch_and_predict_py(bundle, tiny_run, tmp_
 def test_the_recommended_int8_variant_is_chosen_on_accuracy_and_speed():
     from types import SimpleNamespace
 
-    from stages.export import choose_variant
+    from pipeline.export.variants import choose_variant
 
     cfg = load_config("tiny").export
 
@@ -483,26 +486,26 @@ def test_vocabulary_trimming_keeps_training_text_exact(tiny_run, tmp_path):
 
     run_dir = tiny_run["run_dir"]
     prepare, student_dir = run_dir / "prepare", run_dir / "distill" / "student"
-    keep = B.corpus_token_ids(prepare, student_dir / "tokenizer.json")
-    kept = B.trim_vocabulary(student_dir / "tokenizer.json", keep, tmp_path / "tokenizer.json")
+    keep = corpus_token_ids(prepare, student_dir / "tokenizer.json")
+    kept = trim_vocabulary(student_dir / "tokenizer.json", keep, tmp_path / "tokenizer.json")
     assert len(kept) < 30522 / 5 and kept[:1] == [0]  # [PAD] keeps id 0
     student = load_classifier(str(student_dir)).eval()
-    trimmed = B.trim_embeddings(copy.deepcopy(student), kept).eval()
+    trimmed = trim_embeddings(copy.deepcopy(student), kept).eval()
     assert trimmed.get_input_embeddings().num_embeddings == len(kept)
     records = [json.loads(line) for line in (prepare / "validation.jsonl").open()][:16]
     original = TokenizedSplit(prepare, "validation").input_ids[:16]
-    new_ids = B.tokenize_texts(tmp_path / "tokenizer.json", [r["text"] for r in records], 32)
+    new_ids = tokenize_texts(tmp_path / "tokenizer.json", [r["text"] for r in records], 32)
     assert [[kept[i] for i in row] for row in new_ids] == [list(row) for row in original]  # same words, same pieces
     with torch.no_grad():
         a = student(*pad_batch(original, 0)).logits
         b = trimmed(*pad_batch(new_ids, 0)).logits
     assert torch.allclose(a, b, atol=1e-6)
-    unseen = B.tokenize_texts(tmp_path / "tokenizer.json", ["zyzzyva quokkas"], 32)[0]
+    unseen = tokenize_texts(tmp_path / "tokenizer.json", ["zyzzyva quokkas"], 32)[0]
     assert unseen[0] == kept.index(101) and unseen[-1] == kept.index(102)  # unseen words still encode (pieces or [UNK])
 
 
 def test_baseline_comparison_marks_each_target_and_never_passes_untimed_speed():
-    from stages.export import baseline_comparison
+    from pipeline.export.latency import baseline_comparison
 
     cfg = load_config("tiny", ["export.latency_threads=[2, 1]"]).export
     baseline = {"accuracy": 0.80, "file_mb": 20.0}

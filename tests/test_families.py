@@ -23,8 +23,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from pipeline import bundle as B
 from pipeline import families as F
+from pipeline.export import variants
+from pipeline.export.onnx_graph import weight_matmuls
 from pipeline.attention import attention_probs, capture_projections, relation_scores
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, ModelError
@@ -316,13 +317,13 @@ def run_family(model_type: str, root: str, tokenizer_folder: str) -> dict:
     config = load_config("tiny", overrides)
     check_against_models(config)  # what the CLI does before running
 
-    ladders, real_ladder = [], B.quantization_ladder
+    ladders, real_ladder = [], variants.quantization_ladder
 
     def spy(path, num_layers):
-        ladders.append({"layers": num_layers, "found": [n["layer"] for n in B.weight_matmuls(path)]})
+        ladders.append({"layers": num_layers, "found": [n["layer"] for n in weight_matmuls(path)]})
         return real_ladder(path, num_layers)
 
-    B.quantization_ladder = spy  # this worker process only
+    variants.quantization_ladder = spy  # this worker process only (the export reads it from variants)
     log = io.StringIO()
     handler = logging.StreamHandler(log)
     logger = logging.getLogger("pipeline")
@@ -332,7 +333,7 @@ def run_family(model_type: str, root: str, tokenizer_folder: str) -> dict:
         run_pipeline(config, root / "runs")
     finally:
         logger.removeHandler(handler)
-        B.quantization_ladder = real_ladder
+        variants.quantization_ladder = real_ladder
     return {"ladders": ladders, "log": log.getvalue()}
 
 

@@ -11,42 +11,45 @@ import pytest
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 
 LAYERS = [  # lowest first: a module imports from its own layer or the ones below, never above
-    ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "mobile", "static_model",
-                "fasttext_worker", "executorch_export"}),
+    ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker"}),
     ("architectures and losses", {"families", "attention", "losses", "terms", "peers"}),
     ("config and data", {"config", "data", "inference"}),
-    ("models, training, bundle", {"models", "pruning", "training", "objective", "cache", "bundle", "text_model",
-                                  "from_text"}),
+    ("models and training", {"models", "pruning", "training", "objective", "cache"}),
+    ("export (the bundle)", {f"export.{path.stem}" for path in (PIPELINE / "export").glob("*.py")} - {"export.__init__"}),
     ("results", {"summary", "tracking"}),
     ("orchestration", {"runner", "sweep"}),
     ("entry points", {"cli", "__main__"}),
 ]
 
 
-def imports(source: str, modules: set[str]) -> set[str]:
-    """The pipeline modules a module's source imports, at any depth (``from .x import``, ``from . import x``,
-    ``from pipeline.x import``, ``import pipeline.x``)."""
+def imports(source: str, modules: set[str], package: str = "") -> set[str]:
+    """The pipeline modules (dotted below pipeline/: "errors", "export.latency") a module's source imports, at any
+    depth (``from .x import``, ``from . import x``, ``from ..x import``, ``from pipeline.x import``, ``import
+    pipeline.x``); ``package`` is the importing module's package below pipeline/ ("" or "export")."""
     found = set()
+
+    def resolve(base: list[str], names: list[str]):
+        for name in names:  # ``from base import name``: a module when base.name is one, else a name in base
+            dotted = ".".join(base + [name])
+            found.add(dotted if dotted in modules else ".".join(base))
+
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1:
-                names = [node.module.split(".")[0]] if node.module else [alias.name for alias in node.names]
-            elif node.module and node.module.split(".")[0] == "pipeline":
-                parts = node.module.split(".")
-                names = [parts[1]] if len(parts) > 1 else [alias.name for alias in node.names]
-            else:
-                names = []
+            parts = node.module.split(".") if node.module else []
+            if node.level:  # relative: the importing module's package, one level up per extra dot
+                here = package.split(".") if package else []
+                resolve(here[: len(here) - (node.level - 1)] + parts, [alias.name for alias in node.names])
+            elif parts and parts[0] == "pipeline":
+                resolve(parts[1:], [alias.name for alias in node.names])
         elif isinstance(node, ast.Import):
-            names = [alias.name.split(".")[1] for alias in node.names if alias.name.startswith("pipeline.")]
-        else:
-            names = []
-        found.update(name for name in names if name in modules)
-    return found
+            found.update(alias.name.removeprefix("pipeline.") for alias in node.names if alias.name.startswith("pipeline."))
+    return {name for name in found if name in modules}
 
 
 def graph() -> dict[str, set[str]]:
-    modules = {path.stem for path in PIPELINE.glob("*.py")} - {"__init__"}
-    return {name: imports((PIPELINE / f"{name}.py").read_text(), modules) - {name} for name in modules}
+    files = {path.relative_to(PIPELINE).with_suffix("").as_posix().replace("/", "."): path
+             for path in PIPELINE.rglob("*.py") if path.stem != "__init__" and "bundle_files" not in path.parts}
+    return {name: imports(path.read_text(), set(files), name.rpartition(".")[0]) - {name} for name, path in files.items()}
 
 
 def cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -82,6 +85,7 @@ def test_every_module_has_a_layer_and_no_import_goes_up_or_round():
 
 @pytest.mark.parametrize("extra, goes_up", [
     ({"errors": {"tracking"}}, True),  # the circle this layout removed: errors.explain imported tracking
+    ({"export.variants": {"summary"}, "summary": {"export.variants"}}, True),  # the export reading the run summary
     ({"peers": {"terms"}, "terms": {"peers"}}, False),  # within one layer: only the cycle check sees it
 ])
 def test_the_checks_fail_when_a_bad_import_is_added(extra, goes_up):
@@ -94,6 +98,10 @@ def test_the_checks_fail_when_a_bad_import_is_added(extra, goes_up):
 
 
 def test_imports_reads_every_form():
-    source = ("from .errors import PipelineError\nfrom . import bundle as B\nimport pipeline.config\n"
+    modules = {"errors", "config", "tracking", "runner", "export.latency", "export.files", "export.variants", "export.mobile"}
+    source = ("from .errors import PipelineError\nfrom .export import latency as L\nimport pipeline.config\n"
               "def f():\n    from pipeline.tracking import redact\n    import numpy\n")
-    assert imports(source, {"errors", "bundle", "config", "tracking", "runner"}) == {"errors", "bundle", "config", "tracking"}
+    assert imports(source, modules) == {"errors", "export.latency", "config", "tracking"}
+    inside = ("from .. import errors\nfrom ..config import load_config\nfrom . import files\nfrom .variants import Inputs\n"
+              "from pipeline.export.mobile import usability\n")
+    assert imports(inside, modules, "export") == {"errors", "config", "export.files", "export.variants", "export.mobile"}

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from pipeline import bundle as B
+from pipeline.export.onnx_graph import LogitsOnly, OUTPUT_NAMES, export_onnx, ort_session
+from pipeline.export.tokenizer import trim_embeddings
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from pipeline.models import load_classifier
@@ -92,7 +93,7 @@ def test_trimming_keeps_both_tables_and_the_predictions():
     ids = torch.tensor([[3, 7, 7, 12], [5, 9, 1, 2]])
     before = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     kept = [0, 1, 2, 3, 5, 7, 9, 12]
-    B.trim_embeddings(model, kept)
+    trim_embeddings(model, kept)
     assert model.embeddings.num_embeddings == model.token_weights.num_embeddings == model.config.vocab_size == len(kept)
     remapped = torch.tensor([[kept.index(int(t)) for t in row] for row in ids])
     after = model(input_ids=remapped, attention_mask=torch.ones_like(remapped)).logits
@@ -109,8 +110,8 @@ def test_saves_loads_and_exports_like_any_student(tmp_path):
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     expected = model(input_ids=ids, attention_mask=mask).logits.detach().numpy()
     np.testing.assert_array_equal(loaded(input_ids=ids, attention_mask=mask).logits.detach().numpy(), expected)
-    B.export_onnx(B.LogitsOnly(loaded), tmp_path / "static.onnx", 18)
-    got = B.ort_session(tmp_path / "static.onnx").run(B.OUTPUT_NAMES, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    export_onnx(LogitsOnly(loaded), tmp_path / "static.onnx", 18)
+    got = ort_session(tmp_path / "static.onnx").run(OUTPUT_NAMES, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline import bundle as B
+from pipeline.export.files import BUNDLE_TEMPLATES
+from pipeline.export.tokenizer import tokenize_texts, tokenizer_facts, tokenizer_files
 from pipeline.data import rotten_tomatoes_path
 from tests.conftest import read_json
 
@@ -88,7 +89,7 @@ def check_bundle_for_tokenizer_kind(kind: str, folder: Path, expected: dict, run
     assert tok["type"] == expected["model"]
     assert {role: (e["token"], e["id"]) for role, e in tok["special_tokens"].items()} == expected["roles"]
     assert tok["template"] == expected["template"]
-    shipped = B.tokenize_texts(bundle / "tokenizer.json", ["a fine film"], metadata["max_length"])[0]
+    shipped = tokenize_texts(bundle / "tokenizer.json", ["a fine film"], metadata["max_length"])[0]
     assert shipped[0] == expected["roles"]["cls"][1] and shipped[-1] == expected["roles"]["sep"][1]
 
     # trimming is WordPiece-only: skipped with its reason, the full vocabulary shipped
@@ -127,7 +128,7 @@ def check_bundle_for_tokenizer_kind(kind: str, folder: Path, expected: dict, run
 def test_predict_reads_the_pad_id_by_role_or_the_older_key():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bundle_predict", B.BUNDLE_TEMPLATES / "predict.py")
+    spec = importlib.util.spec_from_file_location("bundle_predict", BUNDLE_TEMPLATES / "predict.py")
     predict = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(predict)
     pad_token_id = predict.pad_token_id
@@ -144,11 +145,11 @@ def test_wordpiece_facts_keep_the_old_keys_and_add_roles(tmp_path):
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    facts = B.tokenizer_facts(tmp_path / "tokenizer.json")  # no tokenizer_config.json: roles from the template and names
+    facts = tokenizer_facts(tmp_path / "tokenizer.json")  # no tokenizer_config.json: roles from the template and names
     assert facts["special_token_ids"] == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
     assert {r: e["id"] for r, e in facts["special_tokens"].items()} == {"cls": 2, "sep": 3, "pad": 0, "unk": 1, "mask": 4}
     assert facts["template"] == "[CLS] text [SEP]" and facts["pair_template"] == "[CLS] text [SEP] text_pair [SEP]"
-    assert facts["lowercase"] is True and B.tokenizer_files(facts) == ["tokenizer.json", "vocab.txt"]
+    assert facts["lowercase"] is True and tokenizer_files(facts) == ["tokenizer.json", "vocab.txt"]
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

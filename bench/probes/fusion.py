@@ -7,7 +7,8 @@ os.makedirs("/tmp/fuse", exist_ok=True)
 logging.disable(logging.WARNING)
 import numpy as np, torch, onnx
 from transformers import BertConfig, BertForSequenceClassification
-from pipeline import bundle as B
+from pipeline.export.latency import latency_inputs
+from pipeline.export.onnx_graph import LogitsOnly, export_onnx, ort_session
 from onnxruntime.transformers import optimizer
 from onnxruntime.quantization import quantize_dynamic, QuantType
 
@@ -19,7 +20,7 @@ out = {}
 for name, (L, F, V) in {"teacher": (6, 1536, 30522), "s3_384": (3, 384, 12000), "s2_1536": (2,1536,12000)}.items():
     p = f"/tmp/fuse/{name}.onnx"
     torch.manual_seed(0)
-    B.export_onnx(B.LogitsOnly(build(L, F, V)), p, 18)
+    export_onnx(LogitsOnly(build(L, F, V)), p, 18)
     q = f"/tmp/fuse/{name}.int8.onnx"
     quantize_dynamic(p, q, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Gather"])
     files = {"fp32": p, "int8": q}
@@ -38,9 +39,9 @@ for name, (L, F, V) in {"teacher": (6, 1536, 30522), "s3_384": (3, 384, 12000), 
         print(name, "fusion failed", type(e).__name__, str(e)[:300])
     out[name] = files
 
-inp = B.latency_inputs(128, 12000, 101, 102)
-short = B.latency_inputs(27, 12000, 101, 102)
-sess = {(n, k): B.ort_session(f, 1) for n, fs in out.items() for k, f in fs.items()}
+inp = latency_inputs(128, 12000, 101, 102)
+short = latency_inputs(27, 12000, 101, 102)
+sess = {(n, k): ort_session(f, 1) for n, fs in out.items() for k, f in fs.items()}
 for key, s in sess.items():  # agreement check
     pass
 res = {k: {"128": [], "27": []} for k in sess}
@@ -58,6 +59,6 @@ for k, v in res.items():
 # agreement fused vs unfused
 for n, fs in out.items():
     if "fused int8" in fs:
-        a = B.ort_session(fs["int8"]).run(None, inp)[0]; b = B.ort_session(fs["fused int8"]).run(None, inp)[0]
-        c = B.ort_session(fs["fp32"]).run(None, inp)[0]
+        a = ort_session(fs["int8"]).run(None, inp)[0]; b = ort_session(fs["fused int8"]).run(None, inp)[0]
+        c = ort_session(fs["fp32"]).run(None, inp)[0]
         print(n, "int8 vs fp32", np.abs(a-c).max(), "fused int8 vs fp32", np.abs(b-c).max())

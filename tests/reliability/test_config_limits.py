@@ -122,14 +122,14 @@ def test_opset_the_exporter_does_not_write(opset):
 
 def test_export_refuses_a_graph_with_another_opset(tmp_path):
     """torch exports opset 16 as 18 (its down-conversion fails for LayerNormalization) and only logs it."""
-    from pipeline import bundle as B
+    from pipeline.export.onnx_graph import LogitsOnly, export_onnx
     from pipeline.errors import ModelError
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                                      intermediate_size=32, max_position_embeddings=32))
     with pytest.raises(ModelError, match="wrote opset 18, not the requested export.opset 16"):
-        B.export_onnx(B.LogitsOnly(model), tmp_path / "model.onnx", 16)
+        export_onnx(LogitsOnly(model), tmp_path / "model.onnx", 16)
 
 
 # ---------------------------------------------------------------- YAML

@@ -18,6 +18,13 @@ import logging
 import tempfile
 from pathlib import Path
 
+from onnxruntime.tools.mobile_helpers import usability_checker as checker
+from onnxruntime.tools.onnx_model_utils import ModelProtoWithShapeInfo, optimize_model
+
+from .variants import Int8, Shipped, shipped_graph
+
+log = logging.getLogger("pipeline")
+
 COREML_MAX_DIMENSION = 16384
 
 PROVIDERS = {
@@ -39,9 +46,6 @@ def _partitions(info) -> dict:
 
 def usability(model_path: Path, vocab_size: int | None = None) -> dict:
     """The mobile usability checker's findings for ``model_path`` (an ONNX file), per execution provider."""
-    from onnxruntime.tools.mobile_helpers import usability_checker as checker
-    from onnxruntime.tools.onnx_model_utils import ModelProtoWithShapeInfo, optimize_model
-
     quiet = logging.getLogger("pipeline.mobile_usability")
     quiet.setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,3 +113,24 @@ def markdown(result: dict) -> str:
     if "coreml_dimension_limit" in result:
         lines.append(f"CoreML vocabulary limit: {result['coreml_dimension_limit']['note']}.")
     return "\n".join(lines)
+
+
+def check_bundle(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> dict:
+    """ONNX Runtime's mobile usability checker on the recommended graph, and on fp32 and static QDQ int8 beside it:
+    NNAPI and CoreML partitions, dynamic shapes, CoreML's dimension limit against the vocabulary (:func:`usability`)."""
+    vocab = shipped.facts["vocab_size"]
+    result = {"shipped": usability(shipped_graph(shipped, int8, static, recommended), vocab)}
+    if recommended != "fp32":
+        result["fp32"] = usability(shipped.fp32_path, vocab)
+    if static:
+        result["static_qdq_int8"] = {"built": True, **(result["shipped"] if recommended == "int8_static"
+                                                       else usability(static.path, vocab))}
+    else:
+        result["static_qdq_int8"] = {"built": False, "why": "export.static_int8 or export.quantize is off"}
+    verdicts = {name: p["verdict_with_fixed_shapes"] for name, p in result["shipped"]["providers"].items()}
+    log.info("[export] mobile usability (%s): %s; %s", result["shipped"]["model"],
+             ", ".join(f"{name} {verdict}" for name, verdict in verdicts.items()), result["shipped"]["recommendation"])
+    if static and recommended != "int8_static":
+        fixed = {name: p["verdict_with_fixed_shapes"] for name, p in result["static_qdq_int8"]["providers"].items()}
+        log.info("[export] mobile usability (%s): %s", static.path.name, ", ".join(f"{n} {v}" for n, v in fixed.items()))
+    return result

@@ -8,20 +8,28 @@ per-call cost are all inside each figure and machine load hits every model alike
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from pathlib import Path
+
 import numpy as np
 from tokenizers import Tokenizer
 
-from . import bundle as B
-from . import text_model as TM
-from . import timing
-from .metrics import classification_report
-from .peers import TITLES
+from .. import timing
+from ..metrics import classification_report
+from ..peers import TITLES, load_peer
+from . import text_model
+from .onnx_graph import OUTPUT_NAMES, ort_session
+from .variants import Inputs, Int8, Shipped, Teacher, shipped_graph
+
+log = logging.getLogger("pipeline")
 
 
 def text_model_runner(path, threads: int = 1):
     """A text-in ONNX model (tokenizer operators inside): text -> label index."""
-    session = TM.session(path, threads)
-    return lambda text: int(session.run(["label"], {TM.TEXT_INPUT: np.array([text], dtype=object)})[0][0])
+    session = text_model.session(path, threads)
+    return lambda text: int(session.run(["label"], {text_model.TEXT_INPUT: np.array([text], dtype=object)})[0][0])
 
 
 def tokenizer_runner(tokenizer_json, onnx_path, max_length: int, threads: int = 1):
@@ -29,12 +37,12 @@ def tokenizer_runner(tokenizer_json, onnx_path, max_length: int, threads: int = 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length)
-    session = B.ort_session(onnx_path, threads)
+    session = ort_session(onnx_path, threads)
 
     def run(text: str) -> int:
         ids = tokenizer.encode(text).ids
         feeds = {"input_ids": np.asarray([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
-        return int(session.run(B.OUTPUT_NAMES, feeds)[0][0].argmax())
+        return int(session.run(OUTPUT_NAMES, feeds)[0][0].argmax())
     return run
 
 
@@ -109,3 +117,47 @@ def _speedup(row: dict) -> str:
     if row.get("speedup") is None:
         return "-"
     return f"{row['speedup']:.2f}x ({row['speedup_low']:.2f}-{row['speedup_high']:.2f})"
+
+
+def measure_bundle(baselines_dir: Path, seed: int, cfg, inputs: Inputs, shipped: Shipped, int8: Int8 | None,
+                   static: Int8 | None, teacher: Teacher, text: dict, recommended: str, out: Path) -> dict:
+    """The shipped student, the int8 teacher and the peers of the baselines stage (``baselines_dir``) from raw text,
+    one text per call (:func:`measure`): accuracy on every test text (the peers' from the baselines stage, which measured it
+    the same way), latency on one thread over the same sampled texts, speed-ups paired against the int8 teacher."""
+    baselines = json.loads((baselines_dir / "baselines.json").read_text())
+    if not baselines["enabled"]:
+        return {"measured": False, "why": "baselines.enabled is false"}
+    if inputs.segments:
+        return {"measured": False, "why": "sentence pairs: the peers read one bag of words, not compared"}
+    records = inputs.test_records
+    texts = [r["text"] for r in records]
+    index = {name: i for i, name in enumerate(inputs.names)}
+    labels = np.array([index[str(r["label"])] for r in records], dtype=np.int64)
+    classifier = shipped_graph(shipped, int8, static, recommended)
+    student = (text_model_runner(out / text["file"]) if text["shipped"]
+               else tokenizer_runner(shipped.tokenizer_json, classifier, inputs.max_length))
+    runners = {"student": student}
+    teacher_graph = teacher.int8 or teacher.onnx
+    teacher_name = "teacher_int8" if teacher.int8 else "teacher_fp32"
+    runners[teacher_name] = tokenizer_runner(inputs.student / "tokenizer.json", teacher_graph, inputs.max_length)
+    peers = baselines["peers"]
+    for name in peers:
+        runners[name] = load_peer(baselines_dir / "peers", name).predict_one
+    sample = np.random.default_rng(seed).permutation(len(texts))[: max(1, cfg.latency_sentences)].tolist()
+    log.info("[export] from raw text, one text per call: %s on %d test texts, timed on %d", ", ".join(runners), len(texts), len(sample))
+    measured = measure(runners, texts, labels, inputs.names, sample, cfg, known=peers, reference=teacher_name)
+    kind = "static" if shipped.model.config.num_hidden_layers == 0 else f"{shipped.model.config.num_hidden_layers}-layer"
+    titles = {"student": f"student ({kind}, {recommended}{', text-in model' if text['shipped'] else ''})",
+              "teacher_int8": "teacher ONNX int8 + tokenizer", "teacher_fp32": "teacher ONNX fp32 + tokenizer"}
+    files = {"student": os.path.getsize(classifier) / 1e6, teacher_name: os.path.getsize(teacher_graph) / 1e6}
+    rows = []
+    for name, figures in measured.items():
+        peer = peers.get(name)
+        rows.append({"model": name, "title": peer["title"] if peer else titles[name], "kind": "peer" if peer else name.split("_")[0],
+                     "file_mb": peer["file_mb"] if peer else round(files[name], 3),
+                     "train_seconds": peer["train_seconds"] if peer else None, **figures})
+    result = {"measured": True, "threads": 1, "examples": len(texts), "timed_texts": len(sample), "rows": rows,
+              "versus_peers": comparison(measured, peers, "student", "teacher_int8") if peers else None}
+    for line in lines(result):
+        log.info("[export] %s", line)
+    return result

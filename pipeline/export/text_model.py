@@ -32,11 +32,20 @@ model's predictions on the whole test split before it is shipped (:func:`check`)
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import TensorProto, compose, helper
+from onnxruntime_extensions import get_library_path
+from tokenizers import Tokenizer
 
-from . import bundle as B
+from .files import package_version
+from .onnx_graph import onnx_logits, ort_session
+from .tokenizer import IdSplit, tokenize_texts
+
+log = logging.getLogger("pipeline")
 
 TEXT_INPUT = "text"
 TEXT_OUTPUTS = ["probabilities", "label", "input_ids"]
@@ -49,8 +58,6 @@ class TextModelUnsupported(Exception):
 
 def extensions_library() -> str:
     """Path of the onnxruntime-extensions shared library (register it with SessionOptions.register_custom_ops_library)."""
-    from onnxruntime_extensions import get_library_path
-
     return get_library_path()
 
 
@@ -89,8 +96,6 @@ def _role(facts: dict, role: str) -> str | None:
 
 def vocabulary(tokenizer_json: Path) -> dict[str, int]:
     """token -> id of the whole vocabulary (added tokens included), checked contiguous."""
-    from tokenizers import Tokenizer
-
     vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab(with_added_tokens=True)
     if sorted(vocab.values()) != list(range(len(vocab))):
         raise TextModelUnsupported("the tokenizer's ids are not contiguous")
@@ -102,8 +107,6 @@ def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
     into pieces, one row per word so each word's pieces are known; a word with an unknown piece becomes one [UNK]
     (the operator keeps the pieces it matched before the [UNK], tokenizers drops the whole word); then
     ``cls pieces sep`` with the pieces cut to max_length - 2."""
-    from onnx import TensorProto, helper
-
     lowercase = bool(facts.get("lowercase"))
     strip = facts.get("strip_accents")
     strip = lowercase if strip is None else bool(strip)  # BertNormalizer: strip_accents None follows lowercase
@@ -160,8 +163,6 @@ def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
 def tokenizer_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> tuple[list, str]:
     """The nodes that turn ``one_text`` (string [1]) into ``row_ids`` and ``row_mask`` (int64 [length <= max_length]),
     and the extension operator they use."""
-    from onnx import TensorProto, helper
-
     if facts.get("type") == "WordPiece":
         return wordpiece_nodes(tokenizer_json, facts, max_length), "BasicTokenizer + WordpieceTokenizer"
     # byte-level BPE: the generic HfJsonTokenizer reads tokenizer.json itself (model, merges, post-processor); it
@@ -201,9 +202,6 @@ def tokenizer_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> tuple
 
 def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: int):
     """text string [batch] -> input_ids, attention_mask int64 [batch, longest]: predict.py's encoding, as ONNX."""
-    import onnx
-    from onnx import TensorProto, helper
-
     pad = facts["special_tokens"]["pad"]["id"] if "pad" in facts.get("special_tokens", {}) else 0
     tokenizer, operator = tokenizer_nodes(tokenizer_json, facts, max_length)
     const = lambda name, values: helper.make_node(  # noqa: E731
@@ -253,9 +251,6 @@ def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: i
 def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: int, target: Path) -> dict:
     """``target``: the tokenizer graph merged in front of ``classifier_onnx`` (input_ids, attention_mask -> logits),
     with softmax and argmax after it. Returns what metadata.json records about it; raises TextModelUnsupported."""
-    import onnx
-    from onnx import compose, helper
-
     classifier = onnx.load(str(classifier_onnx))
     opset = next(entry.version for entry in classifier.opset_import if entry.domain in ("", "ai.onnx"))
     tokens, operator = tokenizer_graph(tokenizer_json, facts, max_length, opset)
@@ -285,7 +280,7 @@ def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: 
 
 def session(path: Path, threads: int | None = None):
     """An onnxruntime session for a text-in model (.onnx or .ort), the extensions library registered."""
-    return B.ort_session(path, threads, custom_ops=extensions_library())
+    return ort_session(path, threads, custom_ops=extensions_library())
 
 
 def run(path_or_session, texts: list[str], batch_size: int = 1) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
@@ -336,19 +331,23 @@ def ship(classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, r
             why = str(exc)
     if why is not None:
         Path(target).unlink(missing_ok=True)
+        log.info("[export] no text-in model: %s", why)
         return {"shipped": False, "why": why}
     texts = [r["text"] for r in records]
-    ids = B.tokenize_texts(tokenizer_json, texts, max_length)  # exactly predict.py's encoding
-    logits = B.onnx_logits(classifier, B.IdSplit(ids, np.zeros(len(ids))), pad)  # predict.py's predictions
+    ids = tokenize_texts(tokenizer_json, texts, max_length)  # exactly predict.py's encoding
+    logits = onnx_logits(classifier, IdSplit(ids, np.zeros(len(ids))), pad)  # predict.py's predictions
     result = check(target, texts, ids, logits, pad)
     if not result["exact"]:
         Path(target).unlink()
-        return {"shipped": False, "why": (
-            f"the extension operators did not reproduce predict.py on the test split: {result['token_ids_identical']} of "
-            f"{result['examples']} texts got identical token ids, prediction agreement {result['prediction_agreement']:.4f} "
-            f"(first difference: {result['first_difference']})"), "check": result}
+        why = (f"the extension operators did not reproduce predict.py on the test split: {result['token_ids_identical']} of "
+               f"{result['examples']} texts got identical token ids, prediction agreement {result['prediction_agreement']:.4f} "
+               f"(first difference: {result['first_difference']})")
+        log.info("[export] no text-in model: %s", why)
+        return {"shipped": False, "why": why, "check": result}
+    log.info("[export] text-in model %s: identical token ids on %d/%d test texts, prediction agreement %.4f",
+             info["file"], result["token_ids_identical"], result["examples"], result["prediction_agreement"])
     return {"shipped": True, **info, "check": {**result, "split": "test", "against": f"predict.py ({classifier.name})"},
-            "onnxruntime_extensions": _version("onnxruntime-extensions"),
+            "onnxruntime_extensions": package_version("onnxruntime-extensions"),
             "known_differences": KNOWN_DIFFERENCES.get(facts.get("type"), [])}
 
 
@@ -360,12 +359,3 @@ KNOWN_DIFFERENCES = {
                   "text by the operators, while tokenizers maps it to the special token's id"],
     "BPE": ["special tokens typed inside the text (e.g. the literal string '</s>') were not compared"],
 }
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "unknown"

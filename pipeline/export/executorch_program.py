@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import os
 import sys
 import time
@@ -28,6 +29,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from ..errors import PipelineError
+from ..metrics import classification_report
+from .onnx_graph import torch_logits
+from .variants import Inputs, Shipped
+
+log = logging.getLogger("pipeline")
 
 # executorch and torchao are imported inside the functions that use them: they are an optional extra (the
 # `executorch` one), and this module is imported by every export to ask version() whether they are there.
@@ -138,3 +146,52 @@ def logits(path: Path, split) -> np.ndarray:
         ids = np.asarray([list(ids)], dtype=np.int64)
         rows.append(run({"input_ids": ids, "attention_mask": np.ones_like(ids)})[0])
     return np.stack(rows)
+
+
+def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
+    """model.pte (fp32) and model.int8.pte (int8 linears) from the shipped PyTorch student (export_pte):
+    parity of the fp32 program with PyTorch on the whole test split, accuracy one text per call, and the int8 one kept
+    only within export.max_int8_drop of the fp32 program. Where it cannot be built, the reason."""
+    if cfg.executorch == "off":
+        return {"built": False, "why": "export.executorch is off"}
+    if version() is None:
+        if cfg.executorch == "on":
+            raise PipelineError(f"export.executorch is on, but the executorch package is not installed: {INSTALL}; "
+                                "or set export.executorch: auto to build model.pte only where it is installed")
+        why = f"the executorch package is not installed ({INSTALL})"
+        log.info("[export] no model.pte: %s", why)
+        return {"built": False, "why": why}
+    if inputs.segments:
+        return {"built": False, "why": "sentence pairs: the .pte takes input_ids and attention_mask only (no token_type_ids)"}
+    own = torch_logits(shipped.model, shipped.test, shipped.pad)  # the shipped PyTorch student, its own vocabulary
+    variants, dropped = {}, {}
+    for name, file, int8_linears in (("fp32", "model.pte", False), ("int8", "model.int8.pte", True)):
+        info = export_pte(shipped.model, out / file, inputs.max_length, int8_linears)
+        scores = logits(out / file, shipped.test)
+        report = classification_report(shipped.test.labels, scores.argmax(-1), inputs.names)
+        info.update({"accuracy": report["accuracy"], "macro_f1": report["macro_f1"],
+                     "agreement_with_pytorch": float((scores.argmax(-1) == shipped.reference.argmax(-1)).mean()),
+                     "max_abs_logit_diff_vs_pytorch": float(np.abs(scores - own).max())})
+        if name == "fp32" and info["max_abs_logit_diff_vs_pytorch"] > cfg.parity_tolerance:
+            (out / file).unlink()
+            why = (f"model.pte does not compute what the PyTorch student computes: max |logit difference| "
+                   f"{info['max_abs_logit_diff_vs_pytorch']:.2e} on the test split, above export.parity_tolerance={cfg.parity_tolerance}")
+            log.warning("[export] no model.pte: %s", why)
+            return {"built": False, "why": why}
+        if name == "int8":
+            info["drop_points"] = 100 * (variants["fp32"]["accuracy"] - info["accuracy"])
+            if info["drop_points"] > cfg.max_int8_drop:
+                (out / file).unlink()
+                dropped[name] = {**info, "why": f"dropped {info['drop_points']:.2f} points against model.pte, above "
+                                                f"export.max_int8_drop={cfg.max_int8_drop}: not shipped"}
+                log.info("[export] %s %s", file, dropped[name]["why"])
+                continue
+        variants[name] = info
+        log.info("[export] %s (ExecuTorch, XNNPACK%s): accuracy %.4f one text per call, %.1f MB, max |logit diff| vs "
+                 "PyTorch %.1e, lowered in %.0f s", file, ", int8 linears" if int8_linears else "", info["accuracy"],
+                 info["file_mb"], info["max_abs_logit_diff_vs_pytorch"], info["export_seconds"])
+    return {"built": True, "executorch": version(), "variants": variants, "not_shipped": dropped,
+            "tokenizer": "tokenizer.json (the app tokenizes, as for the ids-in ONNX model)",
+            "embeddings": "fp32 (8-bit embedding quantization has no ExecuTorch 1.5.1 kernel); the trimmed vocabulary "
+                          "is what keeps the table small" if (shipped.trim or {}).get("applied") else
+                          "fp32 (8-bit embedding quantization has no ExecuTorch 1.5.1 kernel)"}

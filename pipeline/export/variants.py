@@ -1,0 +1,271 @@
+"""The variants the bundle can ship, built and measured one text per call: the fp32 graph (vocabulary trimmed or
+not), dynamic int8, static QDQ int8, and the rule that picks the recommended one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..inference import TokenizedSplit
+from ..models import count_parameters, load_classifier
+from ..errors import PipelineError
+from .onnx_graph import (LogitsOnly, batch_invariance, export_onnx, onnx_logits, split_feeds, strip_node_metadata, torch_logits,
+                         variant_metrics)
+from .quantize import int8_teacher_baseline, quantization_ladder, quantize_static_int8, quantize_with_budget
+from .tokenizer import IdSplit, tokenize_texts, tokenizer_facts, trimmed_student
+
+log = logging.getLogger("pipeline")
+
+
+def latency_name(variant: str) -> str:
+    """The latency table's name of a shipped variant ("int8_static" -> "student ONNX int8 static")."""
+    return f"student ONNX {variant.replace('_', ' ')}"
+
+
+@dataclass
+class Inputs:
+    """What the export reads from the earlier stages."""
+
+    prepare: Path
+    teacher: Path  # the teacher stage's folder (model/, metrics.json)
+    student: Path  # the distilled student's folder (weights, tokenizer.json)
+    names: list[str]  # label names, by index
+    labels: dict  # {"0": name, ...}: labels.json and metadata.json
+    pad: int  # [PAD] id of the original vocabulary
+    max_length: int
+    test: TokenizedSplit  # the test split in the original vocabulary (the teacher's)
+    test_records: list[dict]  # the same split as prepare wrote it ({"text", "label"[, "text_pair"]}), read once
+
+    @property
+    def text_pairs(self) -> bool:
+        """Sentence pairs (with or without segment ids): predict.py refuses a pair for a single-text model."""
+        return bool(self.test_records) and "text_pair" in self.test_records[0]
+
+    @property
+    def segments(self) -> bool:
+        """Sentence pairs with token_type_ids (prepare stored them): every graph takes them as a third input."""
+        return self.test.token_type_ids is not None
+
+
+@dataclass
+class Shipped:
+    """The student as shipped: model, tokenizer and test split in its own (maybe trimmed) vocabulary, and its fp32 graph."""
+
+    model: object
+    test: object  # the test split in the shipped vocabulary (TokenizedSplit or tokenizer.IdSplit)
+    pad: int
+    tokenizer_json: Path
+    facts: dict  # tokenizer.tokenizer_facts of tokenizer_json
+    fp32_path: Path
+    fp32_logits: np.ndarray
+    fp32: dict  # the fp32 graph's test metrics (variant_metrics)
+    reference: np.ndarray  # logits of the trained PyTorch student, which every variant is compared with
+    parity: dict  # the fp32 graph against its own PyTorch model
+    ladder: list  # int8 settings to try (read from the exporter's node scopes)
+    trim: dict | None = None  # vocab_trim facts when export.trim_vocab
+
+
+@dataclass
+class Int8:
+    """The shipped int8 graph: the setting chosen on the ladder, every attempt, its test metrics and logits."""
+
+    path: Path
+    setting: dict
+    attempts: list
+    metrics: dict
+    logits: np.ndarray
+
+
+@dataclass
+class Teacher:
+    """The teacher graphs, measured and never shipped, and the int8 baseline's test figures."""
+
+    onnx: Path
+    int8: Path | None
+    baseline: dict | None
+
+
+def read_records(prepare: Path, split: str = "test") -> list[dict]:
+    """A split's records ({"text", "label"[, "text_pair"]}) as prepare wrote them."""
+    with open(prepare / f"{split}.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def export_student(inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
+    """The trained student as fp32 ONNX, parity-checked; with export.trim_vocab this graph is the "before" of the trimmed one."""
+    model = load_classifier(str(inputs.student), attn_implementation="eager").eval()
+    reference = torch_logits(model, inputs.test, inputs.pad)  # the PyTorch student every variant is compared with
+    tokenizer_json = inputs.student / "tokenizer.json"
+    trim = cfg.trim_vocab and trim_supported(tokenizer_facts(tokenizer_json))
+    full = export_fp32(model, inputs.test, inputs.pad, tokenizer_json,
+                       (work if trim else out) / "model.onnx", reference, reference, inputs.names, cfg)
+    if cfg.trim_vocab and not trim:
+        reason = (f"vocabulary trimming supports WordPiece tokenizers only; this tokenizer is {full.facts['type']} "
+                  "(its merges or scores would have to be cut consistently), so the full vocabulary is shipped")
+        log.info("[export] export.trim_vocab skipped: %s", reason)
+        full.trim = {"enabled": False, "requested": True, "applied": False, "reason": reason,
+                     "tokenizer_model": full.facts["type"]}
+    return export_trimmed(full, inputs, cfg, out, work) if trim else full
+
+
+def trim_supported(facts: dict) -> bool:
+    """export.trim_vocab cuts WordPiece vocabularies only (tokenizer.trim_vocabulary); other models ship whole."""
+    return facts.get("type") == "WordPiece"
+
+
+def export_fp32(model, test, pad, tokenizer_json, path, own_logits, reference, names, cfg, role_tokens=None) -> Shipped:
+    """``model`` as fp32 ONNX at ``path``: parity against ``own_logits`` (its PyTorch logits), metrics against ``reference``.
+
+    ``role_tokens`` ({role: token}) names the special tokens when ``tokenizer_json`` has no tokenizer_config.json beside it."""
+    logits, parity, ladder = export_checked(model, path, test, pad, own_logits, cfg)
+    fp32 = variant_metrics(logits, reference, test.labels, names, path, count_parameters(model))
+    fp32["batch_invariance"] = batch_invariance(path, test, pad, logits)
+    facts = tokenizer_facts(tokenizer_json, role_tokens)
+    return Shipped(model=model, test=test, pad=pad, tokenizer_json=tokenizer_json, facts=facts,
+                   fp32_path=path, fp32_logits=logits, fp32=fp32, reference=reference, parity=parity, ladder=ladder)
+
+
+def export_checked(student, path, split, pad, reference, cfg):
+    """Export ``student`` to ``path``, strip exporter metadata, and fail loudly unless ONNX matches PyTorch on ``split``."""
+    export_onnx(LogitsOnly(student), path, cfg.opset, segments=getattr(split, "token_type_ids", None) is not None)
+    ladder = quantization_ladder(path, student.config.num_hidden_layers)  # needs the exporter's node scopes
+    strip_node_metadata(path)
+    logits = onnx_logits(path, split, pad)
+    max_diff = float(np.abs(reference - logits).max())
+    agreement = float((reference.argmax(-1) == logits.argmax(-1)).mean())
+    if max_diff > cfg.parity_tolerance:
+        raise PipelineError(
+            f"ONNX parity check failed: max |logit difference| {max_diff:.2e} on the test split is above "
+            f"export.parity_tolerance={cfg.parity_tolerance} (prediction agreement {agreement:.4f}). "
+            f"The exported graph does not compute what the PyTorch student computes; nothing was shipped."
+        )
+    return logits, {"max_abs_logit_diff": max_diff, "prediction_agreement": agreement}, ladder
+
+
+def export_trimmed(full: Shipped, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
+    """A smaller embedding table: the student cut to the tokens the training text uses, exported and checked again."""
+    model, test, tokenizer_json, trim = trimmed_student(full.model, inputs.prepare, inputs.test_records, full.tokenizer_json,
+                                                        work, full.test,
+                                                        inputs.max_length, full.facts)
+    pad = trim["pad_id"]
+    roles = {role: entry["token"] for role, entry in full.facts["special_tokens"].items()}
+    shipped = export_fp32(model, test, pad, tokenizer_json, out / "model.onnx", torch_logits(model, test, pad),
+                          full.reference, inputs.names, cfg, roles)
+    before, after = full.fp32, shipped.fp32
+    shipped.trim = {**trim, "before": _brief(before), "after": _brief(after)}
+    log.info("[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
+             trim["kept_tokens"], before["file_mb"], after["file_mb"], before["accuracy"], after["accuracy"])
+    return shipped
+
+
+def quantize_dynamic(shipped: Shipped, names, cfg, out: Path, work: Path) -> Int8 | None:
+    """int8 with an accuracy budget (quantize_with_budget); None when export.quantize is off."""
+    if not cfg.quantize:
+        return None
+    path = out / "model.int8.onnx"
+    setting, attempts, logits = quantize_with_budget(shipped.ladder, shipped.fp32_path, path, work, shipped.test, shipped.pad,
+                                                     shipped.fp32["accuracy"], cfg.max_int8_drop)
+    metrics = variant_metrics(logits, shipped.reference, shipped.test.labels, names, path, shipped.fp32["parameters"])
+    metrics["drop_points"] = setting["drop_points"]
+    metrics["batch_invariance"] = batch_invariance(path, shipped.test, shipped.pad, logits)
+    log.info("[export] dynamic int8 in batches of 64: %d of %d test predictions change (activation scales per batch)",
+             metrics["batch_invariance"]["predictions_changed"], len(shipped.test))
+    return Int8(path=path, setting=setting, attempts=attempts, metrics=metrics, logits=logits)
+
+
+def quantize_static(shipped: Shipped, inputs: Inputs, cfg, seed: int, out: Path, work: Path) -> Int8 | None:
+    """Static QDQ int8 (quantize.quantize_static_int8), activation scales from a seeded sample of training texts in
+    the shipped vocabulary; under the same accuracy budget, keeping the head, then the edge layers, in fp32 if
+    needed. None when export.quantize or export.static_int8 is off."""
+    if not (cfg.quantize and cfg.static_int8):
+        return None
+    records = read_records(inputs.prepare, "train")
+    chosen = np.random.default_rng([seed, 11]).permutation(len(records))[: cfg.calibration_examples]
+    texts = [records[i]["text"] for i in chosen]
+    pairs = [records[i]["text_pair"] for i in chosen] if inputs.segments else None
+    encoded = tokenize_texts(shipped.tokenizer_json, texts, inputs.max_length, pairs, segments=inputs.segments)
+    ids, types = encoded if inputs.segments else (encoded, None)
+    sample = IdSplit(ids, np.zeros(len(ids), dtype=np.int64), types)
+    calibration = [split_feeds(sample, i, i + 1, shipped.pad) for i in range(len(sample))]
+    fp32_accuracy, path, attempts, best = shipped.fp32["accuracy"], out / "model.int8.static.onnx", [], None
+    keep_fp32 = {"none": [], **{s["name"]: s["exclude"] for s in shipped.ladder if s["exclude"]}}
+    for step, (name, excluded) in enumerate(keep_fp32.items()):
+        candidate = work / f"int8_static_{step}.onnx"
+        settings = quantize_static_int8(shipped.fp32_path, candidate, calibration, excluded)
+        logits = onnx_logits(candidate, shipped.test, shipped.pad)
+        accuracy = float((logits.argmax(-1) == shipped.test.labels).mean())
+        attempt = {"kept_fp32": name, "accuracy": accuracy, "drop_points": 100 * (fp32_accuracy - accuracy),
+                   "file_mb": candidate.stat().st_size / 1e6, "excluded_nodes": len(excluded)}
+        attempts.append(attempt)
+        log.info("[export] static int8 (kept fp32: %s): accuracy %.4f (drop %.2f points, budget %.2f)", name, accuracy,
+                 attempt["drop_points"], cfg.max_int8_drop)
+        if best is None or attempt["drop_points"] < best[0]["drop_points"] - 1e-12:
+            best = (attempt, settings, candidate, logits)
+        if attempt["drop_points"] <= cfg.max_int8_drop:
+            break
+    attempt, settings, candidate, logits = best
+    shutil.move(str(candidate), path)
+    metrics = variant_metrics(logits, shipped.reference, shipped.test.labels, inputs.names, path, shipped.fp32["parameters"])
+    metrics["drop_points"] = attempt["drop_points"]
+    metrics["batch_invariance"] = batch_invariance(path, shipped.test, shipped.pad, logits)
+    setting = {**settings, "kept_fp32": attempt["kept_fp32"], "drop_points": attempt["drop_points"],
+               "within_budget": attempt["drop_points"] <= cfg.max_int8_drop, "attempts": attempts,
+               "calibration": {"split": "train", "examples": len(calibration), "seed": [seed, 11],
+                               "method": "MinMax", "one_text_per_call": True}}
+    log.info("[export] static int8 in batches of 64: %d test predictions change (max logit difference %.1e)",
+             metrics["batch_invariance"]["predictions_changed"], metrics["batch_invariance"]["max_abs_logit_diff"])
+    return Int8(path=path, setting=setting, attempts=attempts, metrics=metrics, logits=logits)
+
+
+def export_teacher(inputs: Inputs, int8: Int8 | None, cfg, work: Path) -> Teacher:
+    """The teacher as ONNX fp32 and, quantized with the student's int8 setting, the int8 baseline (int8_teacher_baseline)."""
+    eager = load_classifier(str(inputs.teacher / "model"), attn_implementation="eager").eval()
+    onnx_path, int8_path = work / "teacher.onnx", work / "teacher.int8.onnx"
+    export_onnx(LogitsOnly(eager), onnx_path, cfg.opset, segments=inputs.segments)
+    strip_node_metadata(onnx_path)  # as the student's: the exporter's stack traces would count in the size compared
+    del eager
+    baseline = int8_teacher_baseline(onnx_path, int8_path, int8.setting if int8 else None, inputs.test, inputs.pad, inputs.names)
+    return Teacher(onnx=onnx_path, int8=int8_path if int8 else None, baseline=baseline)
+
+
+def choose_variant(cfg, int8: Int8 | None, static: Int8 | None, rows: list[dict]) -> tuple[str, str]:
+    """The variant the bundle recommends: an int8 variant within the accuracy budget (one text per call), the
+    clearly faster one on real sentences at one thread (its speed-up interval above the other's), else the more
+    accurate, else static (the same answer whatever the batch); fp32 when no int8 variant fits."""
+    fits = {name: v for name, v in (("int8", int8), ("int8_static", static)) if v and v.setting["within_budget"]}
+    if not fits:
+        return "fp32", ("no int8 variant kept test accuracy within export.max_int8_drop"
+                        if int8 or static else "export.quantize is off")
+    if len(fits) == 1:
+        name = next(iter(fits))
+        return name, f"the only int8 variant within {cfg.max_int8_drop} points of fp32"
+    threads = min(cfg.latency_threads)
+    speed = {r["model"]: r for r in rows if r["input"] == "sentences" and r["threads"] == threads}
+    dynamic, fixed = speed.get(latency_name("int8")), speed.get(latency_name("int8_static"))
+    key = "speedup_vs_teacher_int8"
+    if dynamic and fixed and dynamic.get(key) and fixed.get(key):
+        for faster, slower, name in ((fixed, dynamic, "int8_static"), (dynamic, fixed, "int8")):
+            if faster[f"{key}_low"] > slower[f"{key}_high"]:
+                return name, (f"both int8 variants fit the budget; {'static' if name == 'int8_static' else 'dynamic'} is "
+                              f"faster on real sentences ({faster[key]:.2f}x vs {slower[key]:.2f}x the int8 teacher at "
+                              f"{threads} thread, 95% intervals apart)")
+    a, b = int8.metrics["accuracy"], static.metrics["accuracy"]
+    if a > b:
+        return "int8", f"both fit the budget and neither is clearly faster; dynamic is more accurate ({a:.4f} vs {b:.4f})"
+    return "int8_static", (f"both fit the budget and neither is clearly faster; static is as accurate or more "
+                           f"({b:.4f} vs {a:.4f}) and answers the same whatever the batch")
+
+
+def shipped_graph(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> Path:
+    """The recommended variant's ids-in graph."""
+    return {"int8": int8.path if int8 else None, "int8_static": static.path if static else None}.get(recommended,
+                                                                                                   shipped.fp32_path)
+
+
+def _brief(metrics: dict) -> dict:
+    return {k: metrics[k] for k in ("accuracy", "macro_f1", "file_mb", "parameters", "agreement_with_pytorch")}
