@@ -17,13 +17,14 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help venv distill sweep test status ui server screenshot bench clean docker-cpu docker-gpu
+.PHONY: help venv distill sweep test test-fast status ui server screenshot bench clean docker-cpu docker-gpu
 
 help:  ## list targets
 	@echo "attention-distill"
 	@echo "  make distill CONFIG=bert_small [ARGS=\"distill.epochs=1 seed=3\"] [NPROC=2]   run the pipeline"
 	@echo "  make sweep CONFIG=bert_small SWEEP=configs/sweeps/depth.yaml [PICK=\"retention>=0.98\"]   variants, table, champion"
 	@echo "  make test                          run the test suite"
+	@echo "  make test-fast                     the unit tier only (no pipeline run, no outside tool)"
 	@echo "  make status CONFIG=bert_small      done / stale / pending per stage"
 	@echo "  make ui                            MLflow UI for runs/mlflow.db on http://127.0.0.1:$(PORT)"
 	@echo "  make server                        a team-like MLflow server (PostgreSQL if available) on 127.0.0.1"
@@ -69,6 +70,10 @@ sweep: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The unit tier: every test that needs no pipeline run and no outside tool (tests/tiers.py); a few minutes.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m unit $(PYTEST_ARGS)
 
 status: $(STAMP)
 	@$(PY) -m pipeline status $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)

@@ -57,7 +57,7 @@ FULL = {"config": "bert_small", "overrides": [], "second_runs": 3, "attention_kl
 # --quick: the tiny config without MLflow (the tracking store costs seconds per stage), one repeat of everything,
 # attention KL at N=128 / head dim 32 only, one torch thread everywhere (on a shared 2-core machine two threads
 # spin at barriers and take several times longer). The figures are not meaningful; the structure is the full one.
-QUICK = {"config": "tiny", "overrides": ["tracking.enabled=false"], "second_runs": 1,
+QUICK = {"config": "tiny", "overrides": ["tracking.enabled=false", "export.executorch=off"], "second_runs": 1,
          "attention_kl": ["--quick", "--head-dims", "32"], "threads": 1, "extra_seeds": [43]}
 
 

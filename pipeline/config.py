@@ -354,6 +354,12 @@ class ExportConfig(Section):
     trim_vocab: bool = Field(True, description="ship a vocabulary cut to the tokens train/validation use (smaller embeddings; unseen words become [UNK])")
     register_model: bool = True
 
+    @field_validator("executorch", mode="before")
+    @classmethod
+    def _on_off_words(cls, value):
+        """YAML reads an unquoted on / off as a boolean: it is the word the user wrote (runs before the boolean check)."""
+        return ("on" if value else "off") if isinstance(value, bool) else value
+
     @field_validator("opset")
     @classmethod
     def _honoured_opset(cls, value):

@@ -1,31 +1,20 @@
-"""Shared fixtures: offline hub settings, a CLI runner, one session-wide tiny pipeline run."""
+"""Shared fixtures: offline hub settings, the session-wide tiny pipeline runs; the test tiers' hooks (tests/tiers.py).
+Helpers shared by modules are in tests/helpers.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-# Nothing may reach a model or dataset hub from the tests.
+# Nothing may reach a model or dataset hub from the tests (set before anything imports transformers).
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_cli(*args: str, runs_dir: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run `python -m pipeline ...` as users do; returns the completed process."""
-    command = [sys.executable, "-m", "pipeline", *args]
-    if runs_dir is not None:
-        command += ["--runs-dir", str(runs_dir)]
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+from tests.helpers import run_cli  # noqa: E402  (after the offline settings)
+from tests.tiers import pytest_collection_modifyitems, pytest_runtest_makereport  # noqa: E402,F401  (hooks)
 
 
 @pytest.fixture(scope="session")
@@ -51,5 +40,3 @@ def static_tiny_run(tmp_path_factory):
     return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny", "first": result, "stdout": result.stdout}
 
 
-def read_json(path: Path):
-    return json.loads(Path(path).read_text())

@@ -9,6 +9,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from pipeline.attention import attention_probs, capture_projections, relation_scores, split_heads
 from pipeline.losses import relation_kl
+from tests.helpers import max_diff_valid_rows, padded_batch
 
 
 def tiny_config(**kw):
@@ -25,21 +26,6 @@ def tiny_bert(config, attn="eager", seed=0):
     model = BertForSequenceClassification(copy.deepcopy(config))  # deep copy: models never share a config
     model.set_attn_implementation(attn)
     return model.eval()
-
-
-def padded_batch(lengths=(10, 7, 3), n=10, vocab=64, seed=1, lowest_id=1):
-    """Random ids in [lowest_id, vocab) right-padded with 0 to ``n``, and the mask."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(lowest_id, vocab, (len(lengths), n), generator=g)
-    mask = torch.zeros(len(lengths), n, dtype=torch.long)
-    for i, length in enumerate(lengths):
-        mask[i, :length] = 1
-    return ids * mask, mask  # pad id 0 on padded positions
-
-
-def max_diff_valid_rows(a, b, mask):
-    rows = mask.bool()[:, None, :, None].expand_as(a)
-    return (a - b).abs()[rows].max().item()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pipeline.inference import TokenizedSplit
 from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
 from pipeline.sweep import markdown_table, pareto_plot, reference_points
 from stages.baselines import read_splits
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 @pytest.fixture(scope="module")
 def static_run(static_tiny_run):

@@ -16,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 from pipeline.runner import STAGES  # noqa: E402  (the runner's order)
 
+pytestmark = pytest.mark.pipeline
+
 
 def _spread_ok(d: dict, n: int | None = None) -> None:
     assert set(d) >= {"min", "median", "max", "n"}

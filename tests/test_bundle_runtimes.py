@@ -15,7 +15,9 @@ import pytest
 from pipeline.export.files import WEB_FILES
 from pipeline.export.tokenizer import tokenize_texts, tokenizer_facts
 from pipeline.export import text_model as TM
-from tests.conftest import read_json
+from tests.helpers import read_json
+
+pytestmark = pytest.mark.pipeline  # every check runs on the tiny runs' bundles (fixture `bundle`)
 
 
 @pytest.fixture(scope="module", params=["transformer", "static"])
@@ -156,6 +158,7 @@ def node():
     return node
 
 
+@pytest.mark.external  # Node.js
 def test_node_runs_the_bundle_like_predict_py(node, bundle, predict, tiny_run, test_texts, tmp_path):
     """Node.js, onnxruntime-node and @huggingface/tokenizers (JavaScript), fed only the bundle's files: the same token
     ids, labels and probabilities as predict.py on the whole test split, for the recommended graph and its .ort twin."""
@@ -253,6 +256,7 @@ def _devtools():
     return module
 
 
+@pytest.mark.external  # headless Chromium
 def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, tmp_path):
     """bundle/demo.html served from 127.0.0.1, opened in headless Chromium: type a sentence, click, read the label and
     probabilities back from the page; they are predict.py's for that sentence."""

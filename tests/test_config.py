@@ -7,7 +7,7 @@ import pytest
 from pipeline.config import apply_overrides, load_config, parse_override
 from pipeline.errors import ConfigError
 from pipeline.models import check_against_models
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 def write(tmp_path, name, text):
@@ -85,6 +85,16 @@ def test_bad_override_syntax(item):
 def test_override_values_are_typed():
     raw = apply_overrides({}, ["a.b=3", "c=[0, 5]", "d=null", "e=true"])
     assert raw == {"a": {"b": 3}, "c": [0, 5], "d": None, "e": True}
+
+
+def test_on_off_settings_read_as_the_words_yaml_turns_into_booleans(tmp_path):
+    """export.executorch is auto|on|off; YAML (and so the command line) reads an unquoted on/off as a boolean."""
+    assert load_config("tiny", ["export.executorch=off"]).export.executorch == "off"
+    assert load_config("tiny", ["export.executorch=on"]).export.executorch == "on"
+    (tmp_path / "mine.yaml").write_text(f"extends: tiny\nexport:\n  executorch: off\n")
+    assert load_config(str(tmp_path / "mine.yaml")).export.executorch == "off"
+    with pytest.raises(ConfigError, match="export.executorch"):
+        load_config("tiny", ["export.executorch=sometimes"])
 
 
 def test_cli_exit_code_2_without_traceback():

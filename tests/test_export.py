@@ -20,7 +20,7 @@ from pipeline.export.quantize import quantization_ladder, quantize_int8, quantiz
 from pipeline.export.tokenizer import corpus_token_ids, tokenize_texts, trim_embeddings, trim_vocabulary
 from pipeline.config import load_config
 from pipeline.runner import read_manifest
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 BUNDLE_FILES = {
     "model.onnx", "model.int8.onnx", "model.int8.ort", "model.int8.static.onnx", "model.int8.static.ort",

@@ -29,9 +29,9 @@ from pipeline.export.onnx_graph import weight_matmuls
 from pipeline.attention import attention_probs, capture_projections, relation_scores
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, ModelError
-from tests.test_attention import max_diff_valid_rows, padded_batch
+from tests.helpers import max_diff_valid_rows, padded_batch
 from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
-from tests.conftest import read_json
+from tests.helpers import read_json
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
 
 TOKENIZER_KIND = {"bert": "wordpiece", "roberta": "byte_level_bpe", "xlm-roberta": "unigram_metaspace",
@@ -294,7 +294,8 @@ RUNS = {  # the slowest first: two worker processes share them
                     "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}"],
 }
 FAST = ["precision=fp32", "tracking.enabled=false", "data.max_examples=100", "distill.epochs=1", "evaluate.heatmap_examples=0",
-        "export.latency_runs=1", "export.latency_warmup=0", "export.latency_rounds=1", "export.latency_sentences=0"]
+        "export.latency_runs=1", "export.latency_warmup=0", "export.latency_rounds=1", "export.latency_sentences=0",
+        "export.executorch=off"]  # the .pte lowering (~20 s an export) is checked on the shared tiny run
 
 
 def run_family(model_type: str, root: str, tokenizer_folder: str) -> dict:

@@ -201,7 +201,7 @@ def augmented_run(tiny_run, tmp_path_factory):
     import os
     import shutil
 
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     runs_dir = tmp_path_factory.mktemp("augmented")
     for stage in ("prepare", "teacher"):  # shared upstream: the runner skips them (same fingerprints)
@@ -218,7 +218,7 @@ def test_augmentation_leaves_the_teacher_alone_and_labels_variants_with_logits_o
     from pipeline.inference import TrainingData, pad_id
     from pipeline.models import load_classifier
     from pipeline.runner import Distributed
-    from tests.conftest import read_json
+    from tests.helpers import read_json
 
     run_dir, result = augmented_run
     assert "[prepare] up to date" in result.stderr + result.stdout and "[teacher] up to date" in result.stderr + result.stdout

@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 START_PG = REPO / "scripts" / "start_postgres.sh"
 CONFIG = "tiny"
 from pipeline.runner import STAGES  # noqa: E402
+
+pytestmark = [pytest.mark.pipeline, pytest.mark.external]  # a PostgreSQL-backed MLflow server
 SERVER_READY_TIMEOUT_S = 180
 PIPELINE_TIMEOUT_S = 900
 
@@ -216,7 +218,7 @@ def pipeline_run(mlflow_server):
     env.update(MLFLOW_TRACKING_URI=base, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     try:
         res = subprocess.run(
-            [sys.executable, "-m", "pipeline", "run", CONFIG, "--runs-dir", str(runs_dir)],
+            [sys.executable, "-m", "pipeline", "run", CONFIG, "export.executorch=off", "--runs-dir", str(runs_dir)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=PIPELINE_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as e:

@@ -13,7 +13,9 @@ import importlib.util
 import mlflow
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.external  # headless Chromium
 
 HEADLINE = ["teacher_accuracy", "student_accuracy", "retention", "shipped_accuracy", "shipped_mb", "accuracy_kept",
             "size_vs_int8_teacher", "speedup_vs_int8_teacher_L16", "shipped_latency_ms_L16"]

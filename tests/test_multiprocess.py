@@ -7,22 +7,28 @@ import os
 import subprocess
 import sys
 
+import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.pipeline
 
 # Dropout off so the two runs differ only by where the batch is split; data
 # order, batch composition and loss weighting are identical by construction.
 NO_DROPOUT = ["teacher.random.dropout=0", "student.dropout=0", "precision=fp32"]
+# One process stops after evaluate (its export is the shared tiny run's); two processes run the export too (rank 0
+# builds the bundle while the other waits), without the .pte lowering (~20 s, checked on the shared tiny run).
 
 
 def launch(runs_dir, nproc: int):
     if nproc == 1:
-        command = [sys.executable, "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "--runs-dir", str(runs_dir)]
+        command = [sys.executable, "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "--to", "evaluate", "--runs-dir", str(runs_dir)]
     else:
         command = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--multi_gpu",
                    "--num_machines", "1", "--num_processes", str(nproc), "--mixed_precision", "no",
-                   "--dynamo_backend", "no", "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "--runs-dir", str(runs_dir)]
+                   "--dynamo_backend", "no", "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "export.executorch=off",
+                   "--runs-dir", str(runs_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -33,6 +39,7 @@ def test_two_processes_match_one(tmp_path):
     one = launch(tmp_path / "one", 1)
     two = launch(tmp_path / "two", 2)
     assert "[rank 0]" in two.stderr
+    assert (tmp_path / "two" / "tiny" / "export" / "bundle" / "metadata.json").is_file()  # rank 0 exported, rank 1 waited
     run1, run2 = tmp_path / "one" / "tiny", tmp_path / "two" / "tiny"
     # World size as seen by Accelerate's process group, recorded by the distill stage.
     assert json.loads((run2 / "distill" / "manifest.json").read_text())["summary"]["world_size"] == 2

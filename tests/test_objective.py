@@ -3,49 +3,13 @@ students with other head counts and widths distil through relation heads."""
 
 from __future__ import annotations
 
-import copy
-import types
-
-import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
 
-from pipeline.cache import CacheLayout, TeacherCache, flatten_targets, write_index, write_shard
+from pipeline.cache import CacheLayout, TeacherCache
 from pipeline.config import LossWeights
-from pipeline.data import pad_batch
 from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
-
-
-def bert(hidden, heads, layers, seed):
-    torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=100, hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
-                     intermediate_size=2 * hidden, max_position_embeddings=64, num_labels=3,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = BertForSequenceClassification(copy.deepcopy(cfg))
-    model.set_attn_implementation("sdpa")
-    return model.eval()
-
-
-def fake_config(weights: LossWeights, temperature=2.0, chunk=3):
-    distill = types.SimpleNamespace(loss=weights, temperature=temperature, attention_chunk=chunk)
-    return types.SimpleNamespace(distill=distill)
-
-
-def batch_of(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    ids = [list(rng.integers(5, 100, n)) for n in lengths]
-    input_ids, mask = pad_batch(ids, 0)
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 2, 1][: len(lengths)]),
-            "indices": np.arange(len(lengths))}
-
-
-def write_cache(folder, targets, batch, layout) -> None:
-    """The batch's teacher ``targets`` written the way the capture stage writes them: one shard and the index."""
-    lengths = [int(n) for n in batch["attention_mask"].sum(1)]
-    write_shard(folder, 0, flatten_targets(targets, layout, lengths, batch["attention_mask"]), targets["logits"].numpy(),
-                lengths, first=0)
-    write_index(folder, 1, len(lengths), layout)
+from tests.helpers import batch_of, bert, fake_config, write_cache
 
 
 @pytest.mark.parametrize("store,dtype,tolerance", [("probs", "float32", 1e-5), ("vectors", "float32", 1e-5),

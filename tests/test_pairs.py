@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import run_cli
+from tests.helpers import run_cli
 
 PAIRS = 300
 

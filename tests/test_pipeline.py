@@ -9,7 +9,7 @@ from transformers import AutoModelForSequenceClassification
 
 from pipeline.config import load_config
 from pipeline.runner import STAGES, fingerprints, read_manifest
-from tests.conftest import read_json, run_cli
+from tests.helpers import read_json, run_cli
 
 
 def test_every_stage_output_exists(tiny_run):

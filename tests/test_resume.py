@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, run_cli
+from tests.helpers import ROOT, run_cli
 
 CHECKPOINT = re.compile(r"step-\d+-e(\d+)b(\d+)$")
 
@@ -32,7 +32,7 @@ def kill_when(runs_dir: Path, want_epoch: int, min_batch: int) -> bool:
 
     Returns True if the process was still running when killed.
     """
-    command = [sys.executable, "-m", "pipeline", "run", "tiny", "--runs-dir", str(runs_dir)]
+    command = [sys.executable, "-m", "pipeline", "run", "tiny", "--to", "distill", "--runs-dir", str(runs_dir)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder = runs_dir / "tiny" / "distill.partial" / "checkpoints-distill"
     deadline = time.time() + 300
@@ -58,7 +58,7 @@ def test_kill9_then_rerun_gives_identical_student(tiny_run, tmp_path, epoch, bat
     copy_upstream(tiny_run["run_dir"], runs_dir / "tiny")
     assert kill_when(runs_dir, epoch, batch), "the run finished before it could be killed"
     assert not (runs_dir / "tiny" / "distill").exists()  # an interrupted stage never looks done
-    resumed = run_cli("run", "tiny", runs_dir=runs_dir)
+    resumed = run_cli("run", "tiny", "--to", "distill", runs_dir=runs_dir)  # the student is the point
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from checkpoint" in resumed.stderr
     expected = load_file(tiny_run["run_dir"] / "distill" / "student" / "model.safetensors")

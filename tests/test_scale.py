@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import run_cli
+from tests.helpers import run_cli
 
 MAX_LENGTH = 16  # short, so many of the generated sentences are truncated
 
@@ -162,7 +162,7 @@ def test_over_budget_cache_keeps_logits_for_all_and_relations_for_some(tiny_run,
 def test_scale_bench_verdict_names_what_misses_the_goal():
     import sys
 
-    from conftest import ROOT
+    from tests.helpers import ROOT
 
     sys.path.insert(0, str(ROOT / "bench"))
     import scale

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import types
 
+import pytest
 from pydantic import BaseModel
 
 from pipeline.config import load_config
+
+pytestmark = pytest.mark.pipeline  # a tiny run, every stage reading through a recording config
 
 # Keys that never change a stage's output: the run's name and description
 # (folder, titles) and where MLflow records it.

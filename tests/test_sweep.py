@@ -16,7 +16,9 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.runner import STAGES
 from pipeline.sweep import Constraint, choose, load_sweep, parse_pick, pareto_front
-from tests.conftest import ROOT, read_json, run_cli
+from tests.helpers import ROOT, read_json, run_cli
+
+pytestmark = pytest.mark.pipeline
 
 SWEEP = "configs/sweeps/tiny_depth.yaml"
 VARIANTS = ["first", "last", "both"]
@@ -26,7 +28,8 @@ MODEL = "attention-distill-tiny"
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("sweep_runs")
-    result = run_cli("sweep", "tiny", SWEEP, "--pick", "mb<=1000", runs_dir=runs_dir, timeout=1800)
+    # no .pte (~20 s an export, checked on the shared tiny run): sweeps are the point here
+    result = run_cli("sweep", "tiny", SWEEP, "export.executorch=off", "--pick", "mb<=1000", runs_dir=runs_dir, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     folder = runs_dir / "tiny" / "sweeps" / "tiny_depth"
     return {"runs_dir": runs_dir, "folder": folder, "first": result,

@@ -131,8 +131,8 @@ def test_a_distillation_step_from_the_cache_with_logits_only_rows_reads_nothing_
     from pipeline.cache import CacheLayout, TeacherCache, choose_stores
     from pipeline.config import LossWeights
     from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
-    from tests.test_objective import batch_of as lengths_batch
-    from tests.test_objective import bert, fake_config, write_cache
+    from tests.helpers import batch_of as lengths_batch
+    from tests.helpers import bert, fake_config, write_cache
 
     lengths = [7, 4, 9, 2]
     teacher, student = bert(32, 4, 2, seed=0), bert(32, 4, 1, seed=1)

@@ -19,7 +19,7 @@ from pipeline.cache import CacheLayout, TeacherCache, choose_stores
 from pipeline.config import LossWeights, load_config
 from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
 from pipeline.terms import TARGETS, TERMS
-from tests.test_objective import batch_of, bert, fake_config, write_cache
+from tests.helpers import batch_of, bert, fake_config, write_cache
 
 LENGTHS = [7, 4, 9, 2]
 

@@ -19,7 +19,7 @@ import pytest
 from pipeline.export.files import BUNDLE_TEMPLATES
 from pipeline.export.tokenizer import tokenize_texts, tokenizer_facts, tokenizer_files
 from pipeline.data import rotten_tomatoes_path
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 
 def corpus(n: int = 600) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reliability.conftest import CONFIG_NAME, error_message, expect_error, nothing_written, write_config
+from tests.reliability.helpers import CONFIG_NAME, error_message, expect_error, nothing_written, write_config
 
 
 def run_args(run, *extra):
@@ -111,7 +111,7 @@ def test_validate_command_reports_the_same_errors(run_copy):
 def test_python_launcher_prints_no_traceback(run_copy, tmp_path):
     """The real `python -m pipeline` process: exit 2, one message, no traceback (a plain
     process, so nothing of the test harness can hide one). --debug is checked in-process above."""
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     path = write_config(tmp_path, CONFIG_NAME, "seed: [1\n")
     plain = run_cli("run", str(path), runs_dir=run_copy.runs_dir)
@@ -127,7 +127,7 @@ def test_python_launcher_prints_no_traceback(run_copy, tmp_path):
 ], ids=["only-twice", "empty-range", "to-twice", "only-with-to"])
 def test_stage_options_that_cannot_mean_what_they_say_are_refused(run_copy, extra, phrases):
     """Never "the last --only wins" or an empty range that exits 0 having done nothing."""
-    from tests.reliability.conftest import cli
+    from tests.reliability.helpers import cli
 
     before = nothing_written(run_copy.run_dir)
     result = cli(*run_args(run_copy, run_copy.config, *extra))
@@ -140,7 +140,7 @@ def test_stage_options_that_cannot_mean_what_they_say_are_refused(run_copy, extr
 
 
 def test_only_on_a_new_folder_never_calls_later_stages_up_to_date(tmp_path):
-    from tests.reliability.conftest import cli
+    from tests.reliability.helpers import cli
 
     result = cli("run", "tiny", "tracking.enabled=false", "--only", "prepare", "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -154,7 +154,7 @@ def test_overrides_are_taken_after_options_too(tmp_path):
     import yaml
 
     from pipeline.cli import parse
-    from tests.reliability.conftest import cli
+    from tests.reliability.helpers import cli
 
     args = parse(["run", "tiny", "--to", "prepare", "seed=3", "--runs-dir", str(tmp_path), "distill.epochs=1"])
     assert args.overrides == ["seed=3", "distill.epochs=1"] and args.to_stage == ["prepare"]
@@ -173,7 +173,7 @@ def test_overrides_are_taken_after_options_too(tmp_path):
 ], ids=["config-section-twice", "sweep-variant-twice"])
 def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path, command, text, line):
     """YAML keeps the last of two equal keys; the product would silently drop the first section or variant."""
-    from tests.reliability.conftest import cli
+    from tests.reliability.helpers import cli
 
     path = write_config(tmp_path, "dup", text)
     args = ("run", str(path)) if command == "run" else ("sweep", "tiny", str(path))
@@ -202,7 +202,7 @@ def test_a_section_override_merges_into_the_section(tmp_path):
 
 
 def test_an_override_key_given_twice_on_the_command_line_is_refused(tmp_path):
-    from tests.reliability.conftest import cli
+    from tests.reliability.helpers import cli
 
     result = cli("validate", "tiny", "seed=1", "--runs-dir", str(tmp_path), "seed=2")
     assert result.returncode == 2 and "seed is given 2 times on the command line with different values (1, 2)" in result.stderr
@@ -218,7 +218,7 @@ def test_an_override_key_given_twice_on_the_command_line_is_refused(tmp_path):
 def test_debug_adds_the_traceback_and_keeps_the_exit_code(tmp_path, args, code):
     """Every user-facing error goes through cli.main's one handler: without --debug one paragraph and no
     traceback (expect_error checks that in every case), with --debug the same exit code and the traceback."""
-    from tests.reliability.conftest import cli
+    from tests.reliability.helpers import cli
 
     plain = cli(*args, "--runs-dir", str(tmp_path))
     debug = cli(*args, "--runs-dir", str(tmp_path), "--debug")

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from tests.conftest import ROOT
-from tests.reliability.conftest import cli, expect_error, write_config
+from tests.helpers import ROOT
+from tests.reliability.helpers import cli, expect_error, write_config
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 

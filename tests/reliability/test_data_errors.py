@@ -6,41 +6,10 @@ with a logged count, not an error."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from tests.reliability.conftest import assert_complete_stages_untouched, cli, expect_error
-
-
-def rows(n: int, labels=("pos", "neg")) -> list[dict]:
-    return [{"text": f"review number {i} says it was {labels[i % len(labels)]}", "label": labels[i % len(labels)]}
-            for i in range(n)]
-
-
-def write(path: Path, records: list[dict]) -> Path:
-    frame = pd.DataFrame(records)
-    if path.suffix == ".csv":
-        frame.to_csv(path, index=False)
-    elif path.suffix == ".jsonl":
-        frame.to_json(path, orient="records", lines=True)
-    else:
-        frame.to_parquet(path)
-    return path
-
-
-def prepare_with(run, path: Path | str, *overrides: str) -> tuple:
-    source = Path(path).suffix.lstrip(".") or "csv"
-    return ("run", run.config, f"data.source={source}", f"data.path={path}", "data.group_column=null", *overrides,
-            "--only", "prepare", "--runs-dir", str(run.runs_dir))
-
-
-def check(run, path, *overrides, phrases):
-    before = run.snapshot()
-    result = expect_error(*prepare_with(run, path, *overrides), code=1, phrases=phrases)
-    assert_complete_stages_untouched(before, run.run_dir)
-    return result
+from tests.reliability.helpers import check, cli, prepare_with, rows, write
 
 
 def test_missing_data_file(run_copy, tmp_path):

@@ -17,8 +17,8 @@ import datasets
 import pandas as pd
 import pytest
 
-from tests.reliability.conftest import cli, error_message, planned
-from tests.reliability.test_data_errors import check, prepare_with, rows, write
+from tests.reliability.helpers import cli, error_message, planned
+from tests.reliability.helpers import check, prepare_with, rows, write
 
 NAMES = ("neg", "pos")
 

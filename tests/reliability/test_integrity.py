@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT
-from tests.reliability.conftest import (CONFIG_NAME, ONE_THREAD, assert_resumable_interrupt, cli, error_message,
+from tests.helpers import ROOT
+from tests.reliability.helpers import (CONFIG_NAME, ONE_THREAD, assert_resumable_interrupt, cli, error_message,
                                         expect_error, nothing_written, planned, stop, write_config)
 
 
@@ -202,6 +202,7 @@ def test_tracking_uri_problems_never_show_the_password(run_copy, uri, phrases):
     assert "pa55-w0rd-x" not in result.stderr + result.stdout + debug.stderr + debug.stdout
 
 
+@pytest.mark.pipeline  # two real processes preparing at once
 def test_two_configs_start_at_once_on_a_fresh_runs_folder(tmp_path):
     runs_dir = tmp_path / "runs"
     configs = [write_config(tmp_path, name, f"extends: {ROOT / 'configs' / 'tiny.yaml'}\ndata:\n  max_examples: 60\n")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from tests.reliability.conftest import assert_complete_stages_untouched, expect_error, nothing_written
+from tests.reliability.helpers import assert_complete_stages_untouched, expect_error, nothing_written
 
 
 @pytest.fixture(scope="module")

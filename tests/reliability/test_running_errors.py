@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT
-from tests.reliability.conftest import (CONFIG_NAME, ONE_THREAD, assert_complete_stages_untouched,
+from tests.helpers import ROOT
+from tests.reliability.helpers import (CONFIG_NAME, ONE_THREAD, assert_complete_stages_untouched,
                                         assert_resumable_interrupt, cli, error_message, expect_error, nothing_written,
                                         stop)
 

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.reliability.conftest import CONFIG_NAME, cli, expect_error, write_config
+from tests.helpers import ROOT
+from tests.reliability.helpers import CONFIG_NAME, cli, expect_error, write_config
 
 PRODUCT_CODE = ["pipeline", "stages", "scripts", "bench"]
 FAKE_TOKEN = "hf_fake_secret_123456"

@@ -1,0 +1,53 @@
+"""The tiers (tests/tiers.py): unmarked tests are `unit`, a pipeline-run fixture makes a test `pipeline`, and with
+REQUIRE_EXTERNAL=1 (CI) an `external` test that skips fails instead."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+CASES = '''
+import pytest
+
+@pytest.fixture
+def tiny_run():
+    return None
+
+def test_plain():
+    pass
+
+def test_reads_a_run(tiny_run):
+    pass
+
+@pytest.mark.external
+def test_needs_a_tool():
+    pytest.skip("no such tool here")
+'''
+
+
+def pytest_in(folder, *args, env=None):
+    """pytest on ``folder`` with only the tiers plugin (not this suite's conftest)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "tests.tiers", "-p", "no:cacheprovider", "--rootdir", str(folder),
+               "-o", "markers=unit\npipeline\nexternal", *args, str(folder)]
+    return subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_unmarked_is_unit_and_a_run_fixture_makes_pipeline(tmp_path):
+    (tmp_path / "test_cases.py").write_text(CASES)
+    unit = pytest_in(tmp_path, "-m", "unit", "--collect-only")
+    pipeline = pytest_in(tmp_path, "-m", "pipeline", "--collect-only")
+    assert "test_plain" in unit.stdout and "test_reads_a_run" not in unit.stdout and "test_needs_a_tool" not in unit.stdout
+    assert "test_reads_a_run" in pipeline.stdout and "test_plain" not in pipeline.stdout
+
+
+def test_an_external_skip_fails_only_where_external_tools_are_required(tmp_path):
+    (tmp_path / "test_cases.py").write_text(CASES)
+    local = pytest_in(tmp_path, "-rs", env={"REQUIRE_EXTERNAL": "0"})
+    assert local.returncode == 0 and "1 skipped" in local.stdout, local.stdout
+    ci = pytest_in(tmp_path, env={"REQUIRE_EXTERNAL": "1"})
+    assert ci.returncode == 1 and "1 failed" in ci.stdout, ci.stdout
+    assert "REQUIRE_EXTERNAL=1: this test needs a tool that is missing here" in ci.stdout and "no such tool here" in ci.stdout
