@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import emit  # noqa: E402  (also puts the repository on the import path)
+from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
 from pipeline import bundle as B  # noqa: E402
 from pipeline import from_text as FT  # noqa: E402
 from pipeline import timing  # noqa: E402
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         for name, setting in settings.items():
             count = len(setting[1]["student"]) if setting else "-"
             lines.append(f"| {name} | {count} | " + " | ".join(cells[name]) + " |")
-    emit(lines, args.out)
+    emit(lines, args.out, command=command_line("bench/latency_harness.py", argv))
     return 0
 
 
