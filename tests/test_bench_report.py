@@ -26,6 +26,14 @@ def test_committed_benchmarks_md_is_what_the_committed_results_render():
         "BENCHMARKS.md differs from what bench/report.py renders: run `make bench-report` and commit it"
 
 
+def test_readme_table_is_the_committed_budget_sweep():
+    table = report.readme_table(RESULTS)
+    assert table in (ROOT / "README.md").read_text(), \
+        "README.md's table differs from `python bench/report.py --readme-table`: paste the new one"
+    sweep = json.loads((RESULTS / "sweep_budget_bert_small.json").read_text())
+    assert len(table.strip().splitlines()) == 2 + len(sweep["variants"]) + len(sweep["references"])
+
+
 def test_every_results_file_is_listed_and_every_section_names_command_date_machine():
     text = (ROOT / "BENCHMARKS.md").read_text()
     listed = {s.file for s in report.SECTIONS} | {d for s in report.SECTIONS for d in s.data}
