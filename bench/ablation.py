@@ -138,16 +138,19 @@ def markdown(results: dict, header: dict) -> str:
              "one accuracy carries a standard error of about 0.8 points: differences under ~1.5 points between "
              "single runs are within noise.", ""]
     teacher = next(iter(results.values()))
-    lines += ["## Losses (2-layer student)", "",
+    base = [r.get("layers") for name, r in results.items() if VARIANTS.get(name, ("",))[0] != "depth"]
+    student = f"{base[0]}-layer student" if base and base[0] else "the config's student"
+    lines += [f"## Losses ({student})", "",
               "| student | accuracy | macro-F1 | retention | distill time (s) |", "|---|---:|---:|---:|---:|"]
     for name, r in results.items():
         if VARIANTS[name][0] == "ablation":
             lines.append(f"| {VARIANTS[name][1]} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} | {r['retention']:.4f} | {r['distill_seconds']:.0f} |")
     lines.append(f"| teacher (MiniLM-L6, fine-tuned) | {teacher['teacher_accuracy']:.4f} | {teacher['teacher_macro_f1']:.4f} | 1.0000 | - |")
-    lines += ["", "## Depth (default losses): retention against int8 latency", "",
-              "Latency: batch 1, length 128, 1 thread, median; speed-up against the teacher in PyTorch fp32.", "",
-              "| student | parameters | accuracy | retention | int8 accuracy | int8 MB | int8 ms | speed-up int8 | "
-              "speed-up PyTorch | distill time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if any(VARIANTS[name][0] == "depth" for name in results):
+        lines += ["", "## Depth (default losses): retention against int8 latency", "",
+                  "Latency: batch 1, length 128, 1 thread, median; speed-up against the teacher in PyTorch fp32.", "",
+                  "| student | parameters | accuracy | retention | int8 accuracy | int8 MB | int8 ms | speed-up int8 | "
+                  "speed-up PyTorch | distill time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         if VARIANTS[name][0] == "depth":
             if "int8_ms" not in r:
@@ -163,7 +166,7 @@ def markdown(results: dict, header: dict) -> str:
                      f"{depth[0]['teacher_pytorch_ms']:.1f} (PyTorch) | 1.0x | 1.0x | - |")
     tuning = [name for name in results if VARIANTS[name][0] == "tuning"]
     if tuning:
-        lines += ["", "## Tuning (2-layer student)", "",
+        lines += ["", f"## Tuning ({student})", "",
                   "| student | accuracy | macro-F1 | retention | distill time (s) |", "|---|---:|---:|---:|---:|"]
         for name in tuning:
             r = results[name]

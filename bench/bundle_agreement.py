@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import ROOT, emit
+from common import ROOT, command_line, emit
 
 
 def predict_py(bundle: Path, model: str, test: Path, batch: int) -> float:
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         lines.append(f"| `{file}` | {name} | {recorded:.4f} | {one:.4f}{'' if one == recorded else ' (differs)'} | "
                      f"{batched:.4f} | {'-' if js is None else f'{js:.4f}'} |")
         print(lines[-1], flush=True)
-    emit(lines, args.out)
+    emit(lines, args.out, command=command_line("bench/bundle_agreement.py", argv))
     return 0
 
 

@@ -634,7 +634,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_atomic(args.out / "gpu_throughput.json", json.dumps(result, indent=2, default=str) + "\n")
-        write_atomic(args.out / "gpu_throughput.md", f"Command: `{result['command']}`\n\n" + report)
+        from common import header_lines  # the header bench/report.py reads
+
+        head = header_lines(result["command"], machine=result["device"], date=result["date"][:10])
+        write_atomic(args.out / "gpu_throughput.md", "\n".join(head) + "\n" + report)
     return 0
 
 

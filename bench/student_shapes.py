@@ -128,9 +128,11 @@ def main() -> None:
         row["size_ratio"] = row["int8_mb"] / results[base]["int8_mb"]
     import platform
 
-    command = "python bench/student_shapes.py " + " ".join(sys.argv[1:])
-    lines = [f"Made by `{command.strip()}` on {platform.machine()} ({os.cpu_count()} CPUs, {cpu_flags()}), "
-             f"{time.strftime('%Y-%m-%d')}.", "",
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import command_line, header_lines
+
+    lines = [*header_lines(command_line("bench/student_shapes.py"),
+                           machine=f"{platform.machine()} ({os.cpu_count()} CPUs, {cpu_flags()})"),
              f"Int8 students vs the int8 teacher: batch 1, 1 thread, ONNX Runtime, {args.rounds} interleaved rounds "
              f"(median), length 128 and {len(lengths)} real sentence lengths (mean {np.mean(lengths):.1f} tokens).", "",
              "| shape | int8 MB | ms L=128 | speed-up | ms sentences | speed-up | size vs int8 teacher |",

@@ -1,5 +1,5 @@
 """pipeline/ in layers: read every module's imports (the ones inside functions too) and fail on a cycle, or on a
-module importing from a layer above its own. The layer list is written once, here; README "Layout" draws it."""
+module importing from a layer above its own. The layer list is written once, here; docs/architecture.md draws it."""
 
 from __future__ import annotations
 

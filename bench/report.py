@@ -1,0 +1,888 @@
+"""Render BENCHMARKS.md from the committed results in bench/results/: no measuring, a few seconds.
+
+    python bench/report.py                    # rewrite BENCHMARKS.md (make bench-report)
+    python bench/report.py --check            # exit 1 when BENCHMARKS.md is not what the results render
+    python bench/report.py --results-dir DIR --out FILE
+    python bench/report.py --readme-table     # the README's table of the default (from the budget sweep)
+    python bench/report.py --stamp FILE --command "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml"
+                                              # head a results file copied from a run folder (a sweep's sweep.md)
+                                              # with the header; --date and --machine default to today and here
+
+`make bench` runs bench/run_all.py, which measures (bench.json, attention_kl.*) and then renders with this
+module; `make bench-report` only renders. Every results file is one section of BENCHMARKS.md, in the order of
+SECTIONS below, each under its part, and each names the command that made the file, its date and its machine:
+from the file's header (the `Command:` / `Date:` / `Machine:` lines that bench/common.py's `header_lines` and
+`emit` write) or, for a JSON file, from its `command` / `date` / `machine` keys (top level, `header` or `meta`).
+A results file without that header, or one SECTIONS does not name, stops the render with an error: nothing in
+BENCHMARKS.md comes from a file whose origin is unknown, and nothing in it is written by hand.
+
+Results measured on an earlier default (a student of another depth than configs/bert_small.yaml's) move to the
+part "Earlier defaults" with a note saying so; results with int8 accuracies dated before the export scored one
+text per call say that too. tests/test_bench_report.py checks that the committed BENCHMARKS.md is exactly what
+this renders from the committed results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import BENCH, ROOT, header_lines, read_header  # noqa: E402
+
+RESULTS = BENCH / "results"
+OUT = ROOT / "BENCHMARKS.md"
+DEFAULT_CONFIG = "bert_small"  # what `make distill` runs without CONFIG= (the Makefile's CONFIG ?= bert_small)
+# The export scores every variant one text per call (batch 1, as an app calls the model) since this date; before,
+# its int8 accuracies were measured in batches of 64, where dynamic int8 answers a few texts differently.
+ONE_TEXT_PER_CALL_SINCE = "2026-12-01"
+LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student PyTorch fp32",
+                  "student ONNX fp32", "student ONNX int8"]
+HEADING_SHIFT = 2  # a results file's "## x" becomes "#### x": sections are "###", parts "##"
+
+
+class ReportError(Exception):
+    """A results file the report cannot vouch for (no header, not listed, unreadable)."""
+
+
+# ---------------------------------------------------------------- the default
+
+def current_default(configs: Path = ROOT / "configs") -> dict:
+    """The default config's student, read from its YAML (following `extends`), without importing the pipeline."""
+    merged: dict = {}
+    name, seen = DEFAULT_CONFIG, set()
+    chain = []
+    while name and name not in seen:
+        seen.add(name)
+        data = yaml.safe_load((configs / f"{name}.yaml").read_text()) or {}
+        chain.append(data)
+        name = data.get("extends")
+    for data in reversed(chain):
+        for key, value in data.items():
+            merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    student = merged.get("student", {})
+    layers = 0 if student.get("kind") == "static" else len(student.get("teacher_layers") or []) or None
+    return {"config": DEFAULT_CONFIG, "layers": layers, "ffn_size": student.get("ffn_size")}
+
+
+# ---------------------------------------------------------------- what each file measured (its default's depth)
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: not readable JSON ({exc})") from exc
+
+
+def _sweep_default_layers(json_name: str) -> Callable[[Path], int | None]:
+    def layers(results: Path) -> int | None:
+        if not (results / json_name).is_file():
+            return None
+        variants = _json(results / json_name).get("variants", [])
+        return next((v.get("layers") for v in variants if "the default" in (v.get("description") or "")), None)
+    return layers
+
+
+def _log_layers(log_name: str) -> Callable[[Path], int | None]:
+    def layers(results: Path) -> int | None:
+        if not (results / log_name).is_file():
+            return None
+        match = re.search(r"\[distill\] done in .*?layers=(\d+)", (results / log_name).read_text())
+        return int(match.group(1)) if match else None
+    return layers
+
+
+def _ablation_layers(results: Path, name: str) -> int | None:
+    data = _json(results / name)
+    first = next(iter(data.get("results", {}).values()), {})
+    return first.get("layers")
+
+
+def _bench_layers(results: Path) -> int | None:
+    rows = ((_json(results / "bench.json").get("sections") or {}).get("quality_run") or {}).get("rows", [])
+    return next((r.get("layers") for r in rows if r["model"] == "distilled student (PyTorch)"), None)
+
+
+def _micro_layers(results: Path) -> int | None:
+    student = (_json(results / "micro_avx2.json").get("setup") or {}).get("student", "")
+    match = re.match(r"(\d+) layers?", student)
+    return int(match.group(1)) if match else None
+
+
+# ---------------------------------------------------------------- the sections, in order
+
+PARTS = {
+    "default": "The current default",
+    "data": "Other data sets and configs",
+    "parts": "Parts of the pipeline",
+    "choice": "How the default was chosen",
+    "gpu": "On a GPU",
+    "earlier": "Earlier defaults",
+}
+
+
+@dataclass(frozen=True)
+class Section:
+    file: str  # the file rendered, relative to the results folder
+    title: str
+    part: str  # a key of PARTS; "bench": placed by what bench.json measured
+    about: str
+    data: tuple[str, ...] = ()  # companion files (JSON, plots, device lines): linked, plots shown
+    render: Callable[[Path, "Context"], list[str] | str] | None = None  # for JSON files
+    layers: Callable[[Path], int | None] | None = None  # depth of the default student the file measured
+    int8_accuracy: bool = False  # reports int8 accuracies (scored in batches before ONE_TEXT_PER_CALL_SINCE)
+    optional: bool = True  # skipped when absent (a partial results folder, e.g. `run_all.py --out-dir`)
+
+
+def _render_debates(path: Path, ctx: "Context") -> list[str]:
+    d = _json(path)
+    v = d["versus_int8_teacher"]
+    sp = v["speedup_vs_int8_teacher"]
+    trim = d.get("vocab_trim") or {}
+    splits = d.get("splits") or {}
+    stages = d.get("stage_seconds") or {}
+    return ["| model | accuracy | macro-F1 | file MB | speed-up L=128 | speed-up sentences |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| teacher (PyTorch fp32) | {d['teacher']['accuracy']:.4f} | {d['teacher']['macro_f1']:.4f} | - | | |",
+            f"| student (PyTorch fp32) | {d['student_pytorch']['accuracy']:.4f} | {d['student_pytorch']['macro_f1']:.4f} "
+            "| - | | |",
+            f"| teacher ONNX int8 (the baseline) | {v['baseline']['accuracy']:.4f} | {v['baseline']['macro_f1']:.4f} | "
+            f"{v['baseline']['file_mb']:.1f} | 1.00x | 1.00x |",
+            f"| shipped student ({v['shipped']['variant']}{', trimmed vocabulary' if trim.get('enabled') else ''}) | "
+            f"{v['shipped']['accuracy']:.4f} | - | "
+            f"{v['shipped']['file_mb']:.1f} | {sp.get('L=128', 0):.2f}x | {sp.get('sentences', 0):.2f}x |", "",
+            f"Splits: train {splits.get('train')} / validation {splits.get('validation')} / test {splits.get('test')}; "
+            f"majority class {d['majority_class_accuracy']:.4f}. Accuracy kept {v['accuracy_kept']:.3f} of the fp32 "
+            f"teacher, size {v['size_vs_int8_teacher']:.2f} of the int8 teacher"
+            + (f", vocabulary {trim['kept_tokens']:,} of {trim['original_vocab']:,} tokens" if trim.get("kept_tokens") else "")
+            + ". Stage seconds: " + ", ".join(f"{k} {s:.0f}" for k, s in stages.items()) + "."]
+
+
+def _render_ablation(path: Path, ctx: "Context") -> str:
+    from ablation import markdown
+
+    data = _json(path)
+    if "header" not in data:
+        raise ReportError(f"{path}: no header (command, date, machine)")
+    return markdown(data["results"], data["header"])
+
+
+SECTIONS: list[Section] = [
+    Section("sweep_budget_bert_small.md", "A student for every budget (bert_small)", "default",
+            "The budget sweep's own table (its `sweep.md`, copied here): a static student and transformer students of "
+            "1, 2 and 3 layers (`layers3` has exactly the default config), the int8 teacher and the peers the "
+            "`baselines` stage trains (TF-IDF, fastText, static embeddings). \"accuracy from text\" and \"ms per "
+            "text\": raw text in, label out, one text per call, one thread, tokenizer included.",
+            data=("sweep_budget_bert_small.json", "sweep_budget_bert_small.png"),
+            layers=_sweep_default_layers("sweep_budget_bert_small.json"), int8_accuracy=True),
+    Section("phone_table_bert_small.md", "Every shipped file, one text per call (bert_small)", "default",
+            "Each student of the budget sweep as its bundle ships it: accuracy one text per call, the test predictions "
+            "that change in batches of 64, file size, ms per sentence and the speed-up against the int8 teacher with "
+            "its 95% interval (median of per-round paired ratios), from each run's `export/metrics.json`.",
+            int8_accuracy=True),
+    Section("bundle_agreement_bert_small.md", "Recorded accuracy against the bundle's own runners", "default",
+            "For every model file of the default's bundle: the accuracy `metadata.json` records, `predict.py` at batch "
+            "1 and 64, and the Node.js check (onnxruntime-node and the JavaScript tokenizer), on the whole test split.",
+            int8_accuracy=True),
+    Section("latency_harness_bert_small.md", "Latency harnesses: the int8 student against the int8 teacher", "default",
+            "The default's shipped file against the int8 teacher, timed five ways, three times in a row: how far the "
+            "speed-up moves between repeats on a shared machine."),
+    Section("static_seeds_bert_small.md", "The static student over three seeds (bert_small)", "default",
+            "From raw text, one text per call: three distillation seeds of the static student, each beside the int8 "
+            "teacher and the peers; the last line gives its mean accuracy and its margin over the best peer."),
+    Section("clothing_default.md", "Clothing reviews: the default recipe", "data",
+            "`configs/clothing.yaml`, the bert_small recipe on Women's E-Commerce Clothing Reviews (recommended or "
+            "not): the default student, the int8 teacher and the peers from raw text, one text per call."),
+    Section("static_seeds_clothing.md", "Clothing reviews: the static student over three seeds", "data",
+            "As for bert_small: three distillation seeds of the static student on the clothing reviews."),
+    Section("debates.json", "Debates: the default recipe on 2016 debate statements", "data",
+            "`configs/debates.yaml`, the bert_small recipe with only its data section changed: statements from the "
+            "2016 US presidential debates classified by party (Democratic / Republican / Moderator); one seed.",
+            render=_render_debates, int8_accuracy=True),
+    Section("levers_debates.md", "Debates: three distillation seeds", "data",
+            "The debates config for three distillation seeds (teacher, split and cache shared), each through export; "
+            "seed 42 is the run of the section above.",
+            data=("levers_debates.json",), int8_accuracy=True),
+    Section("scale.md", "Data at scale: 10k, 100k and 1M examples", "parts",
+            "Time and peak memory of every stage as the data grows, each stage in its own process.",
+            data=("scale.json", "scale.png")),
+    Section("attention_kl.md", "Attention KL: chunked against naive", "parts",
+            "Peak memory and time of the attention-distillation loss computed in query-row chunks against the naive "
+            "form, forward and backward.", data=("attention_kl.json",)),
+    Section("padding_bert_small.md", "Padding left by length-grouped batches", "parts",
+            "Epoch 0's batches built as training builds them, with and without length grouping: how many need no "
+            "padding (those run without an attention mask) and how much padding is left. A count: no timing."),
+    Section("micro_avx2.md", "Training cost per step and capture throughput", "parts",
+            "Samples/s of a plain CE step, a distillation step with cached teacher targets and one with the teacher "
+            "online; teacher inference against capture.", data=("micro_avx2.json",), layers=_micro_layers),
+    Section("levers.md", "Levers against the int8 teacher (bert_small)", "choice",
+            "The levers tried to make the student beat the int8 teacher (FFN pruning, augmentation, epochs, layer "
+            "maps), each a full pipeline run sharing one teacher and split.", data=("levers.json",),
+            int8_accuracy=True),
+    Section("student_shapes.md", "Student shapes: latency and size only", "choice",
+            "The probe that picked the shapes to train: randomly initialised students of several depths and "
+            "feed-forward sizes, exported and quantized like the shipped one, timed against the int8 teacher.",
+            data=("student_shapes.json",)),
+    Section("sweep_depth_bert_small.md", "Depth sweep (bert_small)", "choice",
+            "The depth sweep's own table (its `sweep.md`, copied here): students of 1, 2 and 3 layers against "
+            "retention, latency and size, with the pick.", data=("sweep_depth_bert_small.json", "sweep_depth_bert_small.png"),
+            layers=_sweep_default_layers("sweep_depth_bert_small.json"), int8_accuracy=True),
+    Section("bench.json", "`make bench`: the whole pipeline, measured from scratch", "bench",
+            "Generated by `bench/run_all.py` from scratch: every figure in it was measured in that run, except the "
+            "committed files it reads, which say where they were measured.",
+            render=None, layers=_bench_layers, int8_accuracy=True),
+    Section("ablation.md", "Ablation: losses, depth and tuning (bert_small)", "choice",
+            "What each distillation lever bought, one pipeline run per variant sharing one split and teacher.",
+            data=("ablation.json",), layers=lambda results: _ablation_layers(results, "ablation.json"),
+            int8_accuracy=True),
+    Section("gpu_throughput_h200/gpu_throughput.md", "GPU throughput at BERT-base scale", "gpu",
+            "`bench/gpu_throughput.py`: samples/s and model-FLOPs utilisation of teacher fine-tuning, capture and "
+            "distillation steps per batch size, precision and batch kind.", data=("gpu_throughput_h200/gpu_throughput.json",)),
+    Section("gpu_throughput_h200_compile/gpu_throughput.md", "GPU throughput with torch.compile", "gpu",
+            "The same steps under `torch.compile`.", data=("gpu_throughput_h200_compile/gpu_throughput.json",)),
+    Section("gpu_h200_bf16.log", "H200: bert_small stages in bf16", "gpu",
+            "The stage log of bert_small through evaluate on one H200 in bf16 (the first step of the GPU check).",
+            data=("gpu_h200.txt",), layers=_log_layers("gpu_h200_bf16.log")),
+    Section("ablation_h200_bf16.json", "H200: loss ablation in bf16", "gpu",
+            "Five loss variants of the student, through evaluate, on one H200 in bf16.", render=_render_ablation,
+            layers=lambda results: _ablation_layers(results, "ablation_h200_bf16.json")),
+    Section("gpu_h200_fp32.log", "H200: bert_small stages in fp32", "gpu",
+            "The same stages in fp32 (the GPU check's `fp32` call).", layers=_log_layers("gpu_h200_fp32.log")),
+    Section("gpu_h200_fp32_stage_rates.md", "H200: samples/s per stage in fp32", "gpu",
+            "Stage seconds and samples/s of that fp32 run, from its manifests.", layers=_log_layers("gpu_h200_fp32.log")),
+]
+# Files kept beside the results that are not results themselves.
+IGNORED = {"BENCHMARKS.md"}
+
+
+# ---------------------------------------------------------------- rendering helpers
+
+@dataclass
+class Context:
+    results: Path
+    out: Path
+    default: dict
+    anchors: dict  # file -> anchor of its section (for links between sections)
+    titles: dict  # file -> section title
+
+    def link(self, name: str) -> str:
+        return os.path.relpath(self.results / name, self.out.parent).replace(os.sep, "/")
+
+
+def slug(title: str) -> str:
+    """The anchor GitHub gives a heading."""
+    text = re.sub(r"[^\w\- ]", "", title.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _strip(text: str) -> list[str]:
+    """A results file's body: without its "# " title, its header lines and an old-style HTML comment header."""
+    lines = text.splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    head = [i for i, line in enumerate(lines[:12]) if re.match(r"^(Command: `|Date: |Machine: )", line)]
+    lines = [line for i, line in enumerate(lines) if i not in head]
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    return lines
+
+
+def _shift_headings(lines: list[str], shift: int = HEADING_SHIFT) -> list[str]:
+    out, fenced = [], False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        out.append("#" * shift + line if not fenced and re.match(r"^#+ ", line) else line)
+    return out
+
+
+def _fix_links(lines: list[str], ctx: Context) -> list[str]:
+    """Links and images relative to the results file (`](scale.png)`) made relative to BENCHMARKS.md."""
+    def fix(match):
+        target = match.group(2)
+        if re.match(r"^(https?:|#|/)", target) or "/" in target:
+            return match.group(0)
+        return f"{match.group(1)}{ctx.link(target)})"
+    return [re.sub(r"(!?\[[^\]]*\]\()([^)\s]+)\)", fix, line) for line in lines]
+
+
+def json_header(data: dict) -> dict | None:
+    for where in (data, data.get("header") or {}, data.get("meta") or {}):
+        if all(where.get(k) for k in ("command", "date", "machine")):
+            machine = where["machine"]
+            if isinstance(machine, dict):
+                machine = bench_machine(data)
+            return {"command": where["command"], "date": str(where["date"]), "machine": str(machine)}
+    return None
+
+
+def bench_machine(report: dict) -> str:
+    m = report["machine"]
+    line = f"{m.get('logical_cpus')}-core {m.get('cpu_model')}, {m.get('os')}"
+    p = report.get("precision") or {}
+    return line + (f"; precision {p['why']}" if p.get("why") else "")
+
+
+def short_date(date: str) -> str:
+    return date[:10] if re.match(r"^\d{4}-\d{2}-\d{2}", date) else date
+
+
+def _notes(section: Section, header: dict, ctx: Context, layers: int | None) -> list[str]:
+    notes = []
+    current = ctx.default["layers"]
+    if layers is not None and current is not None and layers != current:
+        notes.append(f"> **Earlier default** ({short_date(header['date'])}): measured on the default of its date, a "
+                     f"{layers}-layer student; the current default (`configs/{ctx.default['config']}.yaml`) is a "
+                     f"{current}-layer student, so these are not the current default's figures.")
+    if section.int8_accuracy and short_date(header["date"]) < ONE_TEXT_PER_CALL_SINCE:
+        phone = "phone_table_bert_small.md"
+        see = f" (see [{ctx.titles[phone]}](#{ctx.anchors[phone]}))" if phone in ctx.anchors else ""
+        notes.append(f"> **int8 accuracies scored in batches of 64**: dated before {ONE_TEXT_PER_CALL_SINCE}, when "
+                     "the export began to score every variant one text per call, as an app calls it; in batches "
+                     f"dynamic int8 answers a few texts differently{see}.")
+    return notes
+
+
+def _source_lines(section: Section, header: dict, ctx: Context, present_data: list[str]) -> list[str]:
+    files = [section.file, *present_data]
+    return [f"Command: `{header['command']}`  ", f"Date: {short_date(header['date'])}  ",
+            f"Machine: {header['machine']}  ",
+            "Files: " + ", ".join(f"[`{name}`]({ctx.link(name)})" for name in files)]
+
+
+# ---------------------------------------------------------------- the `make bench` section (bench.json)
+
+def fmt(value, spec: str = ".4f", missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def times(value, spec: str = ".2f") -> str:
+    return "-" if value is None else f"{value:{spec}}x"
+
+
+def spread_cell(d: dict, spec: str = ".1f") -> str:
+    return f"{d['min']:{spec}} / {d['median']:{spec}} / {d['max']:{spec}}"
+
+
+def precision_line(p: dict | None) -> str:
+    if not p:
+        return "-"
+    if p.get("resolved"):
+        return f"{p['configured']} -> **{p['resolved']}**: {p['why']}"
+    if p["used"] == p["configured"]:
+        return f"{p['used']}, {p['why']}"
+    return f"**{p['used']}** instead of the configured {p['configured']}: {p['why']}"
+
+
+def fmt_value(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def section_error(errors: list[dict], part: str) -> str:
+    for e in errors:
+        if e["part"] == part:
+            return e["error"].splitlines()[0]
+    return "not run"
+
+
+def recorded_root(report: dict) -> str | None:
+    """The repository folder the bench ran in, so recorded paths print relative to it wherever this renders."""
+    if report.get("root"):
+        return str(report["root"])
+    files = report.get("files") or {}
+    full, relative = files.get("json"), files.get("json_rel")
+    if full and relative and str(full).endswith(str(relative)) and full != relative:
+        return str(full)[: -len(str(relative))].rstrip("/")
+    return None
+
+
+def versus_markdown(versus: dict) -> list[str]:
+    t = versus["targets"]
+    first = versus["rows"][0]
+    lines = [f"The baseline is what a user ships without distillation: the fine-tuned teacher exported to ONNX and "
+             f"quantized with the student's int8 setting ({first['baseline']['setting']}): test accuracy "
+             f"{first['baseline']['accuracy']:.4f}, {first['baseline']['file_mb']:.1f} MB. Targets: accuracy kept >= "
+             f"{t['min_accuracy_kept']} of the fp32 teacher, speed-up >= {t['min_speedup']}x (batch 1, 1 thread, at L=128 "
+             f"and on real test sentences), size <= {t['max_size_ratio']} of the int8 teacher. Seeds vary the student's "
+             "training only (`distill.seed`); the teacher, split and cache are shared. Latency ratios are measured "
+             "side by side within each run.", "",
+             "| distillation seed | student accuracy (PyTorch) | shipped accuracy | accuracy kept | speed-up L=128 | "
+             "speed-up sentences | size vs int8 teacher | shipped MB | distill s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in versus["rows"]:
+        sp = r["speedup_vs_int8_teacher"]
+        lines.append(f"| {r['seed']} | {r['student_accuracy']:.4f} | {r['shipped']['accuracy']:.4f} | {r['accuracy_kept']:.3f} | "
+                     f"{times(sp.get('L=128'))} | {times(sp.get('sentences'))} | {r['size_vs_int8_teacher']:.2f} | "
+                     f"{r['shipped']['file_mb']:.1f} | {r['distill_s']:.0f} |")
+    m = versus["mean"]
+
+    def cell(key, spec, suffix=""):
+        v = m.get(key)
+        return f"{v['mean']:{spec}}{suffix} ± {v['stdev']:{spec}}" if v else "-"
+
+    lines.append(f"| **mean ± sd** | | {cell('shipped_accuracy', '.4f')} | {cell('accuracy_kept', '.3f')} | "
+                 f"{cell('speedup_L128', '.2f', 'x')} | {cell('speedup_sentences', '.2f', 'x')} | "
+                 f"{cell('size_vs_int8_teacher', '.2f')} | | |")
+    return lines
+
+
+def bench_body(report: dict, elsewhere: dict | None = None, level: int = 4) -> list[str]:
+    """The tables of one `bench/run_all.py` run (bench.json). ``elsewhere``: committed files this run read that the
+    report shows in their own sections ({"ablation" | "attention_kl" | "scale": (title, anchor)}): linked, not
+    repeated. ``level``: the heading level of its parts."""
+    elsewhere = elsewhere or {}
+    h, h2 = "#" * level, "#" * (level + 1)
+    root = recorded_root(report)
+
+    def rel(path) -> str:
+        text = str(path)
+        if root and text.startswith(root + "/"):
+            return text[len(root) + 1:]
+        try:
+            return str(Path(text).resolve().relative_to(ROOT))
+        except ValueError:
+            return text
+
+    def see(key: str) -> str:
+        title, anchor = elsewhere[key]
+        return f"[{title}](#{anchor})"
+
+    m, q = report["machine"], report["quick"]
+    v = m["versions"]
+    lines = []
+    if q:
+        lines += ["> **--quick run** (tiny config, one repeat of everything): a smoke test of the bench itself. "
+                  "The figures below say nothing about the product.", ""]
+    lines += [f"{h} Machine", "",
+              "| | |", "|---|---|",
+              f"| CPU | {m['cpu_model']} |",
+              f"| cores | {m['logical_cpus']} logical ({m['usable_cpus']} usable by this process) |",
+              f"| memory | {fmt(m['memory_gb'], '.1f')} GB |",
+              f"| OS, Python | {m['os']} ({m['machine']}), Python {m['python']} |",
+              f"| torch, onnxruntime | {v.get('torch')}, {v.get('onnxruntime')} |",
+              f"| transformers, accelerate, onnx | {v.get('transformers')}, {v.get('accelerate')}, {v.get('onnx')} |",
+              f"| code | git {m.get('git') or 'unknown'} |",
+              f"| precision | {precision_line(report.get('precision'))} |",
+              f"| torch threads | {report['torch_threads']} (pipeline and micro-benchmarks; the attention-KL bench and "
+              "the export stage's latency rows set their own) |",
+              f"| 1-minute load average | {fmt(report['load_average']['start'], '.2f')} at the start, "
+              f"{fmt(report['load_average']['end'], '.2f')} at the end |",
+              f"| bench wall time | {report['bench_wall_s'] / 60:.1f} min |",
+              "",
+              "Timed figures are min / median / max over repeats (the count is given with each table); read them by "
+              "the median, and by the min on a busy machine. Every ratio compares figures measured side by side in this "
+              "run (same process or same stage, interleaved where the table says so), never against another run. "
+              "Single measurements (one pipeline run) are marked as such."]
+    errors = report["errors"]
+    if errors:
+        lines += ["", "**Parts that failed in this run** (their sections below say what is missing):", ""]
+        lines += [f"- {e['part']}: {e['error'].splitlines()[0]}" for e in errors]
+
+    sections = report["sections"]
+    pipeline = sections.get("pipeline")
+    cfg = report["config"]
+
+    lines += ["", f"{h} 0. The shipped student against the int8 teacher", ""]
+    versus = sections.get("versus")
+    if versus:
+        lines += versus_markdown(versus)
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'versus')} (this part of `bench/run_all.py` is newer "
+                  "than this run)." if not errors else f"**Not measured:** {section_error(errors, 'versus')}."]
+    lines += ["", f"{h} 1. Quality", ""]
+    quality = sections.get("quality_run")
+    if quality:
+        used = (report.get("precision") or {}).get("resolved") or (report.get("precision") or {}).get("used", "?")
+        lines += [f"{h2} This run: `{cfg}` on this machine, precision {used} (test split, {quality['examples']} examples)", "",
+                  "| model | layers | parameters | accuracy | macro-F1 |", "|---|---:|---:|---:|---:|"]
+        for r in quality["rows"]:
+            params = f"{r['parameters'] / 1e6:.1f}M" if r.get("parameters") else "-"
+            lines.append(f"| {r['model']} | {fmt(r.get('layers'), 'd')} | {params} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} |")
+        lines += ["", f"Retention (student / teacher accuracy) {fmt(quality['retention'])}, teacher-student agreement "
+                  f"{fmt(quality['agreement'])}, majority-class accuracy {fmt(quality['majority_class_accuracy'])}; "
+                  f"shipped variant: {quality.get('recommended_variant') or '-'}. One pipeline run (seed "
+                  f"{report.get('seed', '-')}), not a mean over seeds. A CE-only student is not trained here (each extra "
+                  "student costs several minutes on this CPU); see the ablation."]
+    else:
+        lines += [f"This run's quality figures are missing: {section_error(errors, 'pipeline')}."]
+    ablation = sections.get("ablation")
+    if ablation and "ablation" in elsewhere:
+        lines += ["", f"This run read the committed ablation `{ablation['source']}` ({ablation['date']}); it is shown in "
+                  f"{see('ablation')}."]
+    elif ablation:
+        current = next((r["description"] for r in ablation["rows"] if r["current_default"]), None)
+        lines += ["", f"{h2} Ablation on `{ablation['config']}` (committed; measured on {ablation['measured_on']}, "
+                  f"{ablation['date']})", "",
+                  f"Read from `{ablation['source']}`, made by `{ablation['command']}`: each "
+                  "variant is a full pipeline run through evaluate (depth variants through export), sharing the data "
+                  "split and teacher of one base run, one seed each; with 2,557 test sentences one accuracy has a "
+                  "standard error of about 0.8 points, so differences under ~1.5 points are within noise. Not rerun "
+                  "by `make bench` (about an hour on this CPU). "
+                  + (f"The current default is the variant \"{current}\"." if current else
+                     "No variant equals the current default exactly."), "",
+                  _shift(ablation["markdown"].rstrip(), level - 2)]
+    else:
+        lines += ["", f"The committed ablation could not be read: {section_error(errors, 'ablation')}."]
+
+    lines += ["", f"{h} 2. Inference: latency and size (batch 1)", ""]
+    inference = sections.get("inference")
+    if inference and inference.get("available"):
+        meta = inference["meta"]
+        rows = [{**r, "input": r.get("input") or f"L={r['length']}"} for r in inference["rows"]]
+        load = ""
+        if meta.get("load_average_1m_before") is not None:
+            load = (f" 1-minute load average {meta['load_average_1m_before']} before / "
+                    f"{meta.get('load_average_1m_after')} after the measurement.")
+        lines += [f"Measured by the export stage of this run (`{rel(inference['source'])}`): batch 1; "
+                  "`L=n` is one sequence of exactly n tokens, `sentences` real test sentences one at a time (ms per "
+                  "sentence; tokens = their mean length); every model of one input and thread count timed side by side, "
+                  f"interleaved round by round.{load} Speed-ups: the reference's median / the row's median, same input "
+                  "and threads. The teacher ONNX int8 row is the baseline a user gets without distillation.", "",
+                  "| model | runtime | input | tokens | threads | ms min / median / max | speed-up vs teacher int8 | vs teacher PyTorch |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            lines.append(f"| {r['model']} | {r['runtime']} | {r['input']} | {r['length']} | {r['threads']} | "
+                         f"{r['min_ms']:.2f} / {r['median_ms']:.2f} / {r['max_ms']:.2f} | "
+                         f"{times(r.get('speedup_vs_teacher_int8'))} | {times(r.get('speedup_vs_teacher_pytorch'))} |")
+        settings = list(dict.fromkeys((r["input"], r["threads"]) for r in rows))
+        by = {(r["model"], r["input"], r["threads"]): r for r in rows}
+        present = [m for m in LATENCY_MODELS if any(r["model"] == m for r in rows)]
+        present += sorted({r["model"] for r in rows} - set(present))
+        reference = "teacher int8" if any(r.get("speedup_vs_teacher_int8") for r in rows) else "teacher PyTorch"
+        lines += ["", f"The same medians side by side (ms, and speed-up vs the {reference}):", "",
+                  "| model | " + " | ".join(f"{i}, {t} thread{'s' if t > 1 else ''}" for i, t in settings) + " |",
+                  "|---|" + "---:|" * len(settings)]
+        for model in present:
+            cells = []
+            for i, t in settings:
+                r = by.get((model, i, t))
+                ratio = r.get("speedup_vs_teacher_int8") if r and reference == "teacher int8" else (r or {}).get("speedup_vs_teacher_pytorch")
+                cells.append(f"{r['median_ms']:.2f} ({times(ratio)})" if r else "-")
+            lines.append(f"| {model} | " + " | ".join(cells) + " |")
+        lines += ["", "| model | file | size MB | vs teacher PyTorch |", "|---|---|---:|---:|"]
+        for s in inference["sizes"]:
+            where = f"`{s['source']}`" if s.get("source") else "not kept by the export stage"
+            ratio = f"{s['size_vs_teacher_pytorch']:.2f}x" if s.get("size_vs_teacher_pytorch") else "-"
+            lines.append(f"| {s['model']} | {where} | {fmt(s['file_mb'], '.1f')} | {ratio} |")
+        if meta.get("skipped"):
+            lines += [""] + [f"- length {s.get('length')} skipped: {s.get('why')}" for s in meta["skipped"]]
+    else:
+        why = inference["why"] if inference else section_error(errors, "pipeline")
+        lines += [f"**Not available in this run:** {why}."]
+
+    lines += ["", f"{h} 3. Training cost per optimizer step (`bench/micro.py`)", ""]
+    micro = sections.get("micro")
+    if micro:
+        import micro as micro_module
+
+        lines += [micro_module.markdown(micro)]
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'micro')}.", ""]
+
+    lines += [f"{h} 4. Capture: teacher targets", ""]
+    if micro:
+        lines += [micro_module.capture_markdown(micro)]
+    else:
+        lines += [f"Throughput not measured: {section_error(errors, 'micro')}.", ""]
+    capture = sections.get("capture_run")
+    if capture:
+        stage = (pipeline or {}).get("stages", {}).get("capture", {})
+        if capture.get("mode") == "online":
+            lines += ["This run's capture stage: capture.mode online, nothing cached."]
+        else:
+            lines += [f"This run's cache (`capture.json`): **{capture['bytes_per_example']:.0f} bytes per example**, "
+                      f"{capture['examples']} examples, {capture['cache_bytes'] / 1e6:.1f} MB in {capture.get('shards')} "
+                      f"shard(s), stores {capture.get('stores')}, {capture.get('dtype')}; the capture stage took "
+                      f"{fmt(stage.get('seconds'), '.1f')} s ({fmt(stage.get('samples_per_s'), '.0f')} examples/s, "
+                      "single measurement)."]
+    else:
+        lines += [f"This run's capture.json is missing: {section_error(errors, 'pipeline')}."]
+
+    lines += ["", f"{h} 5. Attention KL: chunked vs naive (`bench/attention_kl.py`)", ""]
+    akl = sections.get("attention_kl")
+    if akl and "attention_kl" in elsewhere:
+        lines += [f"Measured by this run into `{rel(akl['files'][1])}`; shown in {see('attention_kl')}."]
+    elif akl:
+        body = akl["markdown"].split("\n", 1)[1].lstrip("\n") if akl["markdown"].startswith("# ") else akl["markdown"]
+        body = "\n".join(_strip(body))
+        lines += [body.rstrip(), "", f"Also in `{rel(akl['files'][1])}`."]
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'attention_kl')}."]
+
+    lines += ["", f"{h} 6. Pipeline wall time", ""]
+    if pipeline:
+        command = pipeline["command"].replace(root + "/", "") if root else pipeline["command"]
+        lines += [f"A fresh `{command}` (runs folder wiped first; one run, so single measurements), "
+                  "stage times from each stage's manifest (`duration_s`):", "",
+                  "| stage | seconds | samples/s | key figures |", "|---|---:|---:|---|"]
+        for stage, s in pipeline["stages"].items():
+            figures = ", ".join(f"{k}={fmt_value(v)}" for k, v in list(s["summary"].items())[:4]
+                                if not isinstance(v, (dict, list)))
+            lines.append(f"| {stage} | {s['seconds']:.1f} | {fmt(s['samples_per_s'], '.0f')} | {figures} |")
+        lines.append(f"| **all stages** | **{pipeline['stage_seconds_total']:.1f}** | | process wall "
+                     f"{pipeline['fresh_wall_s']:.1f} s (imports, config checks, MLflow included) |")
+        sec = pipeline["second_run_wall_s"]
+        lines += ["", "samples/s: examples the stage processed (training: epochs x (train + validation); capture: train; "
+                  "evaluate: teacher + student over test) per second, from `bench/stage_rates.py`.", "",
+                  f"Second run, nothing changed (same command, timed around the subprocess): **{spread_cell(sec)} s** "
+                  f"(min / median / max of {sec['n']}); every stage skipped: "
+                  f"{'yes' if pipeline['second_run_did_no_stage_work'] else 'NO'}."]
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'pipeline')}."]
+    grouping = sections.get("grouping")
+    lines += ["", f"{h2} Length-grouped batches (`teacher.group_by_length`, `distill.group_by_length`)", ""]
+    if grouping:
+        g, u = grouping["grouped"], grouping["ungrouped"]
+        lines += [f"One teacher epoch on the {grouping['train_examples']} training sentences (mean "
+                  f"{grouping['mean_tokens']:.1f} tokens), same seed, once with batches of similar length (the default) "
+                  "and once with plain shuffled batches; stage time includes validation and test passes. Single "
+                  "measurements.", "",
+                  "| batches | padding efficiency | teacher stage s | validation acc | test acc |", "|---|---:|---:|---:|---:|",
+                  f"| grouped by length | {g['padding_efficiency']:.2f} | {g['teacher_stage_s']:.1f} | "
+                  f"{g['validation_accuracy']:.4f} | {g['test_accuracy']:.4f} |",
+                  f"| shuffled | {u['padding_efficiency']:.2f} | {u['teacher_stage_s']:.1f} | "
+                  f"{u['validation_accuracy']:.4f} | {u['test_accuracy']:.4f} |", "",
+                  f"Grouping makes the epoch **{grouping['speedup']:.2f}x** faster."]
+    else:
+        lines += [f"**Not measured:** {section_error(errors, 'grouping')}."]
+    lines += ["", f"{h} 7. Data at scale (`bench/scale.py`)", ""]
+    scale = sections.get("scale")
+    if "scale" in elsewhere:
+        lines += [(f"This run read the committed `{scale['source']}` ({short_date(scale['date'])}); " if scale else
+                   "Not part of this run (this part of `bench/run_all.py` is newer than it); ")
+                  + f"the committed results are shown in {see('scale')}."]
+    elif scale:
+        lines += [f"Read from the committed `{scale['source']}` (measured on {scale['machine']}, "
+                  f"{scale['date']}; about 40 minutes, so not rerun by `make bench`): made by `{scale['command']}`.", "",
+                  _shift("\n".join(_strip(scale["markdown"])), level - 2)]
+    else:
+        lines += [f"**Not available:** {section_error(errors, 'scale')}."]
+    lines += ["", f"{h} Reproduce", "", "```", "make bench                      # or: .venv/bin/python bench/run_all.py",
+              "python bench/micro.py           # training-cost and capture micro-benchmarks alone",
+              "python bench/attention_kl.py    # attention KL alone", "python bench/ablation.py        # the loss ablation (long)",
+              "python bench/scale.py           # data at scale: 10k / 100k / 1M examples (long)",
+              "```", "", f"Logs of this run: `{rel(report['files']['logs'])}`."]
+    return lines
+
+
+def _shift(markdown: str, shift: int) -> str:
+    return "\n".join(_shift_headings(markdown.splitlines(), shift)) if shift > 0 else markdown
+
+
+def standalone_bench(report: dict) -> str:
+    """One bench run as a document of its own (what `bench/run_all.py` renders when nothing else is around)."""
+    header = json_header(report) or {"command": report.get("command", "-"), "date": report.get("date", "-"),
+                                     "machine": "-"}
+    lines = ["# Benchmarks", "", f"Command: `{header['command']}`  ", f"Date: {header['date']}  ",
+             f"Machine: {header['machine']}", "", *bench_body(report, level=2)]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the whole report
+
+def _check_listed(results: Path) -> None:
+    listed = {s.file for s in SECTIONS} | {d for s in SECTIONS for d in s.data} | IGNORED
+    unknown = sorted(p.name for p in results.iterdir() if p.is_file() and p.name not in listed)
+    if unknown:
+        raise ReportError(f"{results}: {', '.join(unknown)} not listed in bench/report.py's SECTIONS: add a section "
+                          "(with the file's header: command, date, machine) or remove the file")
+
+
+def _header_of(section: Section, path: Path) -> tuple[dict, object]:
+    if path.suffix == ".json":
+        data = _json(path)
+        header = json_header(data)
+        if header is None:
+            raise ReportError(f"{path}: no header: a results JSON needs command, date and machine (at its top level, "
+                              "under 'header' or under 'meta')")
+        return header, data
+    text = path.read_text()
+    header = read_header(text)
+    if header is None:
+        raise ReportError(f"{path}: no header: the first lines must name the command, date and machine "
+                          "(`Command: `...``, `Date: ...`, `Machine: ...`; bench/common.py header_lines writes them, "
+                          "`python bench/report.py --stamp FILE --command ...` adds them to a copied file)")
+    return header, text
+
+
+def _placed(section: Section, results: Path, default: dict, data) -> tuple[str, int | None]:
+    if section.part == "bench" and data.get("config") != default["config"]:
+        return "data", None  # another config (`run_all.py --quick`: tiny): not a default of any date
+    layers = section.layers(results) if section.layers else None
+    part = "default" if section.part == "bench" else section.part
+    if layers is not None and default["layers"] is not None and layers != default["layers"]:
+        part = "earlier"
+    return part, layers
+
+
+def render(results: Path = RESULTS, out: Path = OUT) -> str:
+    """BENCHMARKS.md for the results in ``results`` (written to ``out``: links are relative to it)."""
+    results, out = Path(results).resolve(), Path(out).resolve()
+    if not results.is_dir():
+        raise ReportError(f"{results} is not a folder")
+    _check_listed(results)
+    default = current_default()
+    found = []
+    for section in SECTIONS:
+        path = results / section.file
+        if not path.is_file():
+            if not section.optional:
+                raise ReportError(f"{path} is missing")
+            continue
+        header, data = _header_of(section, path)
+        part, layers = _placed(section, results, default, data if isinstance(data, dict) else {})
+        found.append((section, header, data, part, layers))
+    order = list(PARTS)
+    found.sort(key=lambda item: order.index(item[3]))  # stable: SECTIONS order within a part
+    titles = {s.file: (s.title if s.file != "bench.json" or not d.get("quick") else s.title + " (--quick)")
+              for s, _, d, _, _ in found}
+    ctx = Context(results, out, default, {f: slug(t) for f, t in titles.items()}, titles)
+
+    lines = ["# Benchmarks", "",
+             f"Rendered by `python bench/report.py` (`make bench-report`; `make bench` measures first) from the files in "
+             f"`{display_path(results)}/`, one section per file. Each section names the command that made its file, the "
+             "date and the machine; do not edit this file by hand (`tests/test_bench_report.py` checks that it is what "
+             f"the command renders). The current default is `configs/{default['config']}.yaml`: a "
+             f"{default['layers']}-layer student" + (f" with feed-forward blocks pruned to {default['ffn_size']} neurons"
+                                                      if default.get("ffn_size") else "") + ".",
+             "", "## Contents", ""]
+    for part in order:
+        items = [s for s, _, _, p, _ in found if p == part]
+        if items:
+            lines.append(f"- {PARTS[part]}")
+            lines += [f"  - [{titles[s.file]}](#{ctx.anchors[s.file]})" for s in items]
+    current_part = None
+    for section, header, data, part, layers in found:
+        if part != current_part:
+            lines += ["", f"## {PARTS[part]}"]
+            current_part = part
+        present = [d for d in section.data if (results / d).is_file()]
+        lines += ["", f"### {titles[section.file]}", "", section.about, "",
+                  *_source_lines(section, header, ctx, present)]
+        notes = _notes(section, header, ctx, layers)
+        if notes:
+            lines += [""] + [x for note in notes for x in (note, "")][:-1]
+        body = _section_body(section, data, ctx, found)
+        lines += [""] + body
+        for name in present:  # a plot the file does not show itself
+            if name.endswith(".png") and not re.search(rf"!\[[^\]]*\]\({re.escape(ctx.link(name))}\)", "\n".join(body)):
+                lines += ["", f"![{titles[section.file]}]({ctx.link(name)})"]
+    return "\n".join(lines) + "\n"
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the repository when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _section_body(section: Section, data, ctx: Context, found) -> list[str]:
+    path = ctx.results / section.file
+    if section.file == "bench.json":
+        shown = {s.file for s, *_ in found}
+        elsewhere = {key: (ctx.titles[f], ctx.anchors[f]) for key, f in
+                     (("ablation", "ablation.md"), ("attention_kl", "attention_kl.md"), ("scale", "scale.md"))
+                     if f in shown}
+        return bench_body(data, elsewhere, level=4)
+    if section.render:
+        body = section.render(path, ctx)
+        body = _strip(body) if isinstance(body, str) else body
+    elif path.suffix in (".log", ".txt"):
+        body = ["```text", *_strip(data), "```"]
+    else:
+        body = _strip(data)
+    return _fix_links(_shift_headings(body), ctx)
+
+
+# ---------------------------------------------------------------- the README's table
+
+def readme_table(results: Path = RESULTS) -> str:
+    """The default against the int8 teacher and the peers, from the budget sweep's JSON (what README.md shows)."""
+    name = "sweep_budget_bert_small.json"
+    data = _json(Path(results) / name)
+    rows = ["| model | accuracy, one text per call | file MB | ms per text |", "|---|---:|---:|---:|"]
+    for v in data["variants"]:
+        label = "static student" if v["layers"] == 0 else f"{v['layers']}-layer student"
+        if "the default" in (v.get("description") or ""):
+            label = f"**{label} (the default)**"
+        rows.append(f"| {label} | {v['text_accuracy']:.4f} | {v['mb']:.1f} | {v['text_ms']:.3f} |")
+    for r in data["references"]:
+        label = "int8 teacher (`tokenizers` + ONNX Runtime)" if r["kind"] == "teacher" else r["name"]
+        rows.append(f"| {label} | {r['text_accuracy']:.4f} | {r['mb']:.1f} | {r['text_ms']:.3f} |")
+    return "\n".join(rows) + "\n"
+
+
+# ---------------------------------------------------------------- stamping a copied file
+
+def stamp(path: Path, command: str, machine: str | None = None, date: str | None = None) -> None:
+    """Head a results file copied from a run folder with the header (after its "# " title); refuses a file that
+    has one."""
+    text = path.read_text()
+    if read_header(text):
+        raise ReportError(f"{path} already has a header")
+    lines = text.splitlines()
+    head = header_lines(command, machine, date or dt.date.today().isoformat())
+    if lines and lines[0].startswith("# "):
+        rest = lines[1:]
+        while rest and not rest[0].strip():
+            rest = rest[1:]
+        lines = [lines[0], "", *head, *rest]
+    else:
+        lines = [*head, *lines]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write(results: Path = RESULTS, out: Path = OUT) -> Path:
+    text = render(results, out)
+    Path(out).write_text(text)
+    return Path(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, help="default: bench/results")
+    parser.add_argument("--out", type=Path, default=OUT, help="default: BENCHMARKS.md")
+    parser.add_argument("--check", action="store_true", help="only compare: exit 1 when --out differs from the render")
+    parser.add_argument("--readme-table", action="store_true", help="print the README's table of the default")
+    parser.add_argument("--stamp", type=Path, help="add the header to this results file (copied from a run folder)")
+    parser.add_argument("--command", help="with --stamp: the command that made the file")
+    parser.add_argument("--machine", help="with --stamp: where it ran (default: this machine)")
+    parser.add_argument("--date", help="with --stamp: when (default: today)")
+    args = parser.parse_args(argv)
+    try:
+        if args.stamp:
+            if not args.command:
+                parser.error("--stamp needs --command")
+            stamp(args.stamp, args.command, args.machine, args.date)
+            print(f"stamped {args.stamp}")
+            return 0
+        if args.readme_table:
+            print(readme_table(args.results_dir), end="")
+            return 0
+        text = render(args.results_dir, args.out)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        same = args.out.is_file() and args.out.read_text() == text
+        print(f"{args.out} is {'up to date' if same else 'NOT what bench/report.py renders: run make bench-report'}")
+        return 0 if same else 1
+    args.out.write_text(text)
+    print(f"wrote {args.out} from {args.results_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

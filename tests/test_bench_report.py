@@ -1,0 +1,108 @@
+"""bench/report.py: BENCHMARKS.md is rendered from the committed results, and only from files whose origin is known.
+
+No measuring and no model: a few file reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+
+import report  # noqa: E402
+
+
+def test_committed_benchmarks_md_is_what_the_committed_results_render():
+    rendered = report.render(RESULTS, ROOT / "BENCHMARKS.md")
+    assert rendered == (ROOT / "BENCHMARKS.md").read_text(), \
+        "BENCHMARKS.md differs from what bench/report.py renders: run `make bench-report` and commit it"
+
+
+def test_readme_table_is_the_committed_budget_sweep():
+    table = report.readme_table(RESULTS)
+    assert table in (ROOT / "README.md").read_text(), \
+        "README.md's table differs from `python bench/report.py --readme-table`: paste the new one"
+    sweep = json.loads((RESULTS / "sweep_budget_bert_small.json").read_text())
+    assert len(table.strip().splitlines()) == 2 + len(sweep["variants"]) + len(sweep["references"])
+
+
+def test_every_results_file_is_listed_and_every_section_names_command_date_machine():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    listed = {s.file for s in report.SECTIONS} | {d for s in report.SECTIONS for d in s.data}
+    assert {p.name for p in RESULTS.iterdir() if p.is_file()} <= listed
+    sections = text.split("\n### ")[1:]
+    assert len(sections) == sum((RESULTS / s.file).is_file() for s in report.SECTIONS)
+    for section in sections:
+        assert "\nCommand: `" in section and "\nDate: " in section and "\nMachine: " in section, section[:80]
+
+
+def test_results_of_an_earlier_default_are_labelled():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    earlier = text.split("\n## Earlier defaults\n", 1)[1]
+    assert "### `make bench`" in earlier  # bench.json measured the 2-layer default
+    assert earlier.count("> **Earlier default** (") == earlier.count("\n### ")
+    assert "> **Earlier default**" not in text.split("\n## Earlier defaults\n", 1)[0]
+
+
+@pytest.fixture()
+def results_copy(tmp_path):
+    copy = tmp_path / "results"
+    shutil.copytree(RESULTS, copy)
+    return copy
+
+
+def test_a_results_file_without_header_is_refused(results_copy, tmp_path):
+    path = results_copy / "phone_table_bert_small.md"
+    path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
+                            if not line.startswith(("Command: ", "Date: ", "Machine: "))))
+    with pytest.raises(report.ReportError, match="phone_table_bert_small.md: no header"):
+        report.render(results_copy, tmp_path / "BENCHMARKS.md")
+
+
+def test_a_results_json_without_header_is_refused(results_copy, tmp_path):
+    path = results_copy / "debates.json"
+    data = json.loads(path.read_text())
+    del data["machine"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(report.ReportError, match="debates.json: no header"):
+        report.render(results_copy, tmp_path / "BENCHMARKS.md")
+
+
+def test_an_unlisted_results_file_is_refused(results_copy, tmp_path):
+    (results_copy / "new_bench.md").write_text("Command: `python x.py`  \nDate: 2026-12-02  \nMachine: here\n")
+    with pytest.raises(report.ReportError, match="new_bench.md not listed"):
+        report.render(results_copy, tmp_path / "BENCHMARKS.md")
+
+
+def test_a_partial_results_folder_renders_what_it_has(results_copy, tmp_path):
+    for name in ("bench.json", "sweep_depth_bert_small.md", "sweep_depth_bert_small.json", "sweep_depth_bert_small.png"):
+        (results_copy / name).unlink()
+    text = report.render(results_copy, tmp_path / "BENCHMARKS.md")
+    assert "### Depth sweep" not in text and "`make bench`:" not in text and "### A student for every budget" in text
+
+
+def test_stamp_adds_the_header_once(tmp_path):
+    path = tmp_path / "sweep.md"
+    path.write_text("# Sweep `budget` on `bert_small`\n\n| a |\n|---|\n")
+    report.stamp(path, "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml", "a test machine", "2026-12-02")
+    from common import read_header
+
+    assert read_header(path.read_text()) == {"command": "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml",
+                                             "date": "2026-12-02", "machine": "a test machine"}
+    assert path.read_text().startswith("# Sweep `budget` on `bert_small`\n\nCommand: `make sweep")
+    with pytest.raises(report.ReportError, match="already has a header"):
+        report.stamp(path, "again")
+
+
+def test_check_command_exits_0_on_the_committed_files():
+    result = subprocess.run([sys.executable, "bench/report.py", "--check"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
