@@ -15,7 +15,8 @@ import onnxruntime as ort
 import pytest
 
 from pipeline.export.latency import latency_inputs
-from pipeline.export.onnx_graph import HiddenStates, LogitsOnly, batch_invariance, export_onnx, onnx_logits, ort_session, torch_logits
+from pipeline.export.onnx_graph import (HiddenStates, LogitsOnly, batch_invariance, export_onnx, onnx_logits, ort_session,
+                                        strip_node_metadata, torch_logits)
 from pipeline.export.quantize import quantization_ladder, quantize_int8, quantize_static_int8, quantized_node_count
 from pipeline.export.tokenizer import corpus_token_ids, tokenize_texts, trim_embeddings, trim_vocabulary
 from pipeline.config import load_config
@@ -234,6 +235,7 @@ def test_the_int8_teacher_baseline_and_three_ratios(bundle, tiny_run, tmp_path_f
     run_dir, work = tiny_run["run_dir"], tmp_path_factory.mktemp("baseline")
     teacher_model = load_classifier(str(run_dir / "teacher" / "model"), attn_implementation="eager").eval()
     export_onnx(LogitsOnly(teacher_model), work / "teacher.onnx", 18)
+    strip_node_metadata(work / "teacher.onnx")  # as the student's graph: the exporter's stack traces are not the model
     quantize_int8(work / "teacher.onnx", work / "teacher.int8.onnx", {
         "name": baseline["setting"], "per_channel": True, "reduce_range": False, "exclude": [],
         "op_types": metadata["quantization"]["op_types"]})

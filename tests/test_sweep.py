@@ -21,6 +21,9 @@ from tests.helpers import ROOT, read_json, run_cli
 pytestmark = pytest.mark.pipeline
 
 SWEEP = "configs/sweeps/tiny_depth.yaml"
+# every sweep command of the module, as one user would repeat it: no .pte (~20 s an export, checked on the shared
+# tiny run), sweeps are the point here
+NO_PTE = "export.executorch=off"
 VARIANTS = ["first", "last", "both"]
 MODEL = "attention-distill-tiny"
 
@@ -28,8 +31,7 @@ MODEL = "attention-distill-tiny"
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("sweep_runs")
-    # no .pte (~20 s an export, checked on the shared tiny run): sweeps are the point here
-    result = run_cli("sweep", "tiny", SWEEP, "export.executorch=off", "--pick", "mb<=1000", runs_dir=runs_dir, timeout=1800)
+    result = run_cli("sweep", "tiny", SWEEP, NO_PTE, "--pick", "mb<=1000", runs_dir=runs_dir, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     folder = runs_dir / "tiny" / "sweeps" / "tiny_depth"
     return {"runs_dir": runs_dir, "folder": folder, "first": result,
@@ -125,7 +127,7 @@ def test_rerun_does_no_stage_work_and_a_new_pick_moves_the_alias(sweep):
     rows = _rows(folder)
     slowest = max(rows.values(), key=lambda r: r["latency_ms"])
     # only the slowest variant meets a latency floor at its own latency: the alias must follow the constraint
-    result = run_cli("sweep", "tiny", SWEEP, "--pick", f"latency_ms>={slowest['latency_ms']}", runs_dir=sweep["runs_dir"])
+    result = run_cli("sweep", "tiny", SWEEP, NO_PTE, "--pick", f"latency_ms>={slowest['latency_ms']}", runs_dir=sweep["runs_dir"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert _stage_work(folder) == before
     assert len(_runs(client, role="stage")) == stage_runs
@@ -137,7 +139,7 @@ def test_rerun_does_no_stage_work_and_a_new_pick_moves_the_alias(sweep):
 def test_no_variant_meets_the_constraint(sweep):
     client = sweep["client"]
     champion = _champion(client)
-    result = run_cli("sweep", "tiny", SWEEP, "--pick", "retention>=1.5", runs_dir=sweep["runs_dir"])
+    result = run_cli("sweep", "tiny", SWEEP, NO_PTE, "--pick", "retention>=1.5", runs_dir=sweep["runs_dir"])
     assert result.returncode == 1
     assert "No variant meets retention>=1.5" in result.stderr
     for name, row in _rows(sweep["folder"]).items():
@@ -157,7 +159,7 @@ def test_a_stopped_sweep_continues_where_it_stopped(sweep):
     before = _stage_work(folder)
     for stage in ("evaluate", "export"):
         shutil.rmtree(folder / "both" / stage)
-    result = run_cli("sweep", "tiny", SWEEP, "--pick", "mb<=1000", runs_dir=sweep["runs_dir"])
+    result = run_cli("sweep", "tiny", SWEEP, NO_PTE, "--pick", "mb<=1000", runs_dir=sweep["runs_dir"])
     assert result.returncode == 0, result.stderr[-3000:]
     after = _stage_work(folder)
     reran = {key for key in after if after[key] != before.get(key)}
