@@ -64,7 +64,9 @@ def test_text_model_reproduces_predict_py_ids_and_predictions(bundle, predict, t
         expected_probs = np.array([[e["probabilities"][n] for n in reference.labels] for e in expected])
         assert np.abs(probabilities - expected_probs).max() < 1e-5, name
     config = (bundle / "required_operators.config").read_text()
-    assert "ai.onnx.contrib;1;BasicTokenizer,WordpieceTokenizer" in config  # a reduced build keeps the tokenizer operators
+    contrib = next(line for line in config.splitlines() if line.startswith("ai.onnx.contrib;1;")).split(";")[2].split(",")
+    # a reduced build keeps the tokenizer operators, the normalization fixes' ones (inside an If) included
+    assert {"BasicTokenizer", "WordpieceTokenizer", "StringMapping", "StringRegexSplitWithOffsets", "StringJoin"} <= set(contrib)
     readme = (bundle / "README.md").read_text()
     assert "OrtxPackage.getLibraryPath()" in readme and "registerCustomOps(functionPointer:" in readme
     assert "onnxruntime-extensions-android" in readme and "onnxruntime-extensions-c" in readme
@@ -80,6 +82,31 @@ def test_text_model_truncates_like_predict_py(bundle, predict):
     for row, expected_ids in zip(ids, encoded):
         assert row[: len(expected_ids)] == expected_ids
     assert list(labels) == [reference.labels.index(e["label"]) for e in reference.predict(texts)]
+
+
+# Texts the extension operators used to tokenize otherwise than tokenizers (issue 29): a review decoded with the wrong
+# codec upstream (each "ô" became U+FFFD), invalid UTF-8 decoded with replacement, İ, the Kelvin and Ohm signs, letters
+# with accents beyond Latin-1, Greek and Cyrillic accents, a combining mark, punctuation tokenizers splits off.
+UNCLEAN = ["C\ufffdtes-du-Rh\ufffdne, a fine red", b"bad \xff\xfe bytes".decode("utf-8", errors="replace"), "\u0130stanbul trip",
+           "5 \u212a warmer", "a 10 \u2126 resistor", "T\u014dky\u014d and \u0141\u00f3d\u017a", "\u1f10\u03bb\u03ad\u03bd\u03b7 \u0401\u043b\u043a\u0430",
+           "e\u0301cole", "ctrl\x07char\x7f", "wow\u2772great\u2773", "line\u2028break", "\ue000private use", "\u4e2d\u6587 text"]
+
+
+def test_text_model_agrees_with_predict_py_on_unclean_text(bundle, predict):
+    """Every text above gets predict.py's ids; what is left (if anything) is counted over all of Unicode and listed."""
+    reference = predict.BundleClassifier(bundle)
+    _, labels, ids = TM.run(bundle / "model.text.onnx", UNCLEAN)
+    for text, row in zip(UNCLEAN, ids):
+        expected = reference.tokenizer.encode(text).ids
+        assert row[: len(expected)] == expected and set(row[len(expected):]) <= {reference.pad_id}, repr(text)
+    assert list(labels) == [reference.labels.index(e["label"]) for e in reference.predict(UNCLEAN)]
+    text_model = read_json(bundle / "metadata.json")["text_model"]
+    fixes = text_model["normalization"]
+    assert fixes["characters_mapped"] > 10_000 and fixes["characters_removed"] > 100_000
+    assert fixes["still_different"] < 1000  # of 1,112,064 code points; each one is listed
+    assert len(fixes["still_different_ranges"]) >= 1 and any("still tokenize differently" in line
+                                                             for line in text_model["known_differences"])
+    assert "decode them with replacement" in (bundle / "README.md").read_text()
 
 
 def _train(kind: str, folder: Path) -> Path:

@@ -158,7 +158,7 @@ def onnx_parameters(path: Path) -> int:
     return int(sum(np.prod(init.dims, dtype=np.int64) for init in model.graph.initializer))
 
 
-def ort_session(path: Path, threads: int | None = None, custom_ops: str | None = None):
+def ort_session(path: Path | bytes, threads: int | None = None, custom_ops: str | None = None):
     """A CPU onnxruntime session; ``threads`` pins one sequential pool (the way latency is measured), ``custom_ops``
     registers an operator library (onnxruntime-extensions for the text-in model)."""
     options = ort.SessionOptions()
@@ -169,7 +169,8 @@ def ort_session(path: Path, threads: int | None = None, custom_ops: str | None =
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)  # a file, or a serialized model
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def onnx_logits(path_or_session, split, pad: int, batch_size: int = 1) -> np.ndarray:

@@ -31,8 +31,10 @@ model's predictions on the whole test split before it is shipped (:func:`check`)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -102,14 +104,166 @@ def vocabulary(tokenizer_json: Path) -> dict[str, int]:
     return dict(sorted(vocab.items(), key=lambda item: item[1]))
 
 
+# The extensions' BasicTokenizer and the tokenizers library's BertNormalizer part ways on about 150,000 of Unicode's
+# 1.1 million code points: letters with accents beyond Latin-1 (ō, ł, ş; Greek and Cyrillic ones), combining marks,
+# unassigned and private-use code points, U+FFFD, the Kelvin and Ohm signs, İ. The text-in graph therefore first
+# applies tokenizers' own normalization to exactly those characters (normalization_fixes): one regex removes the
+# ones tokenizers removes, a character map replaces the others; the operators then see what tokenizers would.
+FIXES_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attention-distill"
+FIXES_FORMAT = 4  # part of the cache key: bump when normalization_fixes changes what it computes
+# Removed ranges at least this long stay a regex (private-use planes); shorter ones join the character map, mapped to
+# REMOVED_MARK, which the same regex then removes (one regex of a few ranges is cheap, one of hundreds is not).
+LONG_RANGE = 256
+
+
+def _code_point_ranges(code_points: list[int]) -> list[tuple[int, int]]:
+    ranges: list[list[int]] = []
+    for cp in sorted(code_points):
+        if ranges and cp == ranges[-1][1] + 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    return [(a, b) for a, b in ranges]
+
+
+def _char_class(ranges: list[tuple[int, int]]) -> str:
+    """An RE2 character class of the code point ranges."""
+    return "[" + "".join(f"\\x{{{a:X}}}" + (f"-\\x{{{b:X}}}" if b > a else "") for a, b in ranges) + "]"
+
+
+def _basic_tokenizer_words(texts: list[str], lowercase: bool, strip: bool, fixes: dict | None = None) -> list[str]:
+    """The operator's words of each text (after ``fixes``, when given), joined by spaces (one text per Scan step)."""
+    body = helper.make_graph([
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
+        helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("axis", TensorProto.INT64, [], [0])),
+        helper.make_node("Constant", [], ["space"], value=helper.make_tensor("space", TensorProto.STRING, [], [b" "])),
+        helper.make_node("Unsqueeze", ["string", "zero"], ["raw_text"]),
+        *(normalization_nodes(fixes, "raw_text", "one_text") if fixes else [helper.make_node("Identity", ["raw_text"], ["one_text"])]),
+        helper.make_node("BasicTokenizer", ["one_text"], ["words"], domain=EXTENSIONS_DOMAIN, do_lower_case=int(lowercase),
+                         strip_accents=int(strip), tokenize_chinese_chars=1, tokenize_punctuation=1, remove_control_chars=1),
+        helper.make_node("StringJoin", ["words", "space", "axis"], ["joined"], domain=EXTENSIONS_DOMAIN),
+    ], "words_of_one", [helper.make_tensor_value_info("string", TensorProto.STRING, [])],
+        [helper.make_tensor_value_info("joined", TensorProto.STRING, [])])
+    graph = helper.make_graph([helper.make_node("Scan", ["texts"], ["words"], body=body, num_scan_inputs=1)], "words",
+                              [helper.make_tensor_value_info("texts", TensorProto.STRING, ["n"])],
+                              [helper.make_tensor_value_info("words", TensorProto.STRING, ["n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(EXTENSIONS_DOMAIN, 1)])
+    return list(session(model.SerializeToString()).run(None, {"texts": np.array(texts, dtype=object)})[0])
+
+
+def normalization_fixes(tokenizer_json: Path, lowercase: bool, strip: bool) -> dict:
+    """Every code point the operators normalize differently from tokenizers (each tried alone inside a word), as
+    {"removed": ranges tokenizers drops, "mapped": {character: what tokenizers makes of it}}. Computed once per
+    normalizer and library versions (about 10 s over all of Unicode) and kept in FIXES_CACHE."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    normalize = tokenizer.normalizer.normalize_str if tokenizer.normalizer else str
+    spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8")).get("normalizer")
+    key = hashlib.sha256(json.dumps([FIXES_FORMAT, spec, lowercase, strip, package_version("onnxruntime-extensions"),
+                                     package_version("tokenizers")], sort_keys=True).encode()).hexdigest()[:16]
+    cached = FIXES_CACHE / f"bert-normalization-fixes-{key}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text(encoding="utf-8"))
+    code_points = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
+    texts = [f"ab{chr(cp)}cd" for cp in code_points]
+    operators = _basic_tokenizer_words(texts, lowercase, strip)
+    expected = {}
+    removed, mapped = [], {}
+    for cp, text, words in zip(code_points, texts, operators):
+        wanted = " ".join(word for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(normalize(text)))
+        if words == wanted:
+            continue
+        expected[cp] = wanted
+        fixed = normalize(chr(cp))
+        if not fixed:
+            removed.append(cp)
+        elif wanted == f"ab {fixed} cd":  # punctuation to tokenizers, a letter to the operator: split it off
+            mapped[chr(cp)] = f" {fixed} "
+        elif fixed != chr(cp):
+            mapped[chr(cp)] = fixed
+        # else: tokenizers keeps the character as it is where the operator drops or splits it; nothing to map
+    fixes = {"removed": _code_point_ranges(removed), "mapped": mapped}
+    # what the fixes leave: characters the operators still split or normalize otherwise (checked the same way)
+    after = _basic_tokenizer_words([f"ab{chr(cp)}cd" for cp in expected], lowercase, strip, fixes)
+    fixes["still_different"] = _code_point_ranges([cp for (cp, wanted), words in zip(expected.items(), after) if words != wanted])
+    FIXES_CACHE.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".{os.getpid()}.partial")
+    partial.write_text(json.dumps(fixes, ensure_ascii=False), encoding="utf-8")
+    os.replace(partial, cached)  # whole or not at all, also with two exports at once
+    return fixes
+
+
+def normalization_nodes(fixes: dict, text: str, out: str) -> list:
+    """``text`` (string [1]) -> ``out``: tokenizers' normalization of the characters in ``fixes``: the text split into
+    characters, each fixed one replaced (the short runs of removed ones by a mark), joined, and one regex removing
+    the mark and the long removed ranges. It runs only for a text holding a character other than printable ASCII,
+    tab and line breaks (an If on one small regex): on plain English text the fixes cost one regex pass."""
+    strings = lambda name, value: helper.make_node(  # noqa: E731
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.STRING, [], [value.encode("utf-8")]))
+    node = helper.make_node
+    long_ranges = [(a, b) for a, b in fixes["removed"] if b - a + 1 >= LONG_RANGE]
+    mark = chr(long_ranges[0][0]) if long_ranges else None
+    table = dict(fixes["mapped"])
+    for a, b in fixes["removed"]:
+        if b - a + 1 < LONG_RANGE:
+            if mark is None:  # no long range to hide the mark in: a removed character is its own mark
+                mark, long_ranges = chr(a), [(a, a)]
+            table.update({chr(cp): mark for cp in range(a, b + 1) if chr(cp) != mark})
+    fix = [strings("nothing_fixed", ""), strings("one_char", "((?s).)"),
+           node("Constant", [], ["char_axis"], value=helper.make_tensor("char_axis", TensorProto.INT64, [], [0])),
+           node("StringRegexSplitWithOffsets", [text, "one_char", "one_char"], ["chars", "char_begin", "char_end", "char_rows"],
+                domain=EXTENSIONS_DOMAIN),
+           node("StringMapping", ["chars"], ["fixed_chars"], domain=EXTENSIONS_DOMAIN,
+                map="\n".join(f"{char}\t{value}" for char, value in table.items())),
+           node("StringJoin", ["fixed_chars", "nothing_fixed", "char_axis"], ["mapped_text"], domain=EXTENSIONS_DOMAIN)]
+    if long_ranges:
+        fix += [strings("removed_chars", _char_class(long_ranges)),
+                node("StringRegexReplace", ["mapped_text", "removed_chars", "nothing_fixed"], ["fixed_text"],
+                     domain=EXTENSIONS_DOMAIN, global_replace=1)]
+    else:
+        fix.append(node("Identity", ["mapped_text"], ["fixed_text"]))
+    then_branch = helper.make_graph(fix, "fix_characters", [],
+                                    [helper.make_tensor_value_info("fixed_text", TensorProto.STRING, [1])])
+    else_branch = helper.make_graph([node("Identity", [text], ["plain_text"])], "plain_text", [],
+                                    [helper.make_tensor_value_info("plain_text", TensorProto.STRING, [1])])
+    return [
+        strings("not_plain", "[^\\x{9}\\x{A}\\x{D}\\x{20}-\\x{7E}]"), strings("nothing", ""),
+        node("StringRegexReplace", [text, "not_plain", "nothing"], ["plain_part"], domain=EXTENSIONS_DOMAIN, global_replace=1),
+        node("StringEqual", [text, "plain_part"], ["is_plain"], domain=EXTENSIONS_DOMAIN),
+        node("Not", ["is_plain"], ["needs_fixes_1"]),
+        node("Constant", [], ["cond_axis"], value=helper.make_tensor("cond_axis", TensorProto.INT64, [1], [0])),
+        node("Squeeze", ["needs_fixes_1", "cond_axis"], ["needs_fixes"]),
+        node("If", ["needs_fixes"], [out], then_branch=then_branch, else_branch=else_branch),
+    ]
+
+
+def casing(facts: dict) -> tuple[bool, bool]:
+    """(lower-case, strip accents) of a BERT normalizer: strip_accents None follows lowercase, as BertNormalizer does."""
+    lowercase, strip = bool(facts.get("lowercase")), facts.get("strip_accents")
+    return lowercase, lowercase if strip is None else bool(strip)
+
+
+def fixes_summary(fixes: dict) -> tuple[dict, list[str]]:
+    """metadata.json's account of the normalization fixes, and the known difference they leave (if any)."""
+    count = lambda ranges: sum(b - a + 1 for a, b in ranges)  # noqa: E731
+    still = fixes["still_different"]
+    summary = {"characters_mapped": len(fixes["mapped"]), "characters_removed": count(fixes["removed"]),
+               "still_different": count(still), "still_different_ranges": [f"U+{a:04X}-U+{b:04X}" for a, b in still],
+               "checked": "every Unicode code point, alone inside a word, against tokenizers"}
+    if not still:
+        return summary, []
+    shown = ", ".join(f"U+{a:04X}" + (f"-U+{b:04X}" if b > a else "") for a, b in still[:4])
+    return summary, [f"{count(still)} of Unicode's code points still tokenize differently from tokenizers ({shown}"
+                     f"{', ...' if len(still) > 4 else ''}; all listed in metadata.json text_model.normalization): "
+                     "code points no text should hold (unassigned) and rare ideographs the operators split as Chinese "
+                     "characters where tokenizers does not"]
+
+
 def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
     """WordPiece as tokenizers does it: BasicTokenizer (BERT normalization and splitting) into words, WordpieceTokenizer
     into pieces, one row per word so each word's pieces are known; a word with an unknown piece becomes one [UNK]
     (the operator keeps the pieces it matched before the [UNK], tokenizers drops the whole word); then
     ``cls pieces sep`` with the pieces cut to max_length - 2."""
-    lowercase = bool(facts.get("lowercase"))
-    strip = facts.get("strip_accents")
-    strip = lowercase if strip is None else bool(strip)  # BertNormalizer: strip_accents None follows lowercase
+    lowercase, strip = casing(facts)
     vocab = vocabulary(tokenizer_json)
     unk, cls, sep = (facts["special_tokens"][role]["id"] for role in ("unk", "cls", "sep"))
     scalar = lambda name, value: helper.make_node(  # noqa: E731
@@ -118,7 +272,8 @@ def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
         "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
     node = helper.make_node
     return [
-        node("BasicTokenizer", ["one_text"], ["words"], name="BasicTokenizer", domain=EXTENSIONS_DOMAIN,
+        *normalization_nodes(normalization_fixes(tokenizer_json, lowercase, strip), "one_text", "normalized_text"),
+        node("BasicTokenizer", ["normalized_text"], ["words"], name="BasicTokenizer", domain=EXTENSIONS_DOMAIN,
              do_lower_case=int(lowercase), strip_accents=int(strip), tokenize_chinese_chars=1, tokenize_punctuation=1,
              remove_control_chars=1),
         scalar("s0", 0), scalar("s1", 1), scalar("unk_id", unk), vector("v0", [0]), vector("v1", [1]),
@@ -344,16 +499,21 @@ def ship(classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, r
                f"(first difference: {result['first_difference']})")
         log.info("[export] no text-in model: %s", why)
         return {"shipped": False, "why": why, "check": result}
+    normalization = {"known_differences": KNOWN_DIFFERENCES.get(facts.get("type"), [])}
+    if facts.get("type") == "WordPiece":
+        summary, left = fixes_summary(normalization_fixes(tokenizer_json, *casing(facts)))
+        normalization = {"normalization": summary, "known_differences": normalization["known_differences"] + left}
     log.info("[export] text-in model %s: identical token ids on %d/%d test texts, prediction agreement %.4f",
              info["file"], result["token_ids_identical"], result["examples"], result["prediction_agreement"])
     return {"shipped": True, **info, "check": {**result, "split": "test", "against": f"predict.py ({classifier.name})"},
             "onnxruntime_extensions": package_version("onnxruntime-extensions"),
-            "known_differences": KNOWN_DIFFERENCES.get(facts.get("type"), [])}
+            **normalization}
 
 
 # Measured against tokenizers: WordPiece on 6,000 Rotten Tomatoes sentences plus edge cases (empty text, accents,
-# CJK, emoji, a 300-character word, control characters), full and trimmed vocabulary, at 32 and 128 tokens; byte-level
-# BPE on 3,000 sentences plus leading spaces, tabs and an empty text: identical ids. Where they part ways:
+# CJK, emoji, a 300-character word, control characters), full and trimmed vocabulary, at 32 and 128 tokens, and every
+# code point (normalization_fixes, which also lists what its fixes leave); byte-level BPE on 3,000 sentences plus
+# leading spaces, tabs and an empty text: identical ids. Where they part ways besides:
 KNOWN_DIFFERENCES = {
     "WordPiece": ["a special token typed inside the text (e.g. the literal string '[SEP]') is split like ordinary "
                   "text by the operators, while tokenizers maps it to the special token's id"],
