@@ -110,6 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OneLine(logging.Filter):
+    """A library's log record as one line: no traceback, no stack, the first line of its message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage().strip().splitlines()
+        record.msg, record.args = (message[0] if message else ""), ()
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
 def setup_logging(debug: bool, rank: int = 0) -> None:
     from .tracking import RedactingFilter
 
@@ -126,6 +136,20 @@ def setup_logging(debug: bool, rank: int = 0) -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # mlflow resets its logger level on import
+    # MLflow's store logs every exception it catches with its traceback (10-12 blocks on a full disk) before the
+    # pipeline's one-paragraph error: its loggers (and SQLAlchemy's) go through this handler, one line per record,
+    # tracebacks only with --debug. MLFLOW_CONFIGURE_LOGGING=false: mlflow would install its own handler on import.
+    os.environ["MLFLOW_CONFIGURE_LOGGING"] = "false"
+    libraries = logging.StreamHandler(sys.stderr)
+    libraries.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(name)s: %(message)s", "%H:%M:%S"))
+    libraries.addFilter(RedactingFilter())
+    if not debug:
+        libraries.addFilter(OneLine())
+    for library, level in (("mlflow", logging.WARNING), ("alembic", logging.ERROR), ("sqlalchemy", logging.ERROR)):
+        logger = logging.getLogger(library)
+        logger.handlers[:] = [libraries]
+        logger.setLevel(level)
+        logger.propagate = False
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     logging.getLogger("root").setLevel(logging.ERROR)  # onnxruntime.quantization logs via the root logger
     import transformers

@@ -293,7 +293,17 @@ class Tracker:
 
     def end_pipeline(self, status: str = "FINISHED") -> None:
         if self.enabled and self.parent_id:
-            self.client.set_terminated(self.parent_id, status=status)
+            self._set_terminated(self.parent_id, status)
+
+    def _set_terminated(self, run_id: str, status: str) -> None:
+        """End an MLflow run. While a failure propagates (any status but FINISHED), MLflow failing as well (a full disk
+        holds its database too) is one warning line: the error that stopped the run is the one the user must see."""
+        try:
+            self.client.set_terminated(run_id, status=status)
+        except Exception as exc:
+            if status == "FINISHED":
+                raise
+            log.warning("MLflow: could not mark run %s %s (%s)", run_id, status, _brief_error(exc))
 
     def _mark_experiment_kind(self, experiment_id: str) -> None:
         """Tag the experiment as model training, so the MLflow UI opens it in that view (not GenAI).
@@ -416,7 +426,7 @@ class Tracker:
             status = run_status(exc)
             raise
         finally:
-            self.client.set_terminated(self.stage_id, status=status)
+            self._set_terminated(self.stage_id, status)
             self.stage_id = None
 
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
@@ -461,7 +471,11 @@ def config_hash(config_yaml: str) -> str:
 
 
 def _brief_error(exc: BaseException) -> str:
-    return redact(f"{type(exc).__name__}: {exc}")[:300]
+    """One line for a log: the exception's type and its first line, or the database driver's own line of an SQLAlchemy
+    error ("(sqlite3.OperationalError) database or disk is full"), never its SQL."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    driver = next((line for line in lines if re.match(r"^\([\w.]+\) ", line)), None)
+    return redact(f"{type(exc).__name__}: {(driver or (lines[0] if lines else ''))[:200]}")
 
 
 def _text_digest(text: str) -> str:

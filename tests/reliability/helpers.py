@@ -98,7 +98,7 @@ def _logging_state():
     import logging
 
     loggers = [logging.getLogger(name) for name in ("pipeline", "transformers", "datasets", "accelerate", "mlflow",
-                                                    "alembic", "httpx", "torch.onnx")] + [logging.getLogger()]
+                                                    "alembic", "sqlalchemy", "httpx", "torch.onnx")] + [logging.getLogger()]
     return [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
 
 def _restore_logging(state) -> None:
