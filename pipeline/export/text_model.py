@@ -273,11 +273,14 @@ def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
     node = helper.make_node
     return [
         *normalization_nodes(normalization_fixes(tokenizer_json, lowercase, strip), "one_text", "normalized_text"),
-        node("BasicTokenizer", ["normalized_text"], ["words"], name="BasicTokenizer", domain=EXTENSIONS_DOMAIN,
+        node("BasicTokenizer", ["normalized_text"], ["all_words"], name="BasicTokenizer", domain=EXTENSIONS_DOMAIN,
              do_lower_case=int(lowercase), strip_accents=int(strip), tokenize_chinese_chars=1, tokenize_punctuation=1,
              remove_control_chars=1),
         scalar("s0", 0), scalar("s1", 1), scalar("unk_id", unk), vector("v0", [0]), vector("v1", [1]),
         vector("cls_sep", [cls, sep]), vector("content_max", [max_length - 2]),
+        # every word gives at least one piece, so words past max_length - 2 never reach the ids: cut them here, which
+        # keeps the word x piece bookkeeping below small for a text of any length (it is quadratic in words)
+        node("Slice", ["all_words", "v0", "content_max"], ["words"]),
         node("Size", ["words"], ["word_count"]), node("Add", ["word_count", "s1"], ["word_count_1"]),
         node("Range", ["s0", "word_count_1", "s1"], ["word_rows"]),  # one row per word
         node("WordpieceTokenizer", ["words", "word_rows"], ["pieces", "row_splits", "word_begin", "word_end"],
