@@ -153,6 +153,7 @@ def test_predict_tokenization_matches_the_pipeline(bundle, tiny_run):
     classifier = predict.BundleClassifier(bundle)
     records = predict.read_jsonl(tiny_run["run_dir"] / "prepare" / "test.jsonl")
     split = TokenizedSplit(tiny_run["run_dir"] / "prepare", "test")
+    assert len(records) == len(split.input_ids) > 0
     for record, ids in zip(records, split.input_ids):
         assert classifier.tokenizer.encode(record["text"]).ids == list(ids)
 

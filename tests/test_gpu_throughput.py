@@ -92,6 +92,7 @@ def test_every_row_is_a_figure_or_an_error(smoke):
         assert r["step_ms"]["median"] > 0 and r["flops_per_step"] > 0 and r["tflops"] > 0
         assert r["padded"] is (r["kind"] == "padded")
         assert r["peak_memory_bytes"] > 0
+    assert all("error" not in r for r in rows if r["precision"] == "fp32"), [r["error"] for r in rows if "error" in r]
     if not torch.cuda.is_available():  # the runner refuses fp16 without CUDA; fp32 and bf16 must have run
         assert all(("error" in r) == (r["precision"] == "fp16") for r in rows)
         assert all("fp16" in r["error"] for r in rows if r["precision"] == "fp16")

@@ -25,8 +25,12 @@ def test_every_stage_output_exists(tiny_run):
         model = AutoModelForSequenceClassification.from_pretrained(folder)
         assert model.config.num_labels == 2 and (folder / "model.safetensors").is_file()
     metrics = read_json(run_dir / "evaluate" / "metrics.json")
+    # the recorded figures are those of the recorded predictions (and the test split: the labels are prepare's)
+    predictions = [json.loads(line) for line in (run_dir / "evaluate" / "predictions.jsonl").read_text().splitlines()]
+    test = [json.loads(line) for line in (run_dir / "prepare" / "test.jsonl").read_text().splitlines() if line]
+    assert [p["label"] for p in predictions] == [r["label"] for r in test]
     for who in ("teacher", "student"):
-        assert 0 <= metrics[who]["accuracy"] <= 1 and 0 <= metrics[who]["macro_f1"] <= 1
+        assert metrics[who]["accuracy"] == sum(p[who] == p["label"] for p in predictions) / len(predictions)
     assert abs(metrics["retention"] - metrics["student"]["accuracy"] / metrics["teacher"]["accuracy"]) < 1e-9
     export = read_json(run_dir / "export" / "export.json")
     assert export["parity_max_abs_diff"] < 1e-3 and (run_dir / "export" / "bundle" / "model.onnx").is_file()

@@ -149,6 +149,23 @@ def test_disk_full_during_export_with_mlflow_on_that_disk_is_one_paragraph(tiny_
         subprocess.run(["umount", "-l", str(runs_dir)])
 
 
+@pytest.mark.parametrize("stage, overrides", [("prepare", ()), ("teacher", ()),
+                                              ("baselines", ("baselines.enabled=true", "baselines.fasttext.buckets=20000"))],
+                         ids=["prepare", "teacher", "baselines"])
+def test_disk_full_in_the_other_writing_stages_is_one_paragraph(run_copy, stage, overrides):
+    """With 64 KB left, each stage's first sizable write fails: the paragraph names the stage, the disk and the rerun,
+    nothing complete is touched, and with room again the same command completes (capture, distill and export have
+    their own cases above and below)."""
+    before = run_copy.snapshot()
+    with run_dir_on_small_disk(run_copy, room=64 * 1024) as make_room:
+        result = expect_error(*args(run_copy, *overrides, "--force", only=stage), code=1,
+                              phrases=(f"disk full: the {stage} stage could not write", "rerun the same command"))
+        assert "Traceback" not in result.stderr
+        assert_complete_stages_untouched(before, run_copy.run_dir)  # the forced stage's old output too
+        make_room()
+        assert cli(*args(run_copy, *overrides, "--force", only=stage)).returncode == 0
+
+
 def test_disk_full_while_writing_a_checkpoint(run_copy):
     """The second checkpoint does not fit: torch.save fails with a bare RuntimeError."""
     # A checkpoint is about 3x the student's weights (weights + two AdamW moments); the
