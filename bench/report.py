@@ -221,6 +221,10 @@ SECTIONS: list[Section] = [
     Section("padding_bert_small.md", "Padding left by length-grouped batches", "parts",
             "Epoch 0's batches built as training builds them, with and without length grouping: how many need no "
             "padding (those run without an attention mask) and how much padding is left. A count: no timing."),
+    Section("roofline_bert_small.md", "Training steps against the machine's matmul rate (bert_small)", "parts",
+            "The fp32 (and bf16) matmul rate, a bare forward + backward + AdamW step of the teacher and the student on "
+            "the pipeline's batch shapes, and the pipeline's own seconds per step (stage wall time over its steps), "
+            "from `bench/roofline.py` (issue 30)."),
     Section("micro_avx2.md", "Training cost per step and capture throughput", "parts",
             "Samples/s of a plain CE step, a distillation step with cached teacher targets and one with the teacher "
             "online; teacher inference against capture.", data=("micro_avx2.json",), layers=_micro_layers),
