@@ -1,5 +1,7 @@
 """User-facing errors: one clear paragraph, a non-zero exit, no traceback."""
 
+import re
+
 
 class PipelineError(Exception):
     """An error the user can fix (bad config, bad data, a locked run folder...).
@@ -60,6 +62,9 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
     chain = exception_chain(exc)
     path = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None)
     folder = Path(folder)
+    if path is None and any("database or disk is full" in str(e) for e in chain):  # sqlite: MLflow's database
+        database = next((d / "mlflow.db" for d in (folder, *folder.parents[:2]) if (d / "mlflow.db").is_file()), None)
+        path = f"{database} (MLflow's database)" if database else None
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -74,10 +79,18 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
         return None
     left = f"{free / 1e6:.1f} MB free there now" if free is not None else "free space unknown"
     return DiskFullError(
-        f"Disk full: {doing} could not write {path or folder} ({left}; {type(exc).__name__}: {str(exc)[:200]}). "
+        f"Disk full: {doing} could not write {path or folder} ({left}; {brief(exc)}). "
         "Free some space or point --runs-dir at a larger disk, then rerun the same command: complete stages are kept, "
         "and an interrupted stage resumes from its finished cache shards / last checkpoint."
     )
+
+
+def brief(exc: BaseException) -> str:
+    """One line for an exception: its type and first line, or for an SQLAlchemy error the database driver's own line
+    ("(sqlite3.OperationalError) database or disk is full"), never the SQL it ran."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    driver = next((line for line in lines if re.match(r"^\([\w.]+\) ", line)), None)
+    return f"{type(exc).__name__}: {(driver or (lines[0] if lines else ''))[:200]}"
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:

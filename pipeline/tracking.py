@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from .errors import PipelineError
+from .errors import PipelineError, brief
 
 log = logging.getLogger("pipeline")
 
@@ -471,11 +471,8 @@ def config_hash(config_yaml: str) -> str:
 
 
 def _brief_error(exc: BaseException) -> str:
-    """One line for a log: the exception's type and its first line, or the database driver's own line of an SQLAlchemy
-    error ("(sqlite3.OperationalError) database or disk is full"), never its SQL."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    driver = next((line for line in lines if re.match(r"^\([\w.]+\) ", line)), None)
-    return redact(f"{type(exc).__name__}: {(driver or (lines[0] if lines else ''))[:200]}")
+    """One line for a log (errors.brief: never an SQLAlchemy error's SQL), secrets redacted."""
+    return redact(brief(exc))
 
 
 def _text_digest(text: str) -> str:

@@ -122,29 +122,30 @@ def test_disk_full_while_writing_the_cache(run_copy):
         TeacherCache(run_copy.run_dir / "capture" / "cache")  # every shard verifies
 
 
-def test_disk_full_during_export_with_mlflow_on_that_disk_is_one_paragraph(tiny_run, tmp_path):
-    """The runs folder (MLflow's database included) on a disk that fills while the export writes its graphs: one
-    paragraph naming the export's folder, no library traceback (MLflow logs each failed write with one), no SQL; a
-    subprocess, so MLflow's own stderr handler is what the user sees (issue 29)."""
+@pytest.mark.parametrize("stage, room", [("evaluate", 160 * 1024), ("export", 4 * 1024 * 1024)])
+def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(tiny_run, tmp_path, stage, room):
+    """The runs folder (MLflow's database included) on a disk that fills while evaluate writes its plots or the export
+    its graphs: one paragraph naming the stage's folder, no library traceback (MLflow logs each failed write with
+    one), no SQL; a subprocess, so MLflow's own stderr handler is what the user sees (issue 29)."""
     runs_dir = tmp_path / "runs"
     runs_dir.mkdir()
     if os.geteuid() != 0 or not _mount("size=1g", target=runs_dir):
         pytest.skip("needs root to mount a tmpfs (a real full disk)")
     try:
-        shutil.copytree(tiny_run["runs_dir"], runs_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("export"))
+        shutil.copytree(tiny_run["runs_dir"], runs_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(stage))
         stat = os.statvfs(runs_dir)
         used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
-        assert subprocess.run(["mount", "-o", f"remount,size={used + 4 * 1024 * 1024}", str(runs_dir)]).returncode == 0
-        result = subprocess.run([sys.executable, "-m", "pipeline", "run", "tiny", "--only", "export", "--force",
+        assert subprocess.run(["mount", "-o", f"remount,size={used + room}", str(runs_dir)]).returncode == 0
+        result = subprocess.run([sys.executable, "-m", "pipeline", "run", "tiny", "--only", stage, "--force",
                                  "--runs-dir", str(runs_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                                 env={**os.environ, **ONE_THREAD})
         assert result.returncode == 1, result.stderr[-3000:]
         assert "Traceback" not in result.stderr and "[SQL:" not in result.stderr, result.stderr[-3000:]
         message = error_message(result.stderr)
-        assert message.startswith("Disk full: the export stage could not write"), message
-        assert str(runs_dir / "tiny" / "export.partial") in message and "rerun the same command" in message.lower()
+        assert message.startswith(f"Disk full: the {stage} stage could not write"), message
+        assert str(runs_dir / "tiny" / f"{stage}.partial") in message and "rerun the same command" in message.lower()
         assert len(result.stderr) < 6000, result.stderr  # a few log lines and the paragraph, not pages of tracebacks
-        assert (runs_dir / "tiny" / "evaluate" / "manifest.json").is_file()  # complete stages stay complete
+        assert (runs_dir / "tiny" / "distill" / "manifest.json").is_file()  # complete stages stay complete
     finally:
         subprocess.run(["umount", "-l", str(runs_dir)])
 
