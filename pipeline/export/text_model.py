@@ -152,9 +152,10 @@ def _basic_tokenizer_words(texts: list[str], lowercase: bool, strip: bool, fixes
 
 
 def normalization_fixes(tokenizer_json: Path, lowercase: bool, strip: bool) -> dict:
-    """Every code point the operators normalize differently from tokenizers (each tried alone inside a word), as
-    {"removed": ranges tokenizers drops, "mapped": {character: what tokenizers makes of it}}. Computed once per
-    normalizer and library versions (about 10 s over all of Unicode) and kept in FIXES_CACHE."""
+    """Every code point the operators normalize or split differently from tokenizers (each tried alone inside a word),
+    as {"removed": ranges tokenizers drops, "mapped": {character: what tokenizers makes of it}, "still_different":
+    ranges the fixes cannot reach}. Computed once per normalizer and library versions (about 15 s over all of
+    Unicode on 2 cores) and kept in FIXES_CACHE."""
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     normalize = tokenizer.normalizer.normalize_str if tokenizer.normalizer else str
     spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8")).get("normalizer")
