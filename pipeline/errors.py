@@ -1,6 +1,9 @@
 """User-facing errors: one clear paragraph, a non-zero exit, no traceback."""
 
+import errno
 import re
+import shutil
+from pathlib import Path
 
 
 class PipelineError(Exception):
@@ -55,10 +58,6 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
     The last kind is recognised by the disk holding ``folder`` having (almost)
     nothing left.
     """
-    import errno
-    import shutil
-    from pathlib import Path
-
     chain = exception_chain(exc)
     path = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None)
     folder = Path(folder)

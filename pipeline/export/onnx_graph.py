@@ -49,28 +49,30 @@ def split_feeds(split, start: int, stop: int, pad: int) -> dict:
     return feeds
 
 
-class LogitsOnly(torch.nn.Module):
+class _OneOutput(torch.nn.Module):
+    """A HF model as a graph of (input_ids, attention_mask[, token_type_ids]) -> one output field (``FIELD``)."""
+
+    FIELD = ""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **segments), self.FIELD)
+
+
+class LogitsOnly(_OneOutput):
     """ONNX graph signature: (input_ids, attention_mask[, token_type_ids]) -> logits."""
 
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, **segments).logits
+    FIELD = "logits"
 
 
-class HiddenStates(torch.nn.Module):
+class HiddenStates(_OneOutput):
     """Feature-extractor signature: (input_ids, attention_mask[, token_type_ids]) -> last_hidden_state."""
 
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, **segments).last_hidden_state
+    FIELD = "last_hidden_state"
 
 
 def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: list[str] | None = None,

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
 
 from . import text_model
 from .onnx_graph import onnx_logits
@@ -53,8 +54,6 @@ def convert(models: list[Path], out_dir: Path, target_platform: str = "arm", cus
     model uses its operators (the text-in model); they appear in the config
     under the ai.onnx.contrib domain.
     """
-    from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
-
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         work = Path(tmp) / "models"

@@ -259,7 +259,7 @@ def fixes_summary(fixes: dict) -> tuple[dict, list[str]]:
                      "characters where tokenizers does not"]
 
 
-def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
+def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int, fixes: dict | None = None) -> list:
     """WordPiece as tokenizers does it: BasicTokenizer (BERT normalization and splitting) into words, WordpieceTokenizer
     into pieces, one row per word so each word's pieces are known; a word with an unknown piece becomes one [UNK]
     (the operator keeps the pieces it matched before the [UNK], tokenizers drops the whole word); then
@@ -273,7 +273,7 @@ def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
         "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
     node = helper.make_node
     return [
-        *normalization_nodes(normalization_fixes(tokenizer_json, lowercase, strip), "one_text", "normalized_text"),
+        *normalization_nodes(fixes or normalization_fixes(tokenizer_json, lowercase, strip), "one_text", "normalized_text"),
         node("BasicTokenizer", ["normalized_text"], ["all_words"], name="BasicTokenizer", domain=EXTENSIONS_DOMAIN,
              do_lower_case=int(lowercase), strip_accents=int(strip), tokenize_chinese_chars=1, tokenize_punctuation=1,
              remove_control_chars=1),
@@ -319,11 +319,11 @@ def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> list:
     ]
 
 
-def tokenizer_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> tuple[list, str]:
+def tokenizer_nodes(tokenizer_json: Path, facts: dict, max_length: int, fixes: dict | None = None) -> tuple[list, str]:
     """The nodes that turn ``one_text`` (string [1]) into ``row_ids`` and ``row_mask`` (int64 [length <= max_length]),
     and the extension operator they use."""
     if facts.get("type") == "WordPiece":
-        return wordpiece_nodes(tokenizer_json, facts, max_length), "BasicTokenizer + WordpieceTokenizer"
+        return wordpiece_nodes(tokenizer_json, facts, max_length, fixes), "BasicTokenizer + WordpieceTokenizer"
     # byte-level BPE: the generic HfJsonTokenizer reads tokenizer.json itself (model, merges, post-processor); it
     # knows the GPT-2 class, which does not add the prefix space, so the graph adds it when tokenizer.json does.
     config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": _role(facts, "cls"), "eos_token": _role(facts, "sep"),
@@ -359,10 +359,10 @@ def tokenizer_nodes(tokenizer_json: Path, facts: dict, max_length: int) -> tuple
     return nodes, "HfJsonTokenizer"
 
 
-def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: int):
+def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: int, fixes: dict | None = None):
     """text string [batch] -> input_ids, attention_mask int64 [batch, longest]: predict.py's encoding, as ONNX."""
     pad = facts["special_tokens"]["pad"]["id"] if "pad" in facts.get("special_tokens", {}) else 0
-    tokenizer, operator = tokenizer_nodes(tokenizer_json, facts, max_length)
+    tokenizer, operator = tokenizer_nodes(tokenizer_json, facts, max_length, fixes)
     const = lambda name, values: helper.make_node(  # noqa: E731
         "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
     body = helper.make_graph(  # one string -> its ids and mask, padded to max_length
@@ -412,7 +412,9 @@ def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: 
     with softmax and argmax after it. Returns what metadata.json records about it; raises TextModelUnsupported."""
     classifier = onnx.load(str(classifier_onnx))
     opset = next(entry.version for entry in classifier.opset_import if entry.domain in ("", "ai.onnx"))
-    tokens, operator = tokenizer_graph(tokenizer_json, facts, max_length, opset)
+    # WordPiece: the normalization fixes, computed (or read from the cache) once for the graph and for metadata.json
+    fixes = normalization_fixes(tokenizer_json, *casing(facts)) if facts.get("type") == "WordPiece" else None
+    tokens, operator = tokenizer_graph(tokenizer_json, facts, max_length, opset, fixes)
     tokens.ir_version = classifier.ir_version
     merged = compose.merge_models(tokens, classifier, io_map=[("input_ids", "input_ids"), ("attention_mask", "attention_mask")],
                                   outputs=["logits", "input_ids"])
@@ -429,7 +431,10 @@ def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: 
                          "custom-op library (onnxruntime-extensions).")
     onnx.checker.check_model(merged)
     onnx.save(merged, str(target))
+    summary, left = fixes_summary(fixes) if fixes else (None, [])
     return {"file": Path(target).name, "classifier": Path(classifier_onnx).name, "operator": f"{EXTENSIONS_DOMAIN} {operator}",
+            **({"normalization": summary} if summary else {}),
+            "known_differences": KNOWN_DIFFERENCES.get(facts.get("type"), []) + left,
             "inputs": [{"name": TEXT_INPUT, "dtype": "string", "shape": ["batch"]}],
             "outputs": [{"name": "probabilities", "dtype": "float32", "shape": ["batch", labels]},
                         {"name": "label", "dtype": "int64", "shape": ["batch"]},
@@ -503,15 +508,10 @@ def ship(classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, r
                f"(first difference: {result['first_difference']})")
         log.info("[export] no text-in model: %s", why)
         return {"shipped": False, "why": why, "check": result}
-    normalization = {"known_differences": KNOWN_DIFFERENCES.get(facts.get("type"), [])}
-    if facts.get("type") == "WordPiece":
-        summary, left = fixes_summary(normalization_fixes(tokenizer_json, *casing(facts)))
-        normalization = {"normalization": summary, "known_differences": normalization["known_differences"] + left}
     log.info("[export] text-in model %s: identical token ids on %d/%d test texts, prediction agreement %.4f",
              info["file"], result["token_ids_identical"], result["examples"], result["prediction_agreement"])
     return {"shipped": True, **info, "check": {**result, "split": "test", "against": f"predict.py ({classifier.name})"},
-            "onnxruntime_extensions": package_version("onnxruntime-extensions"),
-            **normalization}
+            "onnxruntime_extensions": package_version("onnxruntime-extensions")}
 
 
 # Measured against tokenizers: WordPiece on 6,000 Rotten Tomatoes sentences plus edge cases (empty text, accents,
