@@ -7,7 +7,10 @@ query / key / value Linear layers (named per family in pipeline/families.py,
 e.g. BERT's ``query``, DistilBERT's ``q_lin``, DeBERTa's ``query_proj``)
 capture the projections under any backend, and the losses recompute only the
 scores they need. For DeBERTa the recomputed scores are its content-to-content
-relation, not its full attention (see pipeline/families.py).
+relation, not its full attention (see pipeline/families.py). Families that
+rotate queries and keys by position (ModernBERT, EuroBERT) get the same rotation
+applied to the captured tensors, and ModernBERT's sliding-window layers the
+same key window (``window``), so the recomputed scores are again the model's.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
-from .families import projection, self_attention, unwrap_model
+from .families import family_of, projection, self_attention, unwrap_model
 
 
 @contextlib.contextmanager
@@ -56,28 +59,67 @@ def capture_projections(
     """
     layers = list(layers)
     kinds = tuple(kinds)
+    family = family_of(model)
     captured: dict[int, dict[str, torch.Tensor]] = {i: {} for i in layers}
     handles = []
 
-    def make_hook(slot: dict[str, torch.Tensor], kind: str, seen: set):
-        def hook(_module, _inputs, output):
-            if kind in seen:  # a second call inside the same attention call (DeBERTa's position projection)
-                return
-            seen.add(kind)
-            slot[kind] = output  # overwrite: the last attention call (e.g. a checkpoint recompute) wins
+    def on_attention_call(state: dict):
+        def pre_hook(_module, _args, kwargs):
+            state["seen"] = set()  # kinds captured in this call of the layer's attention module
+            state["rotation"] = kwargs.get("position_embeddings")  # RoPE families: (cos, sin) of this call
+        return pre_hook
 
+    def on_projection(slot: dict, names: tuple[str, ...], state: dict, attention: nn.Module):
+        def hook(_module, _inputs, output):
+            if names[0] in state["seen"]:  # a second call inside the same attention call (DeBERTa's position projection)
+                return
+            parts = dict(zip(("query", "key", "value"), output.chunk(3, dim=-1))) if family.fused_qkv else {names[0]: output}
+            for kind in names:
+                state["seen"].add(kind)
+                slot[kind] = as_attention_sees_it(parts[kind], kind, family, attention, state["rotation"])
         return hook
 
     try:
         for i in layers:
-            seen: set[str] = set()  # kinds captured in the current call of layer i's attention module
-            handles.append(self_attention(model, i).register_forward_pre_hook(lambda *_, seen=seen: seen.clear()))
+            state: dict = {"seen": set(), "rotation": None}
+            attention = self_attention(model, i)
+            handles.append(attention.register_forward_pre_hook(on_attention_call(state), with_kwargs=True))
+            # One hook per distinct Linear: a fused Q/K/V projection yields every kind at once.
+            by_module: dict[str, list[str]] = {}
             for kind in kinds:
-                handles.append(projection(model, i, kind).register_forward_hook(make_hook(captured[i], kind, seen)))
+                by_module.setdefault(family.projection_name(kind), []).append(kind)
+            for names in by_module.values():
+                linear = projection(model, i, names[0])
+                handles.append(linear.register_forward_hook(on_projection(captured[i], tuple(names), state, attention)))
         yield captured
     finally:
         for h in handles:
             h.remove()
+
+
+def as_attention_sees_it(x: torch.Tensor, kind: str, family, attention: nn.Module, rotation) -> torch.Tensor:
+    """A projection [B, N, width] as the attention kernel multiplies it: queries and keys rotated by their positions
+    (RoPE families), keys and values repeated per query head (grouped-query attention) -> [B, N, heads * head_dim]."""
+    groups = getattr(attention, "num_key_value_groups", 1)
+    rotated, repeated = family.rotary and kind != "value", kind != "query" and groups > 1
+    if not (rotated or repeated):
+        return x
+    b, n, _ = x.shape
+    heads = x.view(b, n, -1, attention.head_dim)
+    if rotated:
+        if rotation is None:
+            raise RuntimeError(f"{family.name} attention was called without position_embeddings; cannot rotate the {kind}")
+        cos, sin = (t.unsqueeze(-2) for t in rotation)  # [B or 1, N, head_dim] -> the same for every head
+        heads = rotate(heads.float(), cos, sin).to(x.dtype)  # the module rotates in float32 and casts back
+    if repeated:
+        heads = heads.repeat_interleave(groups, dim=2)
+    return heads.reshape(b, n, -1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding, x * cos + rotate_half(x) * sin (Su et al. 2021), as transformers applies it."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -104,21 +146,33 @@ def relation_scores(a: torch.Tensor, b: torch.Tensor, num_heads: int) -> torch.T
     return torch.matmul(a_h, b_h.transpose(-1, -2)) * (a_h.size(-1) ** -0.5)
 
 
+def window_mask(n: int, window: int | None, device=None) -> torch.Tensor | None:
+    """[N, N] bool, True where key j is within ``window`` tokens of query i (|i - j| <= window); None for no window."""
+    if window is None:
+        return None
+    positions = torch.arange(n, device=device)
+    return (positions[:, None] - positions[None, :]).abs() <= window
+
+
 def attention_probs(
     query: torch.Tensor,
     key: torch.Tensor,
     attention_mask: torch.Tensor | None,
     num_heads: int,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention probabilities [B, H, N, N] as HF eager attention computes them (eval mode).
 
     ``attention_mask`` is the usual [B, N] 0/1 tensor; padded keys get an additive
-    ``finfo.min`` and therefore probability 0. Padded query rows are computed like
-    HF does (they attend to the valid keys); losses must mask them out.
+    ``finfo.min`` and therefore probability 0, as do keys outside a sliding-window
+    layer's ``window`` (pipeline.families.attention_window). Padded query rows are
+    computed like HF does (they attend to the valid keys); losses must mask them out.
     """
     scores = relation_scores(query, key, num_heads)
-    if attention_mask is not None:
-        keep = attention_mask[:, None, None, :].to(torch.bool)
+    keep = None if attention_mask is None else attention_mask[:, None, None, :].to(torch.bool)
+    if (band := window_mask(scores.size(-1), window, scores.device)) is not None:
+        keep = band if keep is None else keep & band
+    if keep is not None:
         bias = torch.zeros((), dtype=scores.dtype, device=scores.device)
         scores = scores + torch.where(keep, bias, torch.finfo(scores.dtype).min)
     return torch.softmax(scores, dim=-1)
@@ -132,4 +186,5 @@ __all__ = [
     "self_attention",
     "split_heads",
     "unwrap_model",
+    "window_mask",
 ]

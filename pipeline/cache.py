@@ -68,9 +68,10 @@ class CacheLayout:
         return float(np.mean(self.example_bytes(lengths)))
 
     def to_json(self) -> dict:
+        windows = {"teacher_windows": self.plan.teacher_windows} if self.plan.teacher_windows else {}
         return {"pairs": self.plan.pairs, "relation_heads": self.plan.relation_heads, "terms": list(self.plan.terms),
                 "targets": [t.name for t in self.plan.targets], "num_labels": self.num_labels, "hidden": self.hidden,
-                "stores": self.stores, "dtype": self.dtype}
+                "stores": self.stores, "dtype": self.dtype, **windows}
 
 
 def choose_stores(plan: TargetPlan, lengths: np.ndarray, hidden: int, store: str) -> dict:
@@ -165,8 +166,10 @@ def flatten_targets(targets: dict, layout: CacheLayout, lengths: list[int], mask
     their logits only, capture.max_cache_gb) get an empty record."""
     dtype = DTYPES[layout.dtype]
     pieces: dict[str, torch.Tensor] = {}
-    for key, target, _ in layout.plan.teacher_keys():
-        pieces.update(target.flatten(key, targets[key], layout.stores.get(target.name), mask, layout.plan.relation_heads))
+    for key, target, layer in layout.plan.teacher_keys():
+        window = layout.plan.teacher_windows.get(layer) if target.windowed else None
+        pieces.update(target.flatten(key, targets[key], layout.stores.get(target.name), mask, layout.plan.relation_heads,
+                                     window))
     pieces = {name: value.float().cpu().numpy() for name, value in pieces.items()}  # one copy to the host per batch
     records = []
     for row, n in enumerate(lengths):
@@ -189,7 +192,8 @@ class TeacherCache:
         if "terms" not in layout:
             raise CacheError(f"Teacher cache {self.folder} was written by an older capture stage (no 'terms' in its "
                              "index). Rerun the same command with --from capture to recompute it.")
-        plan = TargetPlan(pairs=layout["pairs"], relation_heads=layout["relation_heads"], terms=layout["terms"])
+        plan = TargetPlan(pairs=layout["pairs"], relation_heads=layout["relation_heads"], terms=layout["terms"],
+                          teacher_windows=layout.get("teacher_windows"))
         self.layout = CacheLayout(plan, layout["num_labels"], layout["hidden"], layout["stores"], layout["dtype"])
         self.shards = []
         firsts = []

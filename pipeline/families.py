@@ -20,8 +20,23 @@ softmax(Q_c K_c^T / sqrt(d_head) + mask) of its content projections, a
 MiniLMv2-style self-attention relation that needs only Q/K and so works
 across families, depths and head counts. The position terms are not distilled.
 
-None of these families fuses Q/K/V into one projection in transformers 5.24
-(DeBERTa v1, ``model_type`` "deberta", does: it is not supported).
+ModernBERT (also mmBERT and the Ettin encoders, all ``model_type``
+"modernbert") and EuroBERT rotate queries and keys by their positions (RoPE)
+inside the attention module: capture applies the same rotation to the captured
+projections (``rotary``), from the (cos, sin) the module is called with, so the
+recomputed softmax(Q K^T / sqrt(d) + mask) is again the model's attention.
+ModernBERT fuses Q/K/V into one Linear ``Wqkv`` (``fused_qkv``: its output is
+split in thirds, as the module does) and alternates global layers with
+sliding-window layers whose keys are limited to ``|i - j| <= sliding_window``
+(``config.layer_types``; ``attention_window`` gives a layer's window, which the
+recomputed attention and the losses apply). EuroBERT may share key/value heads
+between query heads (grouped-query attention): captured keys and values are
+repeated per query head, as its attention does. Their feed-forward blocks are
+gated (GLU): ModernBERT's ``Wi`` yields the value and gate halves in one Linear
+(``ffn_fused_glu``), EuroBERT has a separate ``gate_proj`` (``ffn_gate``);
+pruning keeps a neuron's value row and gate row together.
+
+DeBERTa v1 (``model_type`` "deberta") fuses Q/K/V differently and is not supported.
 """
 
 from __future__ import annotations
@@ -49,7 +64,7 @@ class Family:
     value: str
     attention_dropout: str  # the Dropout on attention probabilities, from the attention module
     attention_dropout_key: str  # its config key
-    hidden_dropout_key: str
+    hidden_dropout_key: str | None  # None: the family has no hidden dropout (EuroBERT)
     ffn_in: str  # feed-forward Linears (hidden -> ffn, ffn -> hidden), from one layer (pipeline/pruning.py)
     ffn_out: str
     ffn_size_key: str  # config key of the feed-forward width
@@ -59,6 +74,12 @@ class Family:
     sdpa: bool  # transformers has an SDPA kernel for it; otherwise eager runs
     attention_is_exact: bool  # softmax(QK^T/sqrt(d)+mask) is the model's attention (else: content relation)
     tokenizer_kind: str  # the tokenizer its checkpoints ship (documentation; trimming is WordPiece only)
+    fused_qkv: bool = False  # query, key and value name one Linear whose output is [Q | K | V]
+    rotary: bool = False  # the attention module rotates Q and K by its ``position_embeddings`` (cos, sin) argument
+    ffn_fused_glu: bool = False  # ffn_in's output is [value half | gate half] (ModernBERT's Wi)
+    ffn_gate: str | None = None  # a separate gate Linear of the GLU (EuroBERT's gate_proj), from one layer
+    sliding_window_key: str | None = None  # config key of the half-window of "sliding_attention" layers
+    heads_sized: tuple[str, ...] = ()  # config keys a random student sets to its own head count (key/value heads)
 
     def projection_name(self, kind: str) -> str:
         """``query`` / ``key`` / ``value`` -> this family's Linear name inside the attention module."""
@@ -87,6 +108,18 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            hidden_dropout_key="dropout", ffn_in="ffn.lin1", ffn_out="ffn.lin2", ffn_size_key="hidden_dim",
            hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True, attention_is_exact=True,
            tokenizer_kind="WordPiece"),
+    Family("ModernBERT", "modernbert", layers="layers", attention="attn", query="Wqkv", key="Wqkv", value="Wqkv",
+           attention_dropout="attention_dropout", attention_dropout_key="attention_dropout",
+           hidden_dropout_key="mlp_dropout", ffn_in="mlp.Wi", ffn_out="mlp.Wo", ffn_size_key="intermediate_size",
+           hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True, attention_is_exact=True,
+           tokenizer_kind="byte-level BPE (mmBERT: Gemma 2's SentencePiece BPE)", fused_qkv=True, rotary=True,
+           ffn_fused_glu=True, sliding_window_key="sliding_window"),
+    Family("EuroBERT", "eurobert", layers="layers", attention="self_attn", query="q_proj", key="k_proj", value="v_proj",
+           attention_dropout="attention_dropout", attention_dropout_key="attention_dropout",
+           hidden_dropout_key=None, ffn_in="mlp.up_proj", ffn_out="mlp.down_proj",
+           ffn_size_key="intermediate_size", hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True,
+           attention_is_exact=True, tokenizer_kind="byte-level BPE (Llama 3)", rotary=True, ffn_gate="mlp.gate_proj",
+           heads_sized=("num_key_value_heads",)),
     Family("DeBERTa-v2/v3", "deberta-v2", layers="encoder.layer", attention="attention.self", query="query_proj",
            key="key_proj", value="value_proj", attention_dropout="dropout",
            attention_dropout_key="attention_probs_dropout_prob", hidden_dropout_key="hidden_dropout_prob",
@@ -157,17 +190,30 @@ def projection(model: nn.Module, layer: int, kind: str) -> nn.Linear:
     return self_attention(model, layer).get_submodule(family_of(model).projection_name(kind))
 
 
-def ffn_paths(layer: nn.Module, family: Family | None = None) -> tuple[str, str]:
-    """The feed-forward input and output Linear paths of one encoder layer (of ``family``, or found in the layer)."""
-    candidates = [family] if family is not None else list(FAMILIES.values())
-    for f in candidates:
+def layer_types(config) -> list[str] | None:
+    """Per-layer attention kinds ("full_attention" / "sliding_attention") of a family that alternates them, else None."""
+    family = FAMILIES.get(getattr(config, "model_type", None))
+    if family is None or family.sliding_window_key is None:
+        return None
+    return list(config.layer_types)
+
+
+def family_of_layer(layer: nn.Module, family: Family | None = None) -> Family:
+    """The family (``family``, or the first in the table) whose feed-forward Linears this encoder layer has."""
+    for f in [family] if family is not None else list(FAMILIES.values()):
         try:
             layer.get_submodule(f.ffn_in), layer.get_submodule(f.ffn_out)
         except AttributeError:
             continue
-        return f.ffn_in, f.ffn_out
+        return f
     raise ModelError(f"{type(layer).__name__} has no feed-forward Linears where "
                      f"{family.name if family else 'any supported family'} keeps them; supported: {supported()}.")
+
+
+def ffn_paths(layer: nn.Module, family: Family | None = None) -> tuple[str, str]:
+    """The feed-forward input and output Linear paths of one encoder layer (of ``family``, or found in the layer)."""
+    found = family_of_layer(layer, family)
+    return found.ffn_in, found.ffn_out
 
 
 def ffn_linears(layer: nn.Module, family: Family | None = None) -> tuple[nn.Linear, nn.Linear]:
@@ -181,7 +227,38 @@ def zero_attention_dropout(model: nn.Module) -> None:
     family = family_of(model)
     setattr(model.config, family.attention_dropout_key, 0.0)
     for i in range(len(encoder_layers(model))):
-        self_attention(model, i).get_submodule(family.attention_dropout).p = 0.0
+        attention = self_attention(model, i)
+        dropout = getattr(attention, family.attention_dropout)
+        if isinstance(dropout, nn.Module):
+            dropout.p = 0.0
+        else:  # ModernBERT, EuroBERT: a float the module passes to its attention kernel
+            setattr(attention, family.attention_dropout, 0.0)
+
+
+def attention_window(config, layer: int) -> int | None:
+    """The key window of encoder layer ``layer``: keys j with |i - j| <= window for query i, None for global attention.
+
+    Only ModernBERT's "sliding_attention" layers have one (``config.layer_types``, half-window ``sliding_window``)."""
+    family = FAMILIES.get(getattr(config, "model_type", None))
+    if family is None or family.sliding_window_key is None:
+        return None
+    types = getattr(config, "layer_types", None) or []
+    if layer < len(types) and types[layer] == "sliding_attention":
+        return int(getattr(config, family.sliding_window_key))
+    return None
+
+
+def check_layer_windows(pairs, student_config, teacher_config) -> None:
+    """Each mapped student layer must see at least the keys its teacher layer sees (else KL(teacher || student) is infinite)."""
+    for s, t in pairs:
+        s_window, t_window = attention_window(student_config, s), attention_window(teacher_config, t)
+        if s_window is not None and (t_window is None or s_window < t_window):
+            raise ModelError(
+                f"distill.layer_map pairs student layer {s} (sliding-window attention, keys within {s_window} tokens) "
+                f"with teacher layer {t} ({'global attention' if t_window is None else f'a window of {t_window}'}): "
+                "the student cannot put attention where the teacher does, so the attention KL would be infinite. Map "
+                "that student layer to a teacher layer of its kind (config.json layer_types of both models), or give "
+                "the student a global layer there.")
 
 
 def usable_positions(config) -> int | None:
@@ -210,5 +287,6 @@ def _say_eager(family: str, requested: str) -> None:
              "from Q/K either way)", family, requested)
 
 
-__all__ = ["FAMILIES", "Family", "LAYER_SCOPE", "attn_implementation", "encoder_layers", "family_of", "ffn_linears", "ffn_paths",
+__all__ = ["FAMILIES", "Family", "LAYER_SCOPE", "attention_window", "attn_implementation", "check_layer_windows",
+           "encoder_layers", "layer_types", "family_of", "family_of_layer", "ffn_linears", "ffn_paths",
            "layer_prefix", "projection", "self_attention", "supported", "unwrap_model", "usable_positions", "zero_attention_dropout"]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pipeline.attention import split_heads
+from pipeline.attention import split_heads, window_mask
 
 # Query rows per chunk for the attention / relation KL: peak memory of forward +
 # backward grows with N * chunk per head instead of N^2 (see bench/attention_kl.py).
@@ -38,6 +38,12 @@ def _masks(attention_mask: torch.Tensor | None, b: int, n: int, device: torch.de
     return valid[:, None, None, :], valid[:, None, :].to(dtype)
 
 
+def _windowed(key_valid: torch.Tensor, window: int | None) -> torch.Tensor:
+    """The key mask of a sliding-window layer: [B,1,1,N] & |i - j| <= window -> [B,1,N,N] (unchanged without a window)."""
+    band = window_mask(key_valid.size(-1), window, key_valid.device)
+    return key_valid if band is None else key_valid & band
+
+
 def _log_probs(a_c: torch.Tensor, b: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
     """log softmax_j(a_c[i] . b[j] / sqrt(d)) over valid keys j -> [B,R,c,N]."""
     scores = torch.matmul(a_c, b.transpose(-1, -2)) * (a_c.size(-1) ** -0.5)
@@ -47,16 +53,16 @@ def _log_probs(a_c: torch.Tensor, b: torch.Tensor, key_valid: torch.Tensor) -> t
     return torch.log_softmax(scores, dim=-1)
 
 
-def _kl_chunk_from_vectors(t_a_c, s_a_c, t_b, s_b, key_valid, row_w_c):
+def _kl_chunk_from_vectors(t_a_c, s_a_c, t_valid_c, s_valid_c, t_b, s_b, row_w_c):
     """Sum over valid rows and heads of KL(teacher row || student row), for one chunk of query rows."""
-    t_logp = _log_probs(t_a_c, t_b, key_valid)  # teacher inputs are detached: no graph kept
-    s_logp = _log_probs(s_a_c, s_b, key_valid)
-    # Masked formula: padded keys contribute exactly 0 (no 0 * log 0).
-    kl = torch.where(key_valid, t_logp.exp() * (t_logp - s_logp), 0.0).sum(-1)  # [B,R,c]
+    t_logp = _log_probs(t_a_c, t_b, t_valid_c)  # teacher inputs are detached: no graph kept
+    s_logp = _log_probs(s_a_c, s_b, s_valid_c)
+    # Masked formula: padded (or out-of-window) teacher keys contribute exactly 0 (no 0 * log 0).
+    kl = torch.where(t_valid_c, t_logp.exp() * (t_logp - s_logp), 0.0).sum(-1)  # [B,R,c]
     return (kl * row_w_c).sum()
 
 
-def _kl_chunk_from_probs(t_probs_c, s_a_c, s_b, key_valid, row_w_c):
+def _kl_chunk_from_probs(t_probs_c, s_a_c, key_valid, s_b, row_w_c):
     """Same as ``_kl_chunk_from_vectors`` with cached teacher probabilities [B,R,c,N]."""
     s_logp = _log_probs(s_a_c, s_b, key_valid)
     p_t = torch.where(key_valid, t_probs_c.to(s_logp.dtype), 0.0)
@@ -73,7 +79,7 @@ def _chunked_sum(fn, chunk_size, sliced, shared, row_w, use_ckpt):
     """Sum ``fn(*sliced_chunk, *shared, row_w_chunk)`` over chunks of query rows.
 
     ``sliced`` tensors have the query row on dim 2 and are sliced per chunk (views,
-    no copy); ``shared`` are passed whole. Each chunk runs under non-reentrant
+    no copy), unless that dim is 1 (a key mask the same for every row); ``shared`` are passed whole. Each chunk runs under non-reentrant
     checkpoint: its [B,R,c,N] intermediates are freed right after its forward and
     recomputed one chunk at a time in backward.
     """
@@ -85,7 +91,7 @@ def _chunked_sum(fn, chunk_size, sliced, shared, row_w, use_ckpt):
     total = 0.0
     for start in range(0, n, chunk_size):
         rows = slice(start, start + chunk_size)
-        args = [x[:, :, rows] for x in sliced] + list(shared) + [row_w[:, :, rows]]
+        args = [x[:, :, rows] if x.size(2) > 1 else x for x in sliced] + list(shared) + [row_w[:, :, rows]]
         total = total + (checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args))
     return total
 
@@ -110,6 +116,8 @@ def relation_kl(
     attention_mask: torch.Tensor | None,
     num_heads: int,
     chunk_size: int | None = None,
+    teacher_window: int | None = None,
+    student_window: int | None = None,
 ) -> torch.Tensor:
     """Relation KL(teacher || student), MiniLM / MiniLMv2 style.
 
@@ -124,6 +132,11 @@ def relation_kl(
     (MiniLM, Wang et al. 2020, arXiv:2002.10957); (value, value) is MiniLM's
     value-relation KL; other R are MiniLMv2 relation heads (Wang et al. 2021,
     arXiv:2012.15828). Padded query rows are excluded.
+
+    ``teacher_window`` / ``student_window``: a sliding-window layer's keys are
+    limited to |i - j| <= window on that side (ModernBERT's local layers), so
+    each side's P is that layer's own attention; the student's window must hold
+    the teacher's (pipeline.families.check_layer_windows).
 
     ``chunk_size``: compute in chunks of query rows, each under non-reentrant
     checkpoint, so forward+backward peak memory grows with N * chunk_size per head,
@@ -141,7 +154,8 @@ def relation_kl(
     s_a_h, s_b_h = (split_heads(x, num_heads).to(dtype) for x in (s_a, s_b))
     total = _chunked_sum(
         _kl_chunk_from_vectors, chunk_size,
-        sliced=(t_a_h, s_a_h), shared=(t_b_h, s_b_h, key_valid), row_w=row_w,
+        sliced=(t_a_h, s_a_h, _windowed(key_valid, teacher_window), _windowed(key_valid, student_window)),
+        shared=(t_b_h, s_b_h), row_w=row_w,
         use_ckpt=_needs_ckpt(s_a, s_b),
     )
     return total / (num_heads * row_w.sum().clamp_min(1.0))
@@ -154,6 +168,7 @@ def relation_kl_from_probs(
     attention_mask: torch.Tensor | None,
     num_heads: int,
     chunk_size: int | None = None,
+    student_window: int | None = None,
 ) -> torch.Tensor:
     """``relation_kl`` with the teacher's relation distributions read from a cache.
 
@@ -161,7 +176,8 @@ def relation_kl_from_probs(
     e.g. ``pipeline.attention.attention_probs(q, k, mask, R)``. Same formula and
     normalisation as ``relation_kl`` (MiniLM / MiniLMv2); each teacher row is
     renormalised over valid keys in float32 to undo fp16 rounding, and entries
-    that are 0 contribute 0. Chunked the same way: a chunk casts only its own
+    that are 0 contribute 0 (a sliding-window teacher layer's keys outside its
+    window among them). Chunked the same way: a chunk casts only its own
     [B,R,c,N] slice of the cache to float32.
     """
     _check_pair(s_a, s_b, "student")
@@ -173,7 +189,7 @@ def relation_kl_from_probs(
     s_a_h, s_b_h = (split_heads(x, num_heads).to(dtype) for x in (s_a, s_b))
     total = _chunked_sum(
         _kl_chunk_from_probs, chunk_size,
-        sliced=(t_probs.detach(), s_a_h), shared=(s_b_h, key_valid), row_w=row_w,
+        sliced=(t_probs.detach(), s_a_h, _windowed(key_valid, student_window)), shared=(s_b_h,), row_w=row_w,
         use_ckpt=_needs_ckpt(s_a, s_b),
     )
     return total / (num_heads * row_w.sum().clamp_min(1.0))

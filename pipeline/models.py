@@ -23,7 +23,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
 from .errors import ConfigError, ModelError
-from .families import attn_implementation, encoder_layers, family_of, layer_prefix, usable_positions, zero_attention_dropout
+from .families import (attn_implementation, encoder_layers, family_of, layer_prefix, layer_types, usable_positions,
+                       zero_attention_dropout)
 from .pruning import prune_ffn, top_neurons
 from .static_model import MODEL_TYPE as STATIC_MODEL_TYPE  # importing it registers the static student with the Auto classes
 from .terms import TERMS
@@ -319,6 +320,8 @@ def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = Non
         # DistilBERT-style: same width, a subset of the teacher's layers copied in.
         cfg = copy.deepcopy(teacher.config)  # never share a config object between two models
         cfg.num_hidden_layers = len(student.teacher_layers)
+        if (types := layer_types(teacher.config)) is not None:  # ModernBERT: each copied layer keeps its global/local kind
+            cfg.layer_types = [types[t] for t in student.teacher_layers]
         model = type(teacher)(cfg)
         source = teacher.state_dict()
         target = model.state_dict()
@@ -357,10 +360,17 @@ def random_student_config(teacher_config, shape: RandomBert):
     cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads = shape.hidden_size, shape.num_layers, shape.num_heads
     cfg.max_position_embeddings = shape.max_position_embeddings
     setattr(cfg, family.ffn_size_key, shape.intermediate_size)
-    setattr(cfg, family.hidden_dropout_key, shape.dropout)
+    if family.hidden_dropout_key is not None:
+        setattr(cfg, family.hidden_dropout_key, shape.dropout)
     setattr(cfg, family.attention_dropout_key, shape.dropout)
     for key in family.hidden_sized:  # e.g. ELECTRA's embedding width, DeBERTa's pooler width
         setattr(cfg, key, shape.hidden_size)
+    for key in family.heads_sized:  # EuroBERT's key/value heads: one per query head
+        setattr(cfg, key, shape.num_heads)
+    if getattr(cfg, "head_dim", None) is not None:  # EuroBERT keeps the head width in its config
+        cfg.head_dim = shape.hidden_size // shape.num_heads
+    if (types := layer_types(teacher_config)) is not None:  # ModernBERT: the teacher's global/local pattern from layer 0
+        cfg.layer_types = [types[i % len(types)] for i in range(shape.num_layers)]
     return cfg
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import attention_probs, capture_projections
+from .families import attention_window, unwrap_model
 from .data import to_device
 from .inference import model_inputs
 from .terms import TARGETS, TERMS, Target, TermInputs
@@ -45,8 +46,9 @@ class TargetPlan:
     pairs: list[tuple[int, int]]  # (student layer, teacher layer)
     relation_heads: int
     terms: tuple[str, ...] = field(default=())  # active terms, in registration order
+    teacher_windows: dict = field(default_factory=dict)  # teacher layer -> key window, sliding-window layers only
 
-    def __init__(self, pairs, relation_heads, terms=(), **flags):
+    def __init__(self, pairs, relation_heads, terms=(), teacher_windows=None, **flags):
         chosen = set(terms) | {name for name, on in flags.items() if on}
         unknown = sorted((chosen | set(flags)) - set(TERMS))
         if unknown:
@@ -54,11 +56,13 @@ class TargetPlan:
         self.pairs = [tuple(p) for p in pairs]
         self.relation_heads = relation_heads
         self.terms = tuple(name for name in TERMS if name in chosen)
+        self.teacher_windows = {int(t): int(w) for t, w in (teacher_windows or {}).items() if w is not None}
 
     @classmethod
-    def from_config(cls, config, pairs, relation_heads):
+    def from_config(cls, config, pairs, relation_heads, teacher_windows=None):
         w = config.distill.loss
-        return cls(pairs, relation_heads, terms=[name for name in TERMS if getattr(w, name) > 0])
+        return cls(pairs, relation_heads, terms=[name for name in TERMS if getattr(w, name) > 0],
+                   teacher_windows=teacher_windows)
 
     def uses(self, term: str) -> bool:
         return term in self.terms
@@ -95,14 +99,17 @@ class TargetPlan:
     def needed(self) -> dict:
         """What is asked of the teacher (not the weights, not the student layers): the capture fingerprint."""
         targets = self.targets
-        return {"targets": [t.name for t in targets],
-                "teacher_layers": self.teacher_layers if any(t.per_layer for t in targets) else [],
-                "relation_heads": self.relation_heads if any(t.relation for t in targets) else None}
+        needed = {"targets": [t.name for t in targets],
+                  "teacher_layers": self.teacher_layers if any(t.per_layer for t in targets) else [],
+                  "relation_heads": self.relation_heads if any(t.relation for t in targets) else None}
+        if self.teacher_windows and any(t.windowed for t in targets):  # absent otherwise: older fingerprints stay valid
+            needed["teacher_windows"] = self.teacher_windows
+        return needed
 
     def logits_only(self) -> "TargetPlan":
         """The same plan without the targets that logits-only (augmented) rows lack."""
         return TargetPlan(pairs=[], relation_heads=self.relation_heads,
-                          terms=[name for name in self.terms if TERMS[name].every_row])
+                          terms=[name for name in self.terms if TERMS[name].every_row], teacher_windows=self.teacher_windows)
 
 
 def target_plan(config, teacher_config=None) -> TargetPlan:
@@ -113,7 +120,8 @@ def target_plan(config, teacher_config=None) -> TargetPlan:
     # a static student has no layers: its terms read logits only (the config refuses per-layer terms for it)
     pairs = [] if config.student.kind == "static" else layer_map(config, teacher_config.num_hidden_layers)
     heads = config.distill.relation_heads or teacher_config.num_attention_heads
-    return TargetPlan.from_config(config, pairs, heads)
+    windows = {t: attention_window(teacher_config, t) for _, t in pairs}  # ModernBERT's sliding-window layers
+    return TargetPlan.from_config(config, pairs, heads, windows)
 
 
 @torch.no_grad()
@@ -176,6 +184,7 @@ class DistillObjective(torch.nn.Module):
     def forward(self, student, batch: dict, targets: dict) -> tuple[torch.Tensor, dict]:
         plan, w = self.plan, self.weights
         mask = batch["attention_mask"]
+        student_config = unwrap_model(student).config
         with capture_projections(student, plan.student_layers, plan.projections) as captured:
             out = student(**model_inputs(batch), output_hidden_states=plan.hidden_states)
         reads: dict[str, object] = {}
@@ -212,7 +221,8 @@ class DistillObjective(torch.nn.Module):
                     teacher={n: on_rows(targets[TARGETS[n].key(t)]) for n in term.needs},
                     mask=mask if term.every_row else r_mask, labels=on_rows(batch["labels"]), logits=on_rows(logits),
                     projection=self.projections[key] if (key := term.projection_name(s, t)) in self.projections else None,
-                    heads=plan.relation_heads, chunk=self.chunk, temperature=self.temperature)
+                    heads=plan.relation_heads, chunk=self.chunk, temperature=self.temperature,
+                    windows=(None, None) if s is None else (attention_window(student_config, s), plan.teacher_windows.get(t)))
                 value = term.compute(inputs)
                 if value is not None:
                     values.append(value)

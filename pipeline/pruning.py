@@ -16,6 +16,9 @@ unchanged, so the pruned layer computes exactly the full layer minus the
 dropped neurons' contributions; distillation then recovers what they carried.
 Which Linears those are is the family's (pipeline/families.py: BERT's
 ``intermediate.dense`` / ``output.dense``, DistilBERT's ``ffn.lin1`` / ``ffn.lin2``).
+In a gated (GLU) block a neuron is act(value_j) * gate_j: its value row and its
+gate row go together (ModernBERT's ``Wi`` holds both halves, rows j and
+ffn + j; EuroBERT's gate is the separate ``gate_proj``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers.pytorch_utils import prune_linear_layer
 
-from .families import family_of, ffn_linears, ffn_paths
+from .families import family_of, family_of_layer, ffn_linears, ffn_paths
 from .inference import model_inputs
 
 
@@ -75,8 +78,13 @@ def prune_ffn(layer, keep: torch.Tensor, family=None) -> None:
 
     ``family`` (pipeline/families.py) names its feed-forward Linears; without it they are found in the layer."""
     keep = torch.sort(keep).values
+    family = family or family_of_layer(layer)
     in_path, out_path = ffn_paths(layer, family)
-    layer.set_submodule(in_path, prune_linear_layer(layer.get_submodule(in_path), keep, dim=0))
+    width = layer.get_submodule(out_path).in_features
+    rows = torch.cat([keep, keep + width]) if family.ffn_fused_glu else keep  # value rows, then the same gate rows
+    layer.set_submodule(in_path, prune_linear_layer(layer.get_submodule(in_path), rows, dim=0))
+    if family.ffn_gate is not None:
+        layer.set_submodule(family.ffn_gate, prune_linear_layer(layer.get_submodule(family.ffn_gate), keep, dim=0))
     layer.set_submodule(out_path, prune_linear_layer(layer.get_submodule(out_path), keep, dim=1))
 
 

@@ -73,6 +73,7 @@ class Target:
     projections: tuple[str, ...] = ()  # attention projections hooked in the layer (query / key / value)
     hidden_states: bool = False  # needs output_hidden_states
     relation: bool = False  # a relation over relation_heads heads; stored as "probs" or "vectors"
+    windowed: bool = False  # the model's attention: a sliding-window layer's keys are limited to its window
 
     def key(self, layer: int | None) -> str:
         return f"{self.name}.{layer}" if self.per_layer else self.name
@@ -89,8 +90,8 @@ class Target:
     def fields(self, key: str, n: int, heads: int, width: int, store: str | None) -> list[tuple[str, tuple]]:
         return [(key, (n, width))]
 
-    def flatten(self, key: str, value, store: str | None, mask, heads: int) -> dict:
-        """Batched record fields {field: [B, ...]} from an online target."""
+    def flatten(self, key: str, value, store: str | None, mask, heads: int, window: int | None = None) -> dict:
+        """Batched record fields {field: [B, ...]} from an online target (``window``: its layer's, windowed targets)."""
         return {key: value}
 
     def unflatten(self, key: str, fields: dict, store: str | None, device):
@@ -116,7 +117,7 @@ class LogitsTarget(Target):
     def fields(self, key, n, heads, width, store):
         return []
 
-    def flatten(self, key, value, store, mask, heads):
+    def flatten(self, key, value, store, mask, heads, window=None):
         return {}
 
     def unflatten(self, key, fields, store, device):
@@ -128,8 +129,8 @@ class RelationTarget(Target):
 
     relation = True
 
-    def __init__(self, name: str, kinds: tuple[str, str]):
-        self.name, self.kinds = name, tuple(kinds)
+    def __init__(self, name: str, kinds: tuple[str, str], windowed: bool = False):
+        self.name, self.kinds, self.windowed = name, tuple(kinds), windowed
         self.projections = tuple(dict.fromkeys(self.kinds))  # (value, value) hooks and stores value once
 
     def read(self, out, captured, layer):
@@ -146,14 +147,14 @@ class RelationTarget(Target):
             return [(key, (heads, n, n))]
         return [(self._vector_field(key, kind), (n, width)) for kind in self.projections]
 
-    def flatten(self, key, value, store, mask, heads):
+    def flatten(self, key, value, store, mask, heads, window=None):
         form, payload = value
         if store == "probs":
             if form == "probs":
                 return {key: payload}
             from .attention import attention_probs
 
-            return {key: attention_probs(*payload, mask, heads)}
+            return {key: attention_probs(*payload, mask, heads, window)}
         if form != "vectors":
             raise ValueError(f"{key}: vectors are to be stored but the target holds {form}")
         return {self._vector_field(key, kind): payload[self.kinds.index(kind)] for kind in self.projections}
@@ -181,7 +182,7 @@ class HiddenStateTarget(Target):
 
 
 register_target(LogitsTarget())
-register_target(RelationTarget("attn", ("query", "key")))
+register_target(RelationTarget("attn", ("query", "key"), windowed=True))
 register_target(RelationTarget("vrel", ("value", "value")))
 register_target(HiddenStateTarget("hidden", offset=1, per_layer=True))  # output of encoder layer l
 register_target(HiddenStateTarget("embedding", offset=0, per_layer=False))  # output of the embedding layer
@@ -203,6 +204,7 @@ class TermInputs:
     heads: int  # relation heads
     chunk: int | None  # query rows per chunk in the relation KL
     temperature: float
+    windows: tuple = (None, None)  # (student, teacher) key windows of the pair's layers (None: global attention)
 
 
 class Term:
@@ -255,9 +257,11 @@ def relation_term(x: TermInputs, name: str):
     """Relation KL between the student's vectors and the teacher's relation (cached probs or vectors)."""
     form, target = x.teacher[name]
     s_a, s_b = x.student[name]
-    if form == "probs":
-        return losses().relation_kl_from_probs(target, s_a, s_b, x.mask, x.heads, x.chunk)
-    return losses().relation_kl(*target, s_a, s_b, x.mask, x.heads, x.chunk)
+    s_window, t_window = x.windows if TARGETS[name].windowed else (None, None)
+    if form == "probs":  # cached teacher probabilities already carry the teacher layer's window
+        return losses().relation_kl_from_probs(target, s_a, s_b, x.mask, x.heads, x.chunk, student_window=s_window)
+    return losses().relation_kl(*target, s_a, s_b, x.mask, x.heads, x.chunk, teacher_window=t_window,
+                                student_window=s_window)
 
 
 @register_term

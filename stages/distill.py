@@ -21,6 +21,7 @@ import torch
 from transformers import set_seed
 
 from pipeline.cache import TeacherCache
+from pipeline.families import check_layer_windows, layer_types
 from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits
 from pipeline.models import build_student, count_parameters, encoder_layers, load_classifier, load_tokenizer, save_model
 from pipeline.objective import DistillObjective, target_plan
@@ -58,6 +59,8 @@ def run(ctx) -> dict:
             if isinstance(module, torch.nn.Dropout):
                 module.p = config.student.dropout
     plan = target_plan(config, teacher.config)
+    if plan.pairs:  # ModernBERT: a sliding-window student layer must learn from a teacher layer it can imitate
+        check_layer_windows(plan.pairs, student.config, teacher.config)
     objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(ctx.device)
     online = config.capture.mode == "online"
     cache = None if online else TeacherCache(capture_dir / "cache")
@@ -67,6 +70,8 @@ def run(ctx) -> dict:
         log.info("[distill] student: %d layers, %.1fM parameters (teacher %.1fM); layer map (student, teacher) %s; "
                  "relation heads %d; targets %s", student.config.num_hidden_layers, count_parameters(student) / 1e6,
                  count_parameters(teacher) / 1e6, plan.pairs, plan.relation_heads, "online" if online else "cached")
+        if plan.pairs and (kinds := layer_types(student.config)) is not None:
+            log.info("[distill] student layer kinds %s (teacher %s)", kinds, layer_types(teacher.config))
 
     def validate(prepared):
         logits = predict_logits(prepared["model"], validation, config.evaluate.batch_size, ctx, pad)

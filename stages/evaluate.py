@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from pipeline.attention import attention_probs, capture_projections, split_heads
+from pipeline.families import attention_window
 from pipeline.inference import TokenizedSplit, label_names, model_inputs, pad_id, predict_logits
 from pipeline.metrics import attention_health, classification_report
 from pipeline.models import count_parameters, load_classifier, load_tokenizer
@@ -90,7 +91,8 @@ def attention_report(ctx, teacher, student, prepare, pad) -> dict:
         heads = model.config.num_attention_heads
         report[who] = {}
         for layer in layers:
-            probs = attention_probs(captured[layer]["query"], captured[layer]["key"], batch["attention_mask"], heads)
+            probs = attention_probs(captured[layer]["query"], captured[layer]["key"], batch["attention_mask"], heads,
+                                    attention_window(model.config, layer))
             outputs = probs @ split_heads(captured[layer]["value"].float(), heads)
             health = attention_health(probs, batch["attention_mask"], outputs)
             report[who][f"layer_{layer}"] = health

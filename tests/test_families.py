@@ -35,13 +35,19 @@ from tests.helpers import read_json
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
 
 TOKENIZER_KIND = {"bert": "wordpiece", "roberta": "byte_level_bpe", "xlm-roberta": "unigram_metaspace",
-                  "electra": "wordpiece", "distilbert": "wordpiece", "deberta-v2": "unigram_metaspace"}
+                  "electra": "wordpiece", "distilbert": "wordpiece", "deberta-v2": "unigram_metaspace",
+                  "modernbert": "byte_level_bpe", "eurobert": "byte_level_bpe"}
 EXACT = [t for t, f in F.FAMILIES.items() if f.attention_is_exact]
 
 
 def test_the_table_covers_the_families_and_tokenizer_kinds_tested_here():
-    assert set(F.FAMILIES) == set(TOKENIZER_KIND) == {"bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2"}
-    assert not F.FAMILIES["deberta-v2"].attention_is_exact and len(EXACT) == 5
+    assert set(F.FAMILIES) == set(TOKENIZER_KIND) == {"bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2",
+                                                      "modernbert", "eurobert"}
+    assert not F.FAMILIES["deberta-v2"].attention_is_exact and len(EXACT) == 7
+
+
+# ModernBERT's and EuroBERT's configs default to their real tokenizers' special ids (50k-128k): inside the tiny vocabulary
+SPECIAL_IDS = dict(bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
 
 
 def family_config(model_type: str, vocab_size: int = 120, pad: int = 0, **extra):
@@ -57,6 +63,9 @@ def family_config(model_type: str, vocab_size: int = 120, pad: int = 0, **extra)
         "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16,
                            max_relative_positions=64, position_biased_input=False, type_vocab_size=0,
                            norm_rel_ebd="layer_norm", share_att_key=True),
+        # layer 0 global, layer 1 sliding with keys |i - j| <= 2: the window binds on the test's 10-token batch
+        "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, **SPECIAL_IDS),
+        "eurobert": dict(num_key_value_heads=2, **SPECIAL_IDS),  # grouped-query attention: 2 key/value heads for 4
     }.get(model_type, {})
     return AutoConfig.for_model(model_type, **{"vocab_size": vocab_size, "num_labels": 2, "pad_token_id": pad,
                                                **shape, **family_extra, **extra})
@@ -89,10 +98,39 @@ def test_recomputed_attention_equals_eager_attention_weights(model_type):
         out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
     assert len(out.attentions) == 2
     for layer in (0, 1):
-        probs = attention_probs(captured[layer]["query"], captured[layer]["key"], mask, 4)
+        probs = attention_probs(captured[layer]["query"], captured[layer]["key"], mask, 4,
+                                F.attention_window(model.config, layer))
         assert probs.shape == out.attentions[layer].shape == (3, 4, 10, 10)
         assert_close_on_valid_rows(probs, out.attentions[layer], mask)
         assert captured[layer]["value"].shape == (3, 10, 32)
+
+
+def test_modernbert_sliding_layers_are_recomputed_with_their_window_and_rope():
+    """ModernBERT's layer 1 (sliding, |i - j| <= 2) only matches with the window; without the rotation neither layer does."""
+    from pipeline import attention
+
+    model = family_model("modernbert")
+    assert model.config.layer_types == ["full_attention", "sliding_attention"]
+    assert [F.attention_window(model.config, i) for i in (0, 1)] == [None, 2]
+    ids, mask = family_batch()
+    with torch.no_grad(), capture_projections(model, [0, 1]) as captured:
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    local = out.attentions[1]
+    assert local[0, :, 0, 3:].abs().max() == 0  # the model's own: nothing beyond the window
+    unwindowed = attention_probs(captured[1]["query"], captured[1]["key"], mask, 4)
+    assert max_diff_valid_rows(unwindowed, local, mask) > 1e-2
+    # the window mask is exactly the model's: |i - j| <= sliding_window
+    assert attention.window_mask(4, 1).int().tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    unrotated = {}
+    real_rotate = attention.rotate
+    try:
+        attention.rotate = lambda x, cos, sin: x
+        with torch.no_grad(), capture_projections(model, [0]) as unrotated:
+            model(input_ids=ids, attention_mask=mask)
+    finally:
+        attention.rotate = real_rotate
+    assert max_diff_valid_rows(attention_probs(unrotated[0]["query"], unrotated[0]["key"], mask, 4),
+                               out.attentions[0], mask) > 1e-3
 
 
 def test_deberta_relation_is_its_content_to_content_attention_term(monkeypatch):
@@ -151,6 +189,11 @@ def tiny_config(*overrides):
     return load_config("tiny", ["tracking.enabled=false", *overrides])
 
 
+def attention_dropout(model, layer: int, family) -> float:
+    value = getattr(F.self_attention(model, layer), family.attention_dropout)
+    return value.p if isinstance(value, torch.nn.Module) else value  # ModernBERT, EuroBERT: a float
+
+
 @pytest.mark.parametrize("model_type", sorted(F.FAMILIES))
 def test_teacher_layers_student_with_ffn_pruning(model_type):
     teacher = family_model(model_type)
@@ -166,13 +209,39 @@ def test_teacher_layers_student_with_ffn_pruning(model_type):
     student = build_student(tiny_config("student.teacher_layers=[1]", "student.ffn_size=16"), teacher, scores)
     layer = F.encoder_layers(student)[0]
     ffn_in, ffn_out = F.ffn_linears(layer, family)
-    assert (ffn_in.out_features, ffn_out.in_features) == (16, 16)
+    glu_rows = 2 if family.ffn_fused_glu else 1  # ModernBERT's Wi: value rows, then gate rows
+    assert (ffn_in.out_features, ffn_out.in_features) == (16 * glu_rows, 16)
     assert getattr(student.config, family.ffn_size_key) == 16 and student.config.num_hidden_layers == 1
-    source_in = F.ffn_linears(F.encoder_layers(teacher)[1], family)[0]
-    torch.testing.assert_close(ffn_in.weight, source_in.weight[48:])
-    assert F.self_attention(student, 0).get_submodule(family.attention_dropout).p == 0.0
+    source = F.encoder_layers(teacher)[1]
+    source_in = F.ffn_linears(source, family)[0]
+    kept_rows = torch.cat([torch.arange(48, 64) + 64 * half for half in range(glu_rows)])
+    torch.testing.assert_close(ffn_in.weight, source_in.weight[kept_rows])
+    if family.ffn_gate is not None:  # EuroBERT's separate gate keeps the same neurons
+        torch.testing.assert_close(layer.get_submodule(family.ffn_gate).weight,
+                                   source.get_submodule(family.ffn_gate).weight[48:])
+    assert attention_dropout(student, 0, family) == 0.0
     assert getattr(student.config, family.attention_dropout_key) == 0.0
+    if family.sliding_window_key:  # the copied layer keeps its kind (teacher layer 1 is a sliding-window layer)
+        assert student.config.layer_types == ["sliding_attention"]
     student(input_ids=ids, attention_mask=mask)  # the pruned student runs
+
+    # Pruning is exact: both layers pruned == the teacher with the dropped neurons' activations set to 0
+    pruned = build_student(tiny_config("student.teacher_layers=[0,1]", "student.ffn_size=16",
+                                       "student.attn_implementation=eager"), teacher, scores)
+
+    def drop_neurons(_module, inputs):
+        activation = inputs[0].clone()
+        activation[..., :48] = 0
+        return (activation,)
+
+    handles = [F.ffn_linears(layer, family)[1].register_forward_pre_hook(drop_neurons) for layer in F.encoder_layers(teacher)]
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(pruned.eval()(input_ids=ids, attention_mask=mask).logits,
+                                       teacher(input_ids=ids, attention_mask=mask).logits)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @pytest.mark.parametrize("model_type", sorted(F.FAMILIES))
@@ -186,12 +255,39 @@ def test_random_student_is_of_the_teachers_family(model_type):
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (16, 1, 2)
     assert getattr(cfg, family.ffn_size_key) == 24 and cfg.max_position_embeddings == 40
     assert cfg.vocab_size == teacher.config.vocab_size and cfg.id2label == teacher.config.id2label
-    assert F.self_attention(student, 0).get_submodule(family.attention_dropout).p == 0.0
+    assert attention_dropout(student, 0, family) == 0.0
     assert cfg is not teacher.config and teacher.config.hidden_size == 32
+    if family.sliding_window_key:  # the teacher's pattern from layer 0: [full, sliding, ...] -> [full]
+        assert cfg.layer_types == ["full_attention"]
     ids, mask = family_batch()
     with capture_projections(student, [0]) as captured:
         logits = student(input_ids=ids, attention_mask=mask).logits
     assert logits.shape == (3, 2) and captured[0]["query"].shape == (3, 10, 16)
+
+
+def test_a_sliding_window_student_layer_learns_only_from_a_teacher_layer_it_can_imitate():
+    """ModernBERT: the pair's windows reach the losses through the plan (and the capture cache's layout); a local
+    student layer under a global teacher layer is refused with the pair named."""
+    from pipeline.cache import CacheLayout
+    from pipeline.objective import TargetPlan, target_plan
+
+    teacher = family_model("modernbert")  # layer 0 global, layer 1 sliding (window 2)
+    local = build_student(tiny_config("student.teacher_layers=[1]"), teacher)
+    wide = build_student(tiny_config("student.teacher_layers=[0]"), teacher)
+    F.check_layer_windows([(0, 1)], local.config, teacher.config)  # same kind
+    F.check_layer_windows([(0, 1)], wide.config, teacher.config)  # a global student sees every key the teacher sees
+    with pytest.raises(ModelError) as err:
+        F.check_layer_windows([(0, 0)], local.config, teacher.config)
+    assert "student layer 0 (sliding-window attention, keys within 2 tokens)" in str(err.value)
+    assert "teacher layer 0 (global attention)" in str(err.value) and "\n" not in str(err.value)
+
+    plan = target_plan(tiny_config("distill.layer_map=[[0,1]]"), teacher.config)
+    assert plan.teacher_windows == {1: 2} and plan.needed()["teacher_windows"] == {1: 2}
+    layout = json.loads(json.dumps(CacheLayout(plan, 2, 32, {}, "float16").to_json()))  # as index.json holds it
+    assert TargetPlan(layout["pairs"], layout["relation_heads"], layout["terms"],
+                      layout["teacher_windows"]).teacher_windows == {1: 2}
+    bert = target_plan(tiny_config(), family_config("bert"))  # no windows: fingerprints of other families unchanged
+    assert bert.teacher_windows == {} and "teacher_windows" not in bert.needed()
 
 
 # ---------------------------------------------------------------- errors at config-check time
@@ -292,6 +388,9 @@ RUNS = {  # the slowest first: two worker processes share them
     "distilbert": PRUNED,
     "xlm-roberta": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
                     "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}"],
+    "modernbert": PRUNED,  # teacher layer 1 is a sliding-window layer: the student's only layer keeps that window
+    "eurobert": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
+                 "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}"],
 }
 FAST = ["precision=fp32", "tracking.enabled=false", "data.max_examples=100", "distill.epochs=1", "evaluate.heatmap_examples=0",
         "export.latency_runs=1", "export.latency_warmup=0", "export.latency_rounds=1", "export.latency_sentences=0",
@@ -360,13 +459,19 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     assert shipped.model_type == ("distilbert" if model_type == "electra" else model_type)
     if "student.ffn_size=32" in RUNS[model_type]:
         assert getattr(shipped, F.FAMILIES[model_type].ffn_size_key) == 32 and shipped.num_hidden_layers == 1
-    if model_type == "xlm-roberta":
+    if model_type in ("xlm-roberta", "eurobert"):
         assert (shipped.hidden_size, shipped.num_attention_heads) == (16, 2)
+    if model_type == "modernbert":
+        assert shipped.layer_types == ["sliding_attention"]  # the kind of teacher layer 1, recorded in config.json
+        assert "student layer kinds ['sliding_attention']" in outcome["log"]
 
-    # the int8 ladder found every encoder layer of the student graph (each has Q, K, V, output, FFN in and out)
+    # the int8 ladder found every encoder layer of the student graph (each layer's weight MatMuls: BERT's Q, K, V,
+    # output, FFN in and out; ModernBERT's Wqkv, Wo, Wi, Wo; EuroBERT's seven)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in F.encoder_layers(
+        AutoModelForSequenceClassification.from_config(shipped))[0].modules())
     ladder = outcome["ladders"][0]
     assert ladder["layers"] == shipped.num_hidden_layers
-    assert all(ladder["found"].count(layer) >= 6 for layer in range(shipped.num_hidden_layers)), ladder
+    assert all(ladder["found"].count(layer) >= linears for layer in range(shipped.num_hidden_layers)), ladder
 
     bundle = run_dir / "export" / "bundle"
     metadata = read_json(bundle / "metadata.json")
@@ -379,6 +484,9 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     evaluation = json.loads(proc.stdout.strip().splitlines()[-1])
     chosen = metadata["variants"][metadata["recommended"]]
     assert evaluation["model"] == chosen["file"] and evaluation["accuracy"] == chosen["accuracy"]
+    if model_type in ("modernbert", "eurobert"):  # their byte-level BPE tokenizer in the text-in model, checked on test texts
+        text_model = metadata["text_model"]
+        assert text_model["shipped"] and text_model["check"]["exact"] and (bundle / text_model["file"]).is_file()
 
     if model_type in ("roberta", "deberta-v2"):  # the tokenizer kinds' bundle checks (tests/test_tokenizer_kinds.py)
         kind = TOKENIZER_KIND[model_type]

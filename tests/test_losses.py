@@ -28,18 +28,26 @@ def rand(*shape, seed, dtype=torch.float32, requires_grad=False):
     return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(requires_grad)
 
 
-def naive_relation_kl(t_a, t_b, s_a, s_b, lengths, r):
-    """Reference: loop over examples, drop padding by slicing, full softmax, plain KL."""
+def naive_relation_kl(t_a, t_b, s_a, s_b, lengths, r, t_window=None, s_window=None):
+    """Reference: loop over examples, drop padding by slicing, full softmax, plain KL; a window drops the keys
+    further than it from each query row, row by row."""
     total, rows = 0.0, 0
     for i, length in enumerate(lengths):
 
-        def probs(a, b):
+        def probs(a, b, window):
             a = a[i, :length].view(length, r, -1).transpose(0, 1)
             b = b[i, :length].view(length, r, -1).transpose(0, 1)
-            return torch.softmax(a @ b.transpose(-1, -2) / math.sqrt(a.size(-1)), dim=-1)
+            scores = a @ b.transpose(-1, -2) / math.sqrt(a.size(-1))
+            if window is not None:
+                for q in range(length):
+                    for k in range(length):
+                        if abs(q - k) > window:
+                            scores[:, q, k] = -math.inf
+            return torch.softmax(scores, dim=-1)
 
-        p_t, p_s = probs(t_a.detach(), t_b.detach()), probs(s_a, s_b)
-        total = total + (p_t * (p_t.log() - p_s.log())).sum()
+        p_t, p_s = probs(t_a.detach(), t_b.detach(), t_window), probs(s_a, s_b, s_window)
+        kept = p_t > 0
+        total = total + (p_t[kept] * (p_t[kept].log() - p_s[kept].log())).sum()
         rows += length
     return total / (r * rows)
 
@@ -211,3 +219,25 @@ def test_hidden_mse_projection_and_mask():
     assert hidden_mse(t_h, t_h, mask).item() == 0
     with pytest.raises(ValueError, match="projection"):
         hidden_mse(s_h, t_h, mask)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 3])
+@pytest.mark.parametrize("windows", [(2, 2), (1, 3), (2, None)])  # (teacher, student): ModernBERT's sliding layers
+def test_windowed_relation_kl_matches_naive_and_the_cached_path(qk, chunk_size, windows):
+    t_q, t_k, s_q, s_k = qk
+    mask = make_mask()
+    t_window, s_window = windows
+    ref = value_and_grads(lambda: naive_relation_kl(t_q, t_k, s_q, s_k, LENGTHS, 4, t_window, s_window), s_q, s_k)
+    got = value_and_grads(lambda: relation_kl(t_q, t_k, s_q, s_k, mask, 4, chunk_size, teacher_window=t_window,
+                                              student_window=s_window), s_q, s_k)
+    for a, b in zip(got, ref):
+        assert (a - b).abs().max().item() <= 1e-6
+    unwindowed = relation_kl(t_q, t_k, s_q, s_k, mask, 4, chunk_size)
+    assert abs(unwindowed.item() - ref[0].item()) > 1e-3  # the window changes the loss
+    # the cache's path: teacher probabilities computed with the teacher layer's window, as capture stores them
+    t_probs = attention_probs(t_q, t_k, mask, 4, t_window) * mask[:, None, :, None]
+    assert t_probs[0, :, 0, t_window + 1:].abs().max() == 0
+    cached = value_and_grads(lambda: relation_kl_from_probs(t_probs, s_q, s_k, mask, 4, chunk_size,
+                                                            student_window=s_window), s_q, s_k)
+    for a, b in zip(cached, ref):
+        assert (a - b).abs().max().item() <= 1e-6
