@@ -386,8 +386,9 @@ RUNS = {  # the slowest first: two worker processes share them
     "electra": ["student.init=pretrained", "distill.relation_heads=2", "distill.layer_map=[[0,1]]"],  # + student.pretrained
     "roberta": [*PRUNED, "export.trim_vocab=true"],
     "distilbert": PRUNED,
+    # XLM-R-shaped vocabulary: 250,002 Unigram pieces (xlm_r_sized), trimmed to what the data uses
     "xlm-roberta": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
-                    "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}"],
+                    "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}", "export.trim_vocab=true"],
     "modernbert": PRUNED,  # teacher layer 1 is a sliding-window layer: the student's only layer keeps that window
     "eurobert": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
                  "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}"],
@@ -395,6 +396,19 @@ RUNS = {  # the slowest first: two worker processes share them
 FAST = ["precision=fp32", "tracking.enabled=false", "data.max_examples=100", "distill.epochs=1", "evaluate.heatmap_examples=0",
         "export.latency_runs=1", "export.latency_warmup=0", "export.latency_rounds=1", "export.latency_sentences=0",
         "export.executorch=off"]  # the .pte lowering (~20 s an export) is checked on the shared tiny run
+
+
+XLM_R_VOCAB = 250_002
+
+
+def xlm_r_sized(tokenizer_json: Path) -> None:
+    """A Unigram tokenizer grown to XLM-R's 250,002 pieces with pieces no text contains (two Private Use Area
+    characters each): the embedding table, file sizes and trimming of an XLM-R-sized vocabulary, on a tiny model."""
+    spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    pieces = spec["model"]["vocab"]
+    lowest = min(score for _, score in pieces)
+    pieces += [[chr(0xE000 + i // 6400) + chr(0xE000 + i % 6400), lowest - 1.0] for i in range(XLM_R_VOCAB - len(pieces))]
+    tokenizer_json.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
 
 
 def run_family(model_type: str, root: str, tokenizer_folder: str) -> dict:
@@ -408,6 +422,8 @@ def run_family(model_type: str, root: str, tokenizer_folder: str) -> dict:
     root = Path(root)
     teacher_folder = root / "teacher"
     shutil.copytree(tokenizer_folder, teacher_folder)
+    if model_type == "xlm-roberta":
+        xlm_r_sized(teacher_folder / "tokenizer.json")
     tokenizer = AutoTokenizer.from_pretrained(teacher_folder)
     save(family_model(model_type, vocab_size=len(tokenizer), pad=tokenizer.pad_token_id), teacher_folder)
     overrides = [f"teacher.model={teacher_folder}", *FAST, *RUNS[model_type]]
@@ -461,6 +477,12 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
         assert getattr(shipped, F.FAMILIES[model_type].ffn_size_key) == 32 and shipped.num_hidden_layers == 1
     if model_type in ("xlm-roberta", "eurobert"):
         assert (shipped.hidden_size, shipped.num_attention_heads) == (16, 2)
+    if model_type == "xlm-roberta":  # the 250k-row table cut to the data's pieces, sizes and accuracy recorded
+        trim = read_json(run_dir / "export" / "bundle" / "metadata.json")["vocab_trim"]
+        assert shipped.vocab_size == XLM_R_VOCAB and trim["original_vocab"] == XLM_R_VOCAB and trim["kept_tokens"] < 2000
+        assert trim["before"]["file_mb"] > 10 * trim["after"]["file_mb"]
+        assert trim["test_texts_surviving"] > 0 and trim["surviving_prediction_agreement"] == 1.0
+        assert {"accuracy"} <= trim["before"].keys() & trim["after"].keys()
     if model_type == "modernbert":
         assert shipped.layer_types == ["sliding_attention"]  # the kind of teacher layer 1, recorded in config.json
         assert "student layer kinds ['sliding_attention']" in outcome["log"]

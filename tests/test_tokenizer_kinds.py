@@ -3,9 +3,9 @@
 Each tokenizer is trained offline on a few hundred Rotten Tomatoes sentences and saved as a transformers
 save_pretrained folder. The whole pipeline runs with each in tests/test_families.py (the RoBERTa teacher with
 the BPE one, the DeBERTa-v3 teacher with the Unigram one), which calls ``check_bundle_for_tokenizer_kind``
-here: the bundle must record the special tokens by role, describe the tokenizer it really ships, skip
-vocabulary trimming (WordPiece only) with its reason; predict.py must reproduce the recorded accuracy
-(checked there for every family).
+here: the bundle must record the special tokens by role, describe the tokenizer it really ships, trim the
+vocabulary with the same predictions on test texts whose pieces survive; predict.py must reproduce the recorded
+accuracy (checked there for every family).
 """
 
 from __future__ import annotations
@@ -92,12 +92,15 @@ def check_bundle_for_tokenizer_kind(kind: str, folder: Path, expected: dict, run
     shipped = tokenize_texts(bundle / "tokenizer.json", ["a fine film"], metadata["max_length"])[0]
     assert shipped[0] == expected["roles"]["cls"][1] and shipped[-1] == expected["roles"]["sep"][1]
 
-    # trimming is WordPiece-only: skipped with its reason, the full vocabulary shipped
+    # trimmed to the pieces the training text uses: test texts whose pieces all survive get the same ids
+    # (tests/test_vocab_trim.py), so the same predictions
     trim = metadata["vocab_trim"]
-    assert trim["applied"] is False and trim["requested"] is True and not trim["enabled"]
-    assert "WordPiece" in trim["reason"] and expected["model"] in trim["reason"]
-    assert "export.trim_vocab skipped" in output
-    assert tok["vocab_size"] == len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+    full_vocab = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+    assert trim["applied"] is True and trim["tokenizer_model"] == expected["model"]
+    assert tok["vocab_size"] == trim["kept_tokens"] < full_vocab
+    assert trim["test_texts_surviving"] > 0 and trim["surviving_prediction_agreement"] == 1.0
+    assert trim["surviving_max_abs_logit_diff"] <= 1e-5
+    assert f"vocabulary trimmed to {trim['kept_tokens']} tokens" in output
 
     # files: no vocab.txt for non-WordPiece; metadata and README list what is there
     files = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()}  # demo/ files included
@@ -118,7 +121,8 @@ def check_bundle_for_tokenizer_kind(kind: str, folder: Path, expected: dict, run
         assert f"`{token}` = {token_id}" in readme
     cls, sep = expected["roles"]["cls"][0], expected["roles"]["sep"][0]
     assert readme.count(f"// ids: {cls} ... {sep}") == 2  # Kotlin and Swift sketches
-    assert f"`{expected['template']}`" in readme and "not trimmed" in readme
+    assert f"`{expected['template']}`" in readme and f"trimmed to the {trim['kept_tokens']} tokens" in readme
+    assert "use this bundle's tokenizer.json, never the original model's vocabulary" in readme
     if kind == "byte_level_bpe":
         assert "byte-level" in readme and "merges" in readme and "**cased**" in readme
     else:

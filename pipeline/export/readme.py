@@ -8,7 +8,7 @@ from . import from_text, mobile
 from .figures import ALIAS
 from .files import render_template
 from .latency import comparison_lines, latency_markdown
-from .tokenizer import role_token
+from .tokenizer import role_token, tokenizer_files
 
 
 def readme_values(config, metadata: dict, latency: dict) -> dict:
@@ -204,9 +204,11 @@ def tokenize_section(facts: dict, max_length: int, trim: dict) -> str:
                 f"final `{sep}`)." if template != "text" else f"Truncate to **{max_length} tokens** (drop pieces from the end).")
     vocab_size = facts["vocab_size"]
     if trim.get("enabled"):
+        files = " / ".join(tokenizer_files(facts))
+        fallback = f" or `{unk}`" if "unk" in facts.get("special_tokens", {}) else ""
         vocab_note = (f" The vocabulary was trimmed to the {trim['kept_tokens']} tokens the training text uses "
-                      f"(of {trim['original_vocab']}): use this bundle's vocab.txt / tokenizer.json, never the "
-                      f"original BERT vocabulary; words made of other pieces become shorter pieces or `{unk}`.")
+                      f"(of {trim['original_vocab']}): use this bundle's {files}, never the original model's "
+                      f"vocabulary; words made of other pieces become shorter pieces{fallback}.")
     elif trim.get("requested"):
         vocab_note = f" The vocabulary was not trimmed (export.trim_vocab): {trim.get('reason', '')}."
     else:

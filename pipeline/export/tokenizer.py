@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
+
+from ..errors import PipelineError
 
 
 # Special-token roles the bundle records, each with the transformers attribute(s) that name it, in order of preference.
@@ -216,7 +219,9 @@ def trimmed_student(student, prepare, records, tokenizer_json, work, test, max_l
     """The student and tokenizer cut to the tokens train/validation use; test re-tokenized with the cut vocabulary.
 
     ``full_facts``: tokenizer_facts of the untrimmed tokenizer (its special-token roles name the trimmed one's)."""
-    keep = corpus_token_ids(prepare, tokenizer_json)
+    pad_old = full_facts["special_tokens"]["pad"]["id"]
+    # ids up to the pad id keep their number: RoBERTa-style models count positions from pad_token_id
+    keep = corpus_token_ids(prepare, tokenizer_json) | set(range(pad_old + 1))
     trimmed_json = work / "tokenizer.trimmed.json"
     kept = trim_vocabulary(tokenizer_json, keep, trimmed_json)
     original_vocab = student.config.vocab_size
@@ -228,11 +233,20 @@ def trimmed_student(student, prepare, records, tokenizer_json, work, test, max_l
         ids, types = tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs), None
     split = IdSplit(ids, test.labels, types)
     facts = tokenizer_facts(trimmed_json, {role: entry["token"] for role, entry in full_facts["special_tokens"].items()})
-    unk_new, unk_old = facts["special_tokens"]["unk"]["id"], full_facts["special_tokens"]["unk"]["id"]
-    changed = sum(a != [kept[i] for i in b] for a, b in zip(test.input_ids, ids))
-    info = {"enabled": True, "applied": True, "kept_tokens": len(kept), "original_vocab": original_vocab, "source_splits": "train, validation, unlabeled",
-            "test_unk_rate_before": _rate(test.input_ids, unk_old), "test_unk_rate_after": _rate(ids, unk_new),
-            "test_texts_tokenized_differently": changed, "pad_id": facts["special_tokens"]["pad"]["id"]}
+    kept_set = set(kept)
+    differs = [list(a) != [kept[i] for i in b] for a, b in zip(test.input_ids, ids)]
+    surviving = [row for row, a in enumerate(test.input_ids) if kept_set.issuperset(int(i) for i in a)]
+    if any(differs[row] for row in surviving):  # a trimming bug, never a property of the data
+        row = next(row for row in surviving if differs[row])
+        raise PipelineError(f"export.trim_vocab: test text {row} uses only kept tokens but the trimmed {facts['type']} "
+                            "tokenizer gives it other pieces; nothing was shipped. Report this with the tokenizer.json.")
+    info = {"enabled": True, "applied": True, "tokenizer_model": facts["type"], "kept_tokens": len(kept),
+            "original_vocab": original_vocab, "source_splits": "train, validation, unlabeled",
+            "test_texts_tokenized_differently": sum(differs), "test_texts_surviving": len(surviving),
+            "pad_id": facts["special_tokens"]["pad"]["id"], "surviving_rows": surviving}
+    if "unk" in facts["special_tokens"]:  # byte-level BPE has no unknown token
+        info["test_unk_rate_before"] = _rate(test.input_ids, full_facts["special_tokens"]["unk"]["id"])
+        info["test_unk_rate_after"] = _rate(ids, facts["special_tokens"]["unk"]["id"])
     return student, split, trimmed_json, info
 
 
@@ -241,7 +255,7 @@ def corpus_token_ids(prepare_dir: Path, tokenizer_json: Path,
     """Every token id the training-side text uses, tokenized WITHOUT truncation.
 
     Untruncated: a word cut by truncation still needs all its pieces, or greedy
-    WordPiece turns the whole word into [UNK]. The test split is left out, so
+    WordPiece turns the whole word into [UNK] (and BPE / Unigram split it otherwise). The test split is left out, so
     its unseen words show what trimming costs on new text.
     """
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -261,34 +275,94 @@ def corpus_token_ids(prepare_dir: Path, tokenizer_json: Path,
 
 
 def trim_vocabulary(tokenizer_json: Path, keep: set[int], target: Path) -> list[int]:
-    """A WordPiece tokenizer.json restricted to ``keep`` plus every special token; returns the kept old ids, new-id order.
+    """A tokenizer.json restricted to ``keep`` plus what encoding needs; returns the kept old ids, in new-id order.
 
-    Words whose pieces are all kept tokenize exactly as before (greedy longest
-    match finds the same pieces); other words fall back to shorter pieces or [UNK].
+    Every text whose pieces are all kept tokenizes exactly as before; other texts fall back to shorter pieces (or the
+    unknown token). What "what encoding needs" means depends on the tokenizer model:
+
+    - WordPiece: the special tokens and [UNK]. Greedy longest match finds the same pieces.
+    - BPE (byte-level or not): also every single-character token (the byte alphabet: any text stays encodable) and
+      every token that a merge producing a kept token merges (recursively), since BPE reaches a piece through its
+      parts. Merges are kept, in their order, when their parts and result are kept: the merges a kept word applied
+      are all still there and still the lowest-ranked that apply, so it ends with the same pieces.
+    - Unigram (SentencePiece): also the unknown piece and, with byte fallback, the 256 byte pieces. Pieces keep their
+      scores; the best segmentation of a kept text is still available and still the best.
     """
     spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
     model = spec.get("model") or {}
-    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
-        raise ValueError(f"vocabulary trimming supports WordPiece tokenizers, not {model.get('type')}")
-    vocab = model["vocab"]
+    kind = model.get("type")
     specials = {t["id"] for t in spec.get("added_tokens", [])}
-    kept = sorted(set(keep) | specials | {vocab[model["unk_token"]]})
+    if kind == "WordPiece" and isinstance(model.get("vocab"), dict):
+        vocab = model["vocab"]
+        kept = sorted(set(keep) | specials | {vocab[model["unk_token"]]})
+        token_of = {i: t for t, i in vocab.items()}
+        model["vocab"] = {token_of[old]: new for new, old in enumerate(kept)}
+    elif kind == "BPE" and isinstance(model.get("vocab"), dict):
+        kept = _trim_bpe(model, set(keep) | specials)
+    elif kind == "Unigram" and isinstance(model.get("vocab"), list):
+        pieces = model["vocab"]
+        needed = set(keep) | specials | ({model["unk_id"]} if model.get("unk_id") is not None else set())
+        if model.get("byte_fallback"):
+            needed |= {i for i, (piece, _) in enumerate(pieces) if BYTE_PIECE.fullmatch(piece)}
+        kept = sorted(needed)
+        model["vocab"] = [pieces[old] for old in kept]
+        if model.get("unk_id") is not None:
+            model["unk_id"] = kept.index(model["unk_id"])
+    else:
+        raise ValueError(f"vocabulary trimming supports WordPiece, BPE and Unigram tokenizers, not {kind}")
     new_id = {old: new for new, old in enumerate(kept)}
-    token_of = {i: t for t, i in vocab.items()}
-    model["vocab"] = {token_of[old]: new for new, old in enumerate(kept)}
     for token in spec.get("added_tokens", []):
         token["id"] = new_id[token["id"]]
-    post = spec.get("post_processor") or {}
-    for entry in (post.get("special_tokens") or {}).values():
-        entry["ids"] = [new_id[i] for i in entry["ids"]]
-    for key in ("sep", "cls"):  # BertProcessing / RobertaProcessing store [token, id]
-        if isinstance(post.get(key), list):
-            post[key][1] = new_id[post[key][1]]
+    _remap_post_processor(spec.get("post_processor") or {}, new_id)
     if spec.get("padding"):
         spec["padding"]["pad_id"] = new_id[spec["padding"]["pad_id"]]
     Path(target).write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     Tokenizer.from_file(str(target))  # must load
     return kept
+
+
+BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")  # SentencePiece's byte-fallback pieces
+
+
+def _trim_bpe(model: dict, keep: set[int]) -> list[int]:
+    """Cut a BPE model (vocab, merges) in place to ``keep`` plus the alphabet and the parts of kept tokens."""
+    vocab = model["vocab"]
+    token_of = {i: t for t, i in vocab.items()}
+    prefix = model.get("continuing_subword_prefix") or ""
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+
+    def merged(a: str, b: str) -> str:
+        return a + (b[len(prefix):] if prefix and b.startswith(prefix) else b)
+
+    made_from: dict[str, list[tuple[str, str]]] = {}
+    for a, b in merges:
+        made_from.setdefault(merged(a, b), []).append((a, b))
+    alphabet = {t for t in vocab if len(t) == 1 or (prefix and t.startswith(prefix) and len(t) == len(prefix) + 1)}
+    wanted = {token_of[i] for i in keep} | alphabet
+    if model.get("unk_token") in vocab:
+        wanted.add(model["unk_token"])
+    todo = list(wanted)
+    while todo:  # every token a merge reaching a wanted token starts from is wanted too
+        for a, b in made_from.get(todo.pop(), ()):
+            for part in (a, b):
+                if part in vocab and part not in wanted:
+                    wanted.add(part)
+                    todo.append(part)
+    kept = sorted(vocab[t] for t in wanted)
+    model["vocab"] = {token_of[old]: new for new, old in enumerate(kept)}
+    model["merges"] = [[a, b] for a, b in merges if a in wanted and b in wanted and merged(a, b) in wanted]
+    return kept
+
+
+def _remap_post_processor(post: dict, new_id: dict[int, int]) -> None:
+    """Special-token ids in a post-processor (TemplateProcessing, Bert/RobertaProcessing, or a Sequence of them)."""
+    for inner in post.get("processors") or []:
+        _remap_post_processor(inner, new_id)
+    for entry in (post.get("special_tokens") or {}).values():
+        entry["ids"] = [new_id[i] for i in entry["ids"]]
+    for key in ("sep", "cls"):  # BertProcessing / RobertaProcessing store [token, id]
+        if isinstance(post.get(key), list):
+            post[key][1] = new_id[post[key][1]]
 
 
 def trim_embeddings(model, kept: list[int]):

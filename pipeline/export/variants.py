@@ -105,8 +105,8 @@ def export_student(inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
     full = export_fp32(model, inputs.test, inputs.pad, tokenizer_json,
                        (work if trim else out) / "model.onnx", reference, reference, inputs.names, cfg)
     if cfg.trim_vocab and not trim:
-        reason = (f"vocabulary trimming supports WordPiece tokenizers only; this tokenizer is {full.facts['type']} "
-                  "(its merges or scores would have to be cut consistently), so the full vocabulary is shipped")
+        reason = (f"vocabulary trimming supports WordPiece, BPE and Unigram tokenizers; this tokenizer is "
+                  f"{full.facts['type']}, so the full vocabulary is shipped")
         log.info("[export] export.trim_vocab skipped: %s", reason)
         full.trim = {"enabled": False, "requested": True, "applied": False, "reason": reason,
                      "tokenizer_model": full.facts["type"]}
@@ -114,8 +114,8 @@ def export_student(inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
 
 
 def trim_supported(facts: dict) -> bool:
-    """export.trim_vocab cuts WordPiece vocabularies only (tokenizer.trim_vocabulary); other models ship whole."""
-    return facts.get("type") == "WordPiece"
+    """export.trim_vocab cuts WordPiece, BPE and Unigram vocabularies (tokenizer.trim_vocabulary)."""
+    return facts.get("type") in ("WordPiece", "BPE", "Unigram")
 
 
 def export_fp32(model, test, pad, tokenizer_json, path, own_logits, reference, names, cfg, role_tokens=None) -> Shipped:
@@ -157,6 +157,12 @@ def export_trimmed(full: Shipped, inputs: Inputs, cfg, out: Path, work: Path) ->
     shipped = export_fp32(model, test, pad, tokenizer_json, out / "model.onnx", torch_logits(model, test, pad),
                           full.reference, inputs.names, cfg, roles)
     before, after = full.fp32, shipped.fp32
+    # texts whose pieces all survive: the same ids, so the same predictions (up to float noise of a smaller table)
+    surviving = trim.pop("surviving_rows")
+    if surviving:
+        trim["surviving_max_abs_logit_diff"] = float(np.abs(full.fp32_logits[surviving] - shipped.fp32_logits[surviving]).max())
+        trim["surviving_prediction_agreement"] = float(
+            (full.fp32_logits[surviving].argmax(-1) == shipped.fp32_logits[surviving].argmax(-1)).mean())
     shipped.trim = {**trim, "before": _brief(before), "after": _brief(after)}
     log.info("[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
              trim["kept_tokens"], before["file_mb"], after["file_mb"], before["accuracy"], after["accuracy"])
