@@ -351,7 +351,7 @@ class ExportConfig(Section):
     latency_sentences: int = Field(100, ge=0, le=100_000, description="real test sentences timed one by one at batch 1 (0: off)")
     targets: ExportTargets = ExportTargets()
     ort_target_platform: Literal["arm", "amd64"] = Field("arm", description="device the .ort files are optimized for")
-    trim_vocab: bool = Field(True, description="ship a vocabulary cut to the tokens train/validation use (smaller embeddings; unseen words become [UNK])")
+    trim_vocab: bool = Field(True, description="ship a vocabulary cut to the tokens train/validation/unlabeled text use (WordPiece, BPE, Unigram; smaller embeddings; unseen words become shorter pieces or [UNK])")
     register_model: bool = True
 
     @field_validator("executorch", mode="before")

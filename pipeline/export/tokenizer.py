@@ -281,7 +281,8 @@ def trim_vocabulary(tokenizer_json: Path, keep: set[int], target: Path) -> list[
     unknown token). What "what encoding needs" means depends on the tokenizer model:
 
     - WordPiece: the special tokens and [UNK]. Greedy longest match finds the same pieces.
-    - BPE (byte-level or not): also every single-character token (the byte alphabet: any text stays encodable) and
+    - BPE (byte-level or not): also every single-character token (the byte alphabet: any text stays encodable; with
+      byte fallback, as in Gemma's SentencePiece BPE, the 256 byte pieces) and
       every token that a merge producing a kept token merges (recursively), since BPE reaches a piece through its
       parts. Merges are kept, in their order, when their parts and result are kept: the merges a kept word applied
       are all still there and still the lowest-ranked that apply, so it ends with the same pieces.
@@ -337,7 +338,8 @@ def _trim_bpe(model: dict, keep: set[int]) -> list[int]:
     made_from: dict[str, list[tuple[str, str]]] = {}
     for a, b in merges:
         made_from.setdefault(merged(a, b), []).append((a, b))
-    alphabet = {t for t in vocab if len(t) == 1 or (prefix and t.startswith(prefix) and len(t) == len(prefix) + 1)}
+    alphabet = {t for t in vocab if len(t) == 1 or (prefix and t.startswith(prefix) and len(t) == len(prefix) + 1)
+                or (model.get("byte_fallback") and BYTE_PIECE.fullmatch(t))}  # SentencePiece BPE (Gemma): <0xNN>
     wanted = {token_of[i] for i in keep} | alphabet
     if model.get("unk_token") in vocab:
         wanted.add(model["unk_token"])
