@@ -290,6 +290,21 @@ def test_a_sliding_window_student_layer_learns_only_from_a_teacher_layer_it_can_
     bert = target_plan(tiny_config(), family_config("bert"))  # no windows: fingerprints of other families unchanged
     assert bert.teacher_windows == {} and "teacher_windows" not in bert.needed()
 
+    # a cache that stores probabilities stores the teacher layer's own (windowed) attention
+    from pipeline.cache import flatten_targets
+    from pipeline.objective import teacher_targets
+
+    ids, mask = family_batch()
+    targets = teacher_targets(teacher, {"input_ids": ids, "attention_mask": mask}, plan)
+    layout = CacheLayout(plan, 2, 32, {"attn": "probs", "vrel": "vectors"}, "float32")
+    lengths = mask.sum(1).tolist()
+    records = flatten_targets(targets, layout, lengths, mask)
+    with torch.no_grad():
+        out = teacher(input_ids=ids, attention_mask=mask, output_attentions=True)
+    for row, n in enumerate(lengths):
+        stored = torch.from_numpy(records[row][: 4 * n * n].reshape(4, n, n))
+        torch.testing.assert_close(stored, out.attentions[1][row, :, :n, :n], atol=1e-6, rtol=0)
+
 
 # ---------------------------------------------------------------- errors at config-check time
 
