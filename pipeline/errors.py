@@ -56,7 +56,8 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
     Arrow), "No space left on device (os error 28)" (safetensors), "database or
     disk is full" (sqlite), a bare RuntimeError from torch.save's zip writer.
     The last kind is recognised by the disk holding ``folder`` having (almost)
-    nothing left.
+    nothing left; without a filename from the library, the file named is the
+    one written last under ``folder``.
     """
     chain = exception_chain(exc)
     path = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None)
@@ -64,6 +65,8 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
     if path is None and any("database or disk is full" in str(e) for e in chain):  # sqlite: MLflow's database
         database = next((d / "mlflow.db" for d in (folder, *folder.parents[:2]) if (d / "mlflow.db").is_file()), None)
         path = f"{database} (MLflow's database)" if database else None
+    if path is None and folder.is_dir():  # a library that hid its filename (torch's zip writer, ORT's C++ writer):
+        path = newest_file(folder)           # the file written last is the one the disk filled under
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -82,6 +85,18 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
         "Free some space or point --runs-dir at a larger disk, then rerun the same command: complete stages are kept, "
         "and an interrupted stage resumes from its finished cache shards / last checkpoint."
     )
+
+
+def newest_file(folder: Path) -> Path | None:
+    """The most recently modified file under ``folder``, or None when it holds none."""
+    newest, when = None, -1.0
+    for candidate in folder.rglob("*"):
+        try:
+            if candidate.is_file() and (mtime := candidate.stat().st_mtime) > when:
+                newest, when = candidate, mtime
+        except OSError:  # vanished while walking
+            continue
+    return newest
 
 
 def brief(exc: BaseException) -> str:

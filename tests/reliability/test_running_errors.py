@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -144,6 +145,8 @@ def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(tiny_run, tmp_path,
         message = error_message(result.stderr)
         assert message.startswith(f"Disk full: the {stage} stage could not write"), message
         assert str(runs_dir / "tiny" / f"{stage}.partial") in message and "rerun the same command" in message.lower()
+        named = Path(re.search(r"could not write (\S+)", message).group(1))  # the file, not only the stage's folder
+        assert named.is_relative_to(runs_dir / "tiny" / f"{stage}.partial") and named.suffix, message
         assert len(result.stderr) < 6000, result.stderr  # a few log lines and the paragraph, not pages of tracebacks
         assert (runs_dir / "tiny" / "distill" / "manifest.json").is_file()  # complete stages stay complete
     finally:
