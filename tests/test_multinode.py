@@ -9,6 +9,7 @@ MLflow runs next to rank 0's, which the folder listing and the MLflow store comp
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sqlite3
 import stat
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.pipeline
 
 SBATCH = ROOT / "docs" / "cluster" / "distill.sbatch"
 PYTORCHJOB = ROOT / "docs" / "cluster" / "pytorchjob.yaml"
-# Files other ranks may write into the shared folder by design: their RNG state in each training checkpoint.
-OTHER_RANK_FILES = ("rng-rank1.pt",)
+# Files other ranks write into the shared folder by design: their RNG state in each training checkpoint, and the
+# capture shards they compute (shard i is computed by rank i % world).
+OTHER_RANK_FILES = re.compile(r"rng-rank1\.pt|shard-\d*[13579]\.(bin|json)")
 
 
 def free_port() -> int:
@@ -45,12 +47,14 @@ def stand_ins(folder: Path) -> Path:
     """
     folder.mkdir(parents=True, exist_ok=True)
     scripts = {
-        # srun --opts CMD...: one task per node, SLURM_NODEID 0..SLURM_NNODES-1, each with its own log; fails if any fails
+        # srun --opts CMD...: one task per node, SLURM_NODEID 0..SLURM_NNODES-1, each with its own log; fails if any
+        # fails. Nodes other than 0 run under umask 077: a file they create in the shared folder is mode 0600.
         "srun": """#!/bin/bash
 while [[ "$1" == -* ]]; do shift; done
 pids=()
 for ((i = 0; i < SLURM_NNODES; i++)); do
-  SLURM_NODEID=$i SLURM_PROCID=$i "$@" > "$NODE_LOGS/node$i.log" 2>&1 &
+  ( if ((i > 0)); then umask 077; else umask 022; fi
+    SLURM_NODEID=$i SLURM_PROCID=$i exec "$@" > "$NODE_LOGS/node$i.log" 2>&1 ) &
   pids+=($!)
 done
 rc=0
@@ -83,6 +87,12 @@ def mlflow_runs(runs_dir: Path) -> list[tuple[str, str | None, str]]:
     rows = _store(runs_dir)
     names = {uuid: name for uuid, name, _, _ in rows}
     return sorted((name, names.get(parent), status) for _, name, status, parent in rows)
+
+
+def private_files(runs_dir: Path) -> set[str]:
+    """Files without group/other read bits: what node 1 created or replaced under its umask 077, and what is made
+    private whoever writes it (safetensors writes 0600 files, so this cannot tell who wrote those)."""
+    return {str(p.relative_to(runs_dir)) for p in runs_dir.rglob("*") if p.is_file() and not p.stat().st_mode & 0o044}
 
 
 def listing(runs_dir: Path) -> set[str]:
@@ -134,9 +144,13 @@ def test_sbatch_two_nodes_match_one_process(tmp_path, one_process):
     check_same_job(one_process, tmp_path / "two", evaluated=True)
     # Only rank 0 writes: the shared folder holds what one process writes, plus the other rank's checkpoint RNG.
     extra = listing(tmp_path / "two") - listing(one_process)
-    assert {Path(p).name for p in extra} <= set(OTHER_RANK_FILES), sorted(extra)
-    assert extra, "the other rank's checkpoint RNG state is missing: did rank 1 train at all?"
+    assert all(OTHER_RANK_FILES.fullmatch(Path(p).name) for p in extra), sorted(extra)
+    assert any(p.endswith("rng-rank1.pt") for p in extra), "no RNG state of rank 1: did it train at all?"
     assert listing(one_process) - listing(tmp_path / "two") == set()
+    # The files both runs have, but written by node 1 (e.g. a stage output it also wrote): caught by their mode.
+    by_node1 = private_files(tmp_path / "two") - private_files(one_process)
+    assert all(OTHER_RANK_FILES.fullmatch(Path(p).name) for p in by_node1), sorted(by_node1)
+    assert any(Path(p).name.startswith("shard-") for p in by_node1), "node 1 computed no capture shard"
     # One pipeline run with its stage runs, exactly as one process records them.
     runs = mlflow_runs(tmp_path / "two")
     assert runs == mlflow_runs(one_process)
