@@ -187,6 +187,23 @@ def test_pytorchjob_two_pods_match_one_process(tmp_path, one_process):
     check_same_job(one_process, tmp_path / "two", evaluated=False)
 
 
+def test_torchrun_c10d_two_nodes_match_one_process(tmp_path, one_process):
+    """The documented torchrun line (c10d rendezvous: ranks by arrival, so either node may hold rank 0)."""
+    port, procs = free_port(), []
+    for node_rank in (0, 1):
+        command = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1",
+                   "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "distill-test",
+                   "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "--to", "distill", "--runs-dir", str(tmp_path / "two")]
+        log = open(tmp_path / f"node{node_rank}.log", "w")
+        procs.append(subprocess.Popen(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=log,
+                                      stderr=subprocess.STDOUT))
+    codes = [p.wait(timeout=600) for p in procs]
+    logs = [(tmp_path / f"node{i}.log").read_text() for i in (0, 1)]
+    assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert sum("[rank 0] [distill] done" in log for log in logs) == 1
+    check_same_job(one_process, tmp_path / "two", evaluated=False)
+
+
 # ---------------------------------------------------------------- failures
 
 
