@@ -289,8 +289,8 @@ DIST_TIMEOUT_VAR = "PIPELINE_DIST_TIMEOUT"
 # Seconds a rank waits in one collective (a barrier, a gradient all-reduce) before it gives up. A peer that died
 # closes its connections and is noticed at once; this bounds the wait for one that froze or became unreachable.
 # It must exceed the longest stretch one rank works alone while the others wait at a barrier (prepare, baselines,
-# export on rank 0: ~4 min on bert_small on a 2-core CPU), hence 30 min, which is also torch's gloo default
-# (NCCL's is 10 min, shorter than a large export).
+# export on rank 0: minutes for bert_small on a 2-core CPU), hence 30 min, torch's gloo default, for NCCL too
+# (which would otherwise use its own default).
 DEFAULT_DIST_TIMEOUT_S = 1800
 
 
