@@ -167,6 +167,9 @@ def write_json(path: Path, data) -> None:
 
 
 SHOW_BARS = sys.stderr.isatty()  # progress bars in terminals, not in CI logs
+# How long a rank other than 0 keeps looking for an earlier stage's output that rank 0 has completed (NFS clients
+# cache directory attributes for up to 60 s by default).
+SHARED_FOLDER_PATIENCE_S = 90
 
 
 @dataclass
@@ -190,10 +193,20 @@ class StageContext:
 
     def input(self, stage: str) -> Path:
         folder = self.run_dir / stage
-        manifest = read_manifest(folder)
+        # The other ranks, maybe on other machines: rank 0 completed this stage before the barrier they passed, but a
+        # network filesystem can show another machine a stale view of the folder for a while (attribute caching).
+        patience = SHARED_FOLDER_PATIENCE_S if self.world > 1 and not self.is_main else 0
+        deadline = time.monotonic() + patience
+        while True:
+            manifest = read_manifest(folder)
+            problems = damaged_outputs(folder, manifest.get("outputs"))[0] if manifest is not None else []
+            if (manifest is not None and not problems) or time.monotonic() >= deadline:
+                break
+            with contextlib.suppress(OSError):
+                os.listdir(folder.parent)  # opening a directory makes an NFS client revalidate it
+            time.sleep(1)
         if manifest is None:
             raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is not complete. Run without --only first.")
-        problems, _ = damaged_outputs(folder, manifest.get("outputs"))
         if problems:
             raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is damaged ({'; '.join(problems[:3])}). "
                                 f"Run without --only: {stage} reruns first.")

@@ -90,3 +90,37 @@ def test_a_lost_peer_is_explained(monkeypatch):
     text = str(explain(error, ROOT / "runs"))
     assert text.startswith("Lost contact with another process of this distributed job during the distill stage")
     assert "PIPELINE_DIST_TIMEOUT seconds (1800 here)" in text and "most likely a bug" not in text
+
+
+def test_other_ranks_wait_for_a_stage_output_their_filesystem_shows_late(tmp_path, monkeypatch):
+    """On another machine, rank 0's completed stage may show up late (NFS attribute caching): ranks other than 0
+    look again for a while; rank 0 (and a single process) report a missing input at once."""
+    import threading
+    import time
+    import types
+
+    import pipeline.runner as runner
+    from pipeline.integrity import output_listing
+
+    def complete(folder):
+        folder.mkdir(parents=True)
+        (folder / "labels.json").write_text("{}")
+        runner.write_json(folder / "manifest.json", {"fingerprint": "f", "outputs": output_listing(folder)})
+
+    def context(rank):
+        dist = types.SimpleNamespace(world=2, rank=rank, is_main=rank == 0)
+        return runner.StageContext(config=None, name="teacher", run_dir=tmp_path, out=tmp_path / "teacher.partial",
+                                   tracker=None, dist=dist)
+
+    monkeypatch.setattr(runner, "SHARED_FOLDER_PATIENCE_S", 20)
+    later = threading.Timer(1.5, complete, [tmp_path / "prepare"])
+    started = time.monotonic()
+    with pytest.raises(runner.PipelineError, match="needs the output of 'prepare', which is not complete"):
+        context(0).input("prepare")
+    assert time.monotonic() - started < 1
+    later.start()
+    assert context(1).input("prepare") == tmp_path / "prepare"
+    assert 1.4 < time.monotonic() - started < 10
+    monkeypatch.setattr(runner, "SHARED_FOLDER_PATIENCE_S", 1)
+    with pytest.raises(runner.PipelineError, match="needs the output of 'baselines', which is not complete"):
+        context(1).input("baselines")
