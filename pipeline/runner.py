@@ -168,7 +168,7 @@ def write_json(path: Path, data) -> None:
 
 SHOW_BARS = sys.stderr.isatty()  # progress bars in terminals, not in CI logs
 # How long a rank other than 0 keeps looking for an earlier stage's output that rank 0 has completed (NFS clients
-# cache directory attributes for up to 60 s by default).
+# cache directory attributes: acdirmin/acdirmax in nfs(5)).
 SHARED_FOLDER_PATIENCE_S = 90
 
 
