@@ -1,6 +1,6 @@
 """`make distill NPROC=n [NNODES=m NODE_RANK=r MASTER_ADDR=host MASTER_PORT=port]`: one data-parallel job.
 
-    python -m pipeline.launch --nproc N [--nnodes M --node-rank R --master-addr HOST --master-port PORT] -- CONFIG [ARGS]
+    python -m pipeline.launch --nproc N [--nnodes M --node-rank R --master-addr HOST --master-port P] -- CONFIG ...
 
 checks the launch settings, prints the `accelerate launch` command and runs it on this node. ``--nproc`` is the
 number of processes on THIS node (one per GPU; on a CPU, processes that share its cores through gloo); the job has
@@ -49,8 +49,8 @@ def accelerate_command(nproc, nnodes, node_rank, master_addr, master_port, pipel
     if port > 65535:
         raise LaunchError(f"MASTER_PORT={master_port} is not a TCP port (1-65535).")
     if node_rank >= nnodes:
-        raise LaunchError(f"NODE_RANK={node_rank} is out of range for NNODES={nnodes}: node ranks are 0 to {nnodes - 1}, "
-                          "one per node, and node 0 is the one at MASTER_ADDR.")
+        raise LaunchError(f"NODE_RANK={node_rank} is out of range for NNODES={nnodes}: node ranks are 0 to "
+                          f"{nnodes - 1}, one per node, and node 0 is the one at MASTER_ADDR.")
     master_addr = (master_addr or "").strip()
     if nnodes > 1 and not master_addr:
         raise LaunchError(f"NNODES={nnodes} needs MASTER_ADDR: the host name or IP address of node 0 (NODE_RANK=0), "
@@ -61,9 +61,11 @@ def accelerate_command(nproc, nnodes, node_rank, master_addr, master_port, pipel
     if not os.path.exists(accelerate):
         accelerate = shutil.which("accelerate") or accelerate
     # --multi_gpu on a CPU machine too: with --cpu, accelerate launch silently starts ONE process (DESIGN.md).
-    command = [accelerate, "launch", "--multi_gpu", "--num_machines", str(nnodes), "--num_processes", str(nproc * nnodes)]
+    command = [accelerate, "launch", "--multi_gpu", "--num_machines", str(nnodes),
+               "--num_processes", str(nproc * nnodes)]
     if nnodes > 1:
-        command += ["--machine_rank", str(node_rank), "--main_process_ip", master_addr, "--main_process_port", str(port)]
+        command += ["--machine_rank", str(node_rank), "--main_process_ip", master_addr,
+                    "--main_process_port", str(port)]
     elif given_port:  # one node: accelerate's own default port unless one was asked for
         command += ["--main_process_port", str(port)]
     return [*command, "-m", "pipeline", "run", *pipeline_args]
