@@ -8,6 +8,11 @@ ARGS ?=
 SWEEP ?= configs/sweeps/depth.yaml
 PICK ?=
 NPROC ?= 1
+# Several machines: the same command on every node, NODE_RANK 0..NNODES-1, MASTER_ADDR = node 0 (pipeline/launch.py).
+NNODES ?= 1
+NODE_RANK ?= 0
+MASTER_ADDR ?=
+MASTER_PORT ?=
 RUNS_DIR ?= runs
 PORT ?= 5000
 TORCH_VERSION ?= 2.13.0
@@ -22,6 +27,7 @@ export TOKENIZERS_PARALLELISM ?= false
 help:  ## list targets
 	@echo "attention-distill"
 	@echo "  make distill CONFIG=bert_small [ARGS=\"distill.epochs=1 seed=3\"] [NPROC=2]   run the pipeline"
+	@echo "  make distill ... NNODES=2 NODE_RANK=0|1 MASTER_ADDR=node0 [MASTER_PORT=29500]   one job over 2 nodes (NPROC per node)"
 	@echo "  make sweep CONFIG=bert_small SWEEP=configs/sweeps/depth.yaml [PICK=\"retention>=0.98\"]   variants, table, champion"
 	@echo "  make test                          run the test suite"
 	@echo "  make test-fast                     the unit tier only (no pipeline run, no outside tool)"
@@ -57,12 +63,13 @@ $(STAMP): pyproject.toml Makefile pipeline/bundle_files/web/package-lock.json te
 
 venv: $(STAMP)
 
+# NPROC processes per node; pipeline/launch.py checks the node settings and runs `accelerate launch --multi_gpu`.
 distill: $(STAMP)
-ifeq ($(NPROC),1)
+ifeq ($(NPROC)/$(NNODES),1/1)
 	$(PY) -m pipeline run $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
 else
-	$(VENV)/bin/accelerate launch --multi_gpu --num_machines 1 --num_processes $(NPROC) \
-		-m pipeline run $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
+	$(PY) -m pipeline.launch --nproc "$(NPROC)" --nnodes "$(NNODES)" --node-rank "$(NODE_RANK)" \
+		--master-addr "$(MASTER_ADDR)" --master-port "$(MASTER_PORT)" -- $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
 endif
 
 # Every variant is a pipeline run in $(RUNS_DIR)/$(CONFIG)/sweeps/<sweep>/<variant>/; shared stages run once.

@@ -242,6 +242,16 @@ def explain(exc: BaseException, runs_dir) -> PipelineError:
         return PipelineError(
             f"Out of memory in {doing}. Lower the batch sizes (teacher.batch_size, distill.batch_size, capture.batch_size, "
             f"evaluate.batch_size) or data.max_length. {kept}")
+    lost = lost_peer(chain)
+    if lost is not None:
+        from .runner import DIST_TIMEOUT_VAR, dist_timeout_seconds
+
+        return PipelineError(
+            f"Lost contact with another process of this distributed job during {doing} ({lost}). A process on another "
+            f"node (or on this one) stopped, was killed or became unreachable; one that stops answering is given up on "
+            f"after {DIST_TIMEOUT_VAR} seconds ({dist_timeout_seconds():g} here). The first error is in the log of the "
+            f"node that stopped. Complete stages are kept; once every node is back, start the same command on every node "
+            "to continue.")
     missing = next((e for e in chain if isinstance(e, ModuleNotFoundError)), None)
     if missing is not None:
         return PipelineError(f"{doing.capitalize()} needs the Python module '{missing.name}', which is not installed. "
@@ -251,6 +261,25 @@ def explain(exc: BaseException, runs_dir) -> PipelineError:
     return PipelineError(
         f"Unexpected error in {doing}: {type(exc).__name__}: {text}. The pipeline has no explanation for this one, "
         f"so it is most likely a bug: rerun with --debug for the traceback and report it with the config. {kept}")
+
+
+# What a collective says when a peer is gone or silent, raised by torch as RuntimeError or DistBackendError: gloo's
+# "Connection reset/closed by peer" and "Timed out waiting ... for recv" (tests/test_multinode.py); NCCL's watchdog
+# timeouts and aborts (not run here: no two GPUs).
+PEER_LOST = re.compile(r"Connection (closed|reset) by peer|timed out|communicator was aborted|Broken pipe|"
+                       r"Socket Timeout", re.IGNORECASE)
+
+
+def lost_peer(chain) -> str | None:
+    """A short description (one line) of a collective that failed because a peer is gone, else None."""
+    for error in chain:
+        name, text = type(error).__name__, str(error)
+        distributed = name.startswith("Dist") or "gloo" in text or "NCCL" in text or "ProcessGroup" in text
+        if distributed and PEER_LOST.search(text):
+            first = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text.strip().splitlines()[0])  # gloo's source path
+            first = first.split(". This is typically")[0].split(" GLHF")[0].rstrip(". ")
+            return first if len(first) <= 200 else first[:200] + "..."
+    return None
 
 
 def _close_process_group() -> None:

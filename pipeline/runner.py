@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import PipelineConfig, to_yaml
-from .errors import LockedError, PipelineError, disk_full_error
+from .errors import ConfigError, LockedError, PipelineError, disk_full_error
 from .integrity import MANIFEST, DigestCache, damaged_outputs, output_identity, output_listing, path_digest
 from .tracking import Tracker, config_hash, redact_uri, run_status
 
@@ -125,13 +125,15 @@ def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cac
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def fingerprints(config: PipelineConfig, runs_dir: Path | None = None) -> dict[str, str]:
-    """Every stage's fingerprint; with ``runs_dir``, input digests are remembered there between runs."""
+def fingerprints(config: PipelineConfig, runs_dir: Path | None = None, save: bool = True) -> dict[str, str]:
+    """Every stage's fingerprint; with ``runs_dir``, input digests are remembered there between runs
+    (``save=False``: read that memory, never write it; the other ranks of a distributed run)."""
     cache = DigestCache(Path(runs_dir) / ".digests.json" if runs_dir and Path(runs_dir).is_dir() else None)
     result: dict[str, str] = {}
     for name in STAGES:
         result[name] = fingerprint(config, name, result, cache)
-    cache.save()
+    if save:
+        cache.save()
     return result
 
 
@@ -158,12 +160,16 @@ def read_manifest(folder: Path) -> dict | None:
 def write_json(path: Path, data) -> None:
     """Write JSON atomically (temp file + rename)."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # ranks may write the same file
+    # ranks may write the same file, from several machines on a shared folder, where pids alone can collide
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)
 
 
 SHOW_BARS = sys.stderr.isatty()  # progress bars in terminals, not in CI logs
+# How long a rank other than 0 keeps looking for an earlier stage's output that rank 0 has completed (NFS clients
+# cache directory attributes: acdirmin/acdirmax in nfs(5)).
+SHARED_FOLDER_PATIENCE_S = 90
 
 
 @dataclass
@@ -187,10 +193,20 @@ class StageContext:
 
     def input(self, stage: str) -> Path:
         folder = self.run_dir / stage
-        manifest = read_manifest(folder)
+        # The other ranks, maybe on other machines: rank 0 completed this stage before the barrier they passed, but a
+        # network filesystem can show another machine a stale view of the folder for a while (attribute caching).
+        patience = SHARED_FOLDER_PATIENCE_S if self.world > 1 and not self.is_main else 0
+        deadline = time.monotonic() + patience
+        while True:
+            manifest = read_manifest(folder)
+            problems = damaged_outputs(folder, manifest.get("outputs"))[0] if manifest is not None else []
+            if (manifest is not None and not problems) or time.monotonic() >= deadline:
+                break
+            with contextlib.suppress(OSError):
+                os.listdir(folder.parent)  # opening a directory makes an NFS client revalidate it
+            time.sleep(1)
         if manifest is None:
             raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is not complete. Run without --only first.")
-        problems, _ = damaged_outputs(folder, manifest.get("outputs"))
         if problems:
             raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is damaged ({'; '.join(problems[:3])}). "
                                 f"Run without --only: {stage} reruns first.")
@@ -282,12 +298,39 @@ def resolve_precision(precision: str) -> str:
     return "bf16" if native_bf16() else "fp32"
 
 
+DIST_TIMEOUT_VAR = "PIPELINE_DIST_TIMEOUT"
+# Seconds a rank waits in one collective (a barrier, a gradient all-reduce) before it gives up. A peer that died
+# closes its connections and is noticed at once; this bounds the wait for one that froze or became unreachable.
+# It must exceed the longest stretch one rank works alone while the others wait at a barrier (prepare, baselines,
+# export on rank 0: minutes for bert_small on a 2-core CPU), hence 30 min, torch's gloo default, for NCCL too
+# (which would otherwise use its own default).
+DEFAULT_DIST_TIMEOUT_S = 1800
+
+
+def dist_timeout_seconds() -> float:
+    """$PIPELINE_DIST_TIMEOUT (seconds) or the default; anything else is a one-paragraph error."""
+    raw = os.environ.get(DIST_TIMEOUT_VAR, "").strip()
+    if not raw:
+        return DEFAULT_DIST_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if not value > 0 or value != value:
+        raise ConfigError(f"{DIST_TIMEOUT_VAR}={raw!r} is not a positive number of seconds. It is how long a rank "
+                          f"waits for the others in one collective step before the run fails (default "
+                          f"{DEFAULT_DIST_TIMEOUT_S}); set e.g. {DIST_TIMEOUT_VAR}=600, or unset it.")
+    return value
+
+
 class Distributed:
     """Process-group facts and the Accelerator, created once per process."""
 
     def __init__(self, config: PipelineConfig):
+        import datetime
+
         import torch
-        from accelerate import Accelerator, DistributedDataParallelKwargs
+        from accelerate import Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
         self.precision = resolve_precision(config.precision)
         if self.precision == "fp16":
@@ -297,7 +340,9 @@ class Distributed:
                     "Use precision: bf16 (runs on CPU) or fp32."
                 )
         # fit() sets find_unused_parameters per training job on this handler.
-        kwargs = [DistributedDataParallelKwargs()]
+        self.timeout_s = dist_timeout_seconds()
+        kwargs = [DistributedDataParallelKwargs(),
+                  InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=self.timeout_s))]
         mp = "no" if self.precision == "fp32" else self.precision
         # Without CUDA, Accelerate only forms a process group (gloo, MULTI_CPU)
         # when told cpu=True; otherwise every launched process silently trains
@@ -321,6 +366,44 @@ class Distributed:
 
     def autocast(self):
         return self.accelerator.autocast()
+
+    def check_shared_folder(self, run_dir: Path, wait_s: float = 20.0) -> None:
+        """Every rank must see the run folder rank 0 writes: stages read each other's outputs through it.
+
+        Rank 0 writes a token; every rank looks for it (for up to ``wait_s``: a network filesystem may cache a
+        missing file for a while) and all ranks learn who could not, so they fail together with one message instead
+        of the first stage failing on some machines while the others wait for them.
+        """
+        if self.world == 1:
+            return
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        path = run_dir / ".shared-folder-check"
+        token = [f"{socket.gethostname()} pid {os.getpid()} {time.time_ns()}" if self.is_main else None,
+                 str(path.resolve()) if self.is_main else None]
+        broadcast_object_list(token, from_process=0)
+        if self.is_main:
+            write_json(path, token[0])
+        self.barrier()
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                sees = json.loads(path.read_text()) == token[0]
+            except (OSError, ValueError):
+                sees = False
+            if sees or self.is_main or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        seen = gather_object([(self.rank, socket.gethostname(), sees)])
+        if self.is_main:
+            path.unlink(missing_ok=True)
+        blind = [f"rank {rank} on {host}" for rank, host, ok in seen if not ok]
+        if blind:
+            raise PipelineError(
+                f"The run folder {run_dir} is not shared between the machines of this job: "
+                f"{', '.join(blind)} cannot see the file {token[1]} that rank 0 ({seen[0][1]}) wrote. Every node must "
+                "see the same runs folder (a shared filesystem such as NFS, mounted at the same path, and the same "
+                "--runs-dir / RUNS_DIR on every node): rank 0 writes each stage's output and the other ranks read it.")
 
 
 @contextlib.contextmanager
@@ -429,12 +512,13 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
     lock = run_lock(run_dir) if dist.is_main else contextlib.nullcontext()
     with lock:
         dist.barrier()
+        dist.check_shared_folder(run_dir)
         config_yaml = to_yaml(config)
         tracker = Tracker(runs_dir, run_dir, config.tracking.experiment or config.name,
                           enabled=dist.is_main and config.tracking.enabled, sweep_run_id=sweep_run_id, run_name=run_name)
         if dist.is_main:
             (run_dir / "config.yaml").write_text(config_yaml)
-        current = fingerprints(config, runs_dir)
+        current = fingerprints(config, runs_dir, save=dist.is_main)  # one writer of the shared digest memory
         to_run = plan(config, run_dir, force, from_stage, only, to_stage, current)
         if not any(to_run.values()):
             if dist.is_main:

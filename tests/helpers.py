@@ -32,6 +32,45 @@ def read_json(path: Path):
     return json.loads(Path(path).read_text())
 
 
+# ---------------------------------------------------------------- several processes (tests/test_multiprocess.py,
+# tests/test_multinode.py)
+
+# Dropout off so a distributed run and one process differ only by where each global batch is split; data
+# order, batch composition and loss weighting are identical by construction.
+NO_DROPOUT = ["teacher.random.dropout=0", "student.dropout=0", "precision=fp32"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # several processes share 2 cores: no thread oversubscription
+
+
+def run_one_process(runs_dir: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The reference: tiny without dropout in one process, through evaluate (``extra``: more overrides/options)."""
+    command = [sys.executable, "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "--to", "evaluate", *extra,
+               "--runs-dir", str(runs_dir)]
+    result = subprocess.run(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def student_difference(run_a: Path, run_b: Path) -> tuple[float, float]:
+    """(max, mean) |difference| of two runs' distilled students, asserted within the data-parallel tolerance.
+
+    The global batches, their order and the loss weighting are identical; only the float summation order differs
+    (half-batch gradients + allreduce vs one sum), ~1e-7 per step. Adam divides by sqrt(v): for weights whose
+    gradient is ~0 that noise becomes an update of order lr (1e-3 in tiny), so single weights may differ by ~lr
+    (measured 1.4e-3 in fp32) while the typical weight and every prediction agree.
+    """
+    from safetensors.torch import load_file
+
+    s1 = load_file(Path(run_a) / "distill" / "student" / "model.safetensors")
+    s2 = load_file(Path(run_b) / "distill" / "student" / "model.safetensors")
+    assert s1.keys() == s2.keys()
+    max_diff = max((s1[k] - s2[k]).abs().max().item() for k in s1)
+    mean_diff = sum((s1[k] - s2[k]).abs().sum().item() for k in s1) / sum(v.numel() for v in s1.values())
+    assert max_diff < 1e-2, max_diff
+    assert mean_diff < 1e-4, mean_diff
+    return max_diff, mean_diff
+
+
 # ---------------------------------------------------------------- small models and batches
 
 
