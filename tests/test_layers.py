@@ -18,7 +18,7 @@ LAYERS = [  # lowest first: a module imports from its own layer or the ones belo
     ("export (the bundle)", {f"export.{path.stem}" for path in (PIPELINE / "export").glob("*.py")} - {"export.__init__"}),
     ("results", {"summary", "tracking"}),
     ("orchestration", {"runner", "sweep"}),
-    ("entry points", {"cli", "__main__"}),
+    ("entry points", {"cli", "__main__", "launch"}),
 ]
 
 
