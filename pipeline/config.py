@@ -253,6 +253,10 @@ class DistillConfig(TrainSettings):
     relation_heads: int | None = Field(None, ge=1, le=1024)
     attention_chunk: int | None = Field(128, ge=1)
     lr: float = Field(1e-4, gt=0, le=1.0)
+    used_embedding_rows: bool = Field(
+        True, description="train only the word-embedding rows of the token ids the training and validation data use "
+                          "(a smaller gradient and AdamW state; the saved student has the full table, the other rows as "
+                          "they started)")
 
     @field_validator("layer_map", mode="before")
     @classmethod

@@ -55,6 +55,11 @@ class TokenIds(Sequence):
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    def distinct(self) -> np.ndarray:
+        """Every token id the split uses, once, sorted."""
+        parts = [values[offsets[0]:offsets[-1]] for values, offsets in zip(self._values, self._offsets) if len(offsets) > 1]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
     def _array(self, index: int) -> np.ndarray:
         chunk = int(np.searchsorted(self._starts, index, side="right")) - 1
         offsets, row = self._offsets[chunk], index - self._starts[chunk]

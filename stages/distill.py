@@ -23,7 +23,8 @@ from transformers import set_seed
 from pipeline.cache import TeacherCache
 from pipeline.families import check_layer_windows, layer_types
 from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits
-from pipeline.models import build_student, count_parameters, encoder_layers, load_classifier, load_tokenizer, save_model
+from pipeline.models import (build_student, count_parameters, encoder_layers, load_classifier, load_tokenizer, save_model,
+                             train_used_rows_only)
 from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
@@ -58,14 +59,22 @@ def run(ctx) -> dict:
         for module in student.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = config.student.dropout
+    train = TrainingData(prepare, capture_dir)  # + augmented variants written by capture
+    validation = TokenizedSplit(prepare, "validation")
+    restore_table = None
+    if config.distill.used_embedding_rows and config.student.kind != "static":
+        used = np.union1d(np.concatenate([part.input_ids.distinct() for part in train.parts]), validation.input_ids.distinct())
+        used = np.union1d(used, [pad, *tokenizer.all_special_ids])
+        restore_table = train_used_rows_only(student, torch.as_tensor(used))
+        if ctx.is_main:
+            log.info("[distill] training %d of %d word-embedding rows (the token ids the training and validation data "
+                     "use; distill.used_embedding_rows)", len(used), student.config.vocab_size)
     plan = target_plan(config, teacher.config)
     if plan.pairs:  # ModernBERT: a sliding-window student layer must learn from a teacher layer it can imitate
         check_layer_windows(plan.pairs, student.config, teacher.config)
     objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(ctx.device)
     online = config.capture.mode == "online"
     cache = None if online else TeacherCache(capture_dir / "cache")
-    train = TrainingData(prepare, capture_dir)  # + augmented variants written by capture
-    validation = TokenizedSplit(prepare, "validation")
     if ctx.is_main:
         log.info("[distill] student: %d layers, %.1fM parameters (teacher %.1fM); layer map (student, teacher) %s; "
                  "relation heads %d; targets %s", student.config.num_hidden_layers, count_parameters(student) / 1e6,
@@ -83,6 +92,8 @@ def run(ctx) -> dict:
                    # without logit KD (or with CE only on some batches) parts of the student get no gradient
                    find_unused_parameters=config.distill.loss.kd == 0)
     student = ctx.unwrap(student).eval()
+    if restore_table is not None:
+        student = restore_table()  # the full table again: evaluate and export read a model like any other
     summary = {"best_epoch": progress.best_epoch, "validation_accuracy": progress.best_metric,
                "parameters": count_parameters(student), "layers": student.config.num_hidden_layers,
                "world_size": ctx.world}

@@ -240,3 +240,45 @@ def test_augmentation_leaves_the_teacher_alone_and_labels_variants_with_logits_o
     assert student["intermediate_size"] == 16 and student["num_hidden_layers"] == 2
     history = read_json(run_dir / "distill" / "history.json")
     assert history and all(np.isfinite(h["val_accuracy"]) for h in history)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_training_only_the_used_embedding_rows_trains_them_as_the_full_table_does(weight_decay):
+    """distill.used_embedding_rows: the same AdamW steps on a table cut to the ids the data uses, written back, give
+    the full-table model; the only difference is weight decay on the rows the data never uses (they stay as they
+    started instead of shrinking)."""
+    from pipeline.models import UsedRowsEmbedding, train_used_rows_only
+
+    used = torch.tensor([0, 3, 7, 8, 20, 41, 42, 77])  # 0 is the pad id, with BERT's padding_idx
+    full, cut = bert(seed=1), bert(seed=1)
+    start = full.get_input_embeddings().weight.detach().clone()
+    restore = train_used_rows_only(cut, used)
+    assert isinstance(cut.get_input_embeddings(), UsedRowsEmbedding)
+    assert sum(p.numel() for p in cut.parameters()) == sum(p.numel() for p in full.parameters()) - (100 - 8) * 32
+    generator = torch.Generator().manual_seed(0)
+    for model in (full, cut):
+        torch.manual_seed(0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=weight_decay)
+        model.train()
+        for _ in range(3):
+            ids = used[1:][torch.randint(0, 7, (4, 6), generator=generator.manual_seed(_))]
+            ids[1, 4:] = 0  # padding
+            loss = model(input_ids=ids, attention_mask=(ids != 0).long(), labels=torch.tensor([0, 1, 0, 1])).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    cut = restore()
+    assert type(cut.get_input_embeddings()) is torch.nn.Embedding and cut.get_input_embeddings().padding_idx == 0
+    trained, cut_table = full.get_input_embeddings().weight, cut.get_input_embeddings().weight
+    unused = torch.ones(100, dtype=torch.bool)
+    unused[used] = False
+    torch.testing.assert_close(cut_table[used], trained[used], atol=1e-6, rtol=0)
+    assert (cut_table[used] - start[used]).abs().max() > 1e-3  # the used rows did train
+    torch.testing.assert_close(cut_table[unused], start[unused], atol=0, rtol=0)  # untouched
+    if weight_decay == 0:  # no gradient, no decay: the full table left them alone too
+        torch.testing.assert_close(trained[unused], start[unused], atol=0, rtol=0)
+    else:
+        assert (trained[unused] - start[unused]).abs().max() > 0
+    for (name, a), (_, b) in zip(full.named_parameters(), cut.named_parameters()):
+        if "word_embeddings" not in name:
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
