@@ -110,7 +110,10 @@ def as_attention_sees_it(x: torch.Tensor, kind: str, family, attention: nn.Modul
         if rotation is None:
             raise RuntimeError(f"{family.name} attention was called without position_embeddings; cannot rotate the {kind}")
         cos, sin = (t.unsqueeze(-2) for t in rotation)  # [B or 1, N, head_dim] -> the same for every head
-        heads = rotate(heads.float(), cos, sin).to(x.dtype)  # the module rotates in float32 and casts back
+        # Both modules rotate in float32; ModernBERT casts back to the projection's dtype, EuroBERT keeps the
+        # promoted dtype (float32 under bf16 autocast): the same here, so the scores are the kernel's.
+        dtype = x.dtype if family.rotary_casts_back else torch.promote_types(x.dtype, cos.dtype)
+        heads = rotate(heads.float(), cos, sin).to(dtype)
     if repeated:
         heads = heads.repeat_interleave(groups, dim=2)
     return heads.reshape(b, n, -1)

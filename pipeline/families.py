@@ -80,6 +80,10 @@ class Family:
     ffn_gate: str | None = None  # a separate gate Linear of the GLU (EuroBERT's gate_proj), from one layer
     sliding_window_key: str | None = None  # config key of the half-window of "sliding_attention" layers
     heads_sized: tuple[str, ...] = ()  # config keys a random student sets to its own head count (key/value heads)
+    # Layer 0 is built differently (ModernBERT: no attention LayerNorm, the embeddings' norm serves it), so a student
+    # from teacher layers must start with teacher layer 0 and use it nowhere else.
+    layer_zero_differs: bool = False
+    rotary_casts_back: bool = True  # the rotated Q/K are cast back to the projection's dtype (EuroBERT keeps float32)
 
     def projection_name(self, kind: str) -> str:
         """``query`` / ``key`` / ``value`` -> this family's Linear name inside the attention module."""
@@ -113,13 +117,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            hidden_dropout_key="mlp_dropout", ffn_in="mlp.Wi", ffn_out="mlp.Wo", ffn_size_key="intermediate_size",
            hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True, attention_is_exact=True,
            tokenizer_kind="byte-level BPE (mmBERT: Gemma 2's SentencePiece BPE)", fused_qkv=True, rotary=True,
-           ffn_fused_glu=True, sliding_window_key="sliding_window"),
+           ffn_fused_glu=True, sliding_window_key="sliding_window", layer_zero_differs=True),
     Family("EuroBERT", "eurobert", layers="layers", attention="self_attn", query="q_proj", key="k_proj", value="v_proj",
            attention_dropout="attention_dropout", attention_dropout_key="attention_dropout",
            hidden_dropout_key=None, ffn_in="mlp.up_proj", ffn_out="mlp.down_proj",
            ffn_size_key="intermediate_size", hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True,
            attention_is_exact=True, tokenizer_kind="byte-level BPE (Llama 3)", rotary=True, ffn_gate="mlp.gate_proj",
-           heads_sized=("num_key_value_heads",)),
+           heads_sized=("num_key_value_heads",), rotary_casts_back=False),
     Family("DeBERTa-v2/v3", "deberta-v2", layers="encoder.layer", attention="attention.self", query="query_proj",
            key="key_proj", value="value_proj", attention_dropout="dropout",
            attention_dropout_key="attention_probs_dropout_prob", hidden_dropout_key="hidden_dropout_prob",
@@ -245,6 +249,16 @@ def attention_window(config, layer: int) -> int | None:
     types = getattr(config, "layer_types", None) or []
     if layer < len(types) and types[layer] == "sliding_attention":
         return int(getattr(config, family.sliding_window_key))
+    return None
+
+
+def teacher_layers_problem(family: Family, teacher_layers: list[int]) -> str | None:
+    """Why these teacher layers cannot be copied into a student of ``family``, or None."""
+    if family.layer_zero_differs and (teacher_layers[0] != 0 or 0 in teacher_layers[1:]):
+        return (f"student.teacher_layers: {list(teacher_layers)} does not start with teacher layer 0 (or uses it again "
+                f"later). A {family.name} model builds its first layer without the attention LayerNorm the others "
+                "have (the embeddings' norm serves it), so a copied layer keeps its weights only in its own position "
+                "kind: list teacher layer 0 first and only there, e.g. [0, 3, 5].")
     return None
 
 

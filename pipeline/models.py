@@ -23,8 +23,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
 from .errors import ConfigError, ModelError
-from .families import (attn_implementation, encoder_layers, family_of, layer_prefix, layer_types, usable_positions,
-                       zero_attention_dropout)
+from .families import (attn_implementation, check_layer_windows, encoder_layers, family_of, layer_prefix, layer_types,
+                       teacher_layers_problem, usable_positions, zero_attention_dropout)
 from .pruning import prune_ffn, top_neurons
 from .static_model import MODEL_TYPE as STATIC_MODEL_TYPE  # importing it registers the static student with the Auto classes
 from .terms import TERMS
@@ -147,6 +147,8 @@ def check_against_models(config: PipelineConfig) -> None:
         bad = [i for i in student.teacher_layers if not 0 <= i < depth]
         if bad:
             problems.append(f"student.teacher_layers: layer(s) {bad} do not exist; the teacher has {depth} layers (0..{depth - 1}).")
+        elif (problem := teacher_layers_problem(family, student.teacher_layers)) is not None:
+            problems.append(problem)
         ffn = getattr(teacher_cfg, family.ffn_size_key, None)
         if student.ffn_size is not None and ffn is not None and student.ffn_size > ffn:
             problems.append(f"student.ffn_size: {student.ffn_size} is above the teacher's {ffn} feed-forward neurons per layer.")
@@ -198,6 +200,16 @@ def check_against_models(config: PipelineConfig) -> None:
             problems.append(f"data.max_length: {config.data.max_length} is above student.random.max_position_embeddings "
                             f"{student.random.max_position_embeddings}" + (f" less the {lost} positions a {family.name} model "
                                                                              "reserves (pad_token_id + 1)." if lost else "."))
+    if not problems and config.distill.loss.attention > 0 and student.kind != "static":
+        # ModernBERT: a sliding-window student layer must learn from a teacher layer whose keys it can see
+        student_cfg = pretrained_cfg
+        if student.init != "pretrained":
+            student_cfg = copy.deepcopy(teacher_cfg)
+            student_cfg.layer_types = student_layer_types(config, teacher_cfg)
+        try:
+            check_layer_windows(layer_map(config, depth), student_cfg, teacher_cfg)
+        except ModelError as exc:
+            problems.append(str(exc))
     uses_relations = any(getattr(config.distill.loss, name) > 0 and any(t.relation for t in term.targets)
                          for name, term in TERMS.items())
     relation_heads = config.distill.relation_heads
@@ -319,9 +331,11 @@ def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = Non
     if student.init == "teacher_layers":
         # DistilBERT-style: same width, a subset of the teacher's layers copied in.
         cfg = copy.deepcopy(teacher.config)  # never share a config object between two models
+        if (problem := teacher_layers_problem(family, student.teacher_layers)) is not None:
+            raise ModelError(problem)
         cfg.num_hidden_layers = len(student.teacher_layers)
-        if (types := layer_types(teacher.config)) is not None:  # ModernBERT: each copied layer keeps its global/local kind
-            cfg.layer_types = [types[t] for t in student.teacher_layers]
+        if (types := student_layer_types(config, teacher.config)) is not None:
+            cfg.layer_types = types
         model = type(teacher)(cfg)
         source = teacher.state_dict()
         target = model.state_dict()
@@ -345,7 +359,8 @@ def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = Non
             encoder_layers(model)[:] = encoder_layers(model)[: student.num_layers]
             model.config.num_hidden_layers = student.num_layers
     else:  # random weights, the teacher's family, student.random's shape
-        model = type(teacher)(random_student_config(teacher.config, student.random))
+        model = type(teacher)(random_student_config(teacher.config, student.random,
+                                                    student_layer_types(config, teacher.config)))
     # Attention dropout 0 in the student: eager attention returns weights after
     # dropout (rows stop summing to 1) and the KL target must be a distribution.
     zero_attention_dropout(model)
@@ -353,8 +368,25 @@ def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = Non
     return model
 
 
-def random_student_config(teacher_config, shape: RandomBert):
-    """The teacher's architecture config (family, vocabulary, labels, position scheme) with ``shape``'s size."""
+def student_layer_types(config: PipelineConfig, teacher_config) -> list[str] | None:
+    """ModernBERT: the attention kind of each layer of a student built from teacher layers (each keeps its own) or
+    at random (the kind of the teacher layer it learns from in distill.layer_map, global where it learns from none);
+    None for other families and for pretrained students (their own config says)."""
+    types = layer_types(teacher_config)
+    if types is None or config.student.init == "pretrained":
+        return None
+    if config.student.init == "teacher_layers":
+        return [types[t] for t in config.student.teacher_layers]
+    learns_from = {}
+    for s, t in layer_map(config, teacher_config.num_hidden_layers):
+        learns_from.setdefault(s, t)
+    return [types[learns_from[s]] if s in learns_from and 0 <= learns_from[s] < len(types) else "full_attention"
+            for s in range(config.student.random.num_layers)]
+
+
+def random_student_config(teacher_config, shape: RandomBert, kinds: list[str] | None = None):
+    """The teacher's architecture config (family, vocabulary, labels, position scheme) with ``shape``'s size;
+    ``kinds``: ModernBERT's per-layer attention kinds (student_layer_types)."""
     family = family_of(teacher_config, "teacher")
     cfg = copy.deepcopy(teacher_config)  # never share a config object between two models
     cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads = shape.hidden_size, shape.num_layers, shape.num_heads
@@ -369,8 +401,8 @@ def random_student_config(teacher_config, shape: RandomBert):
         setattr(cfg, key, shape.num_heads)
     if getattr(cfg, "head_dim", None) is not None:  # EuroBERT keeps the head width in its config
         cfg.head_dim = shape.hidden_size // shape.num_heads
-    if (types := layer_types(teacher_config)) is not None:  # ModernBERT: the teacher's global/local pattern from layer 0
-        cfg.layer_types = [types[i % len(types)] for i in range(shape.num_layers)]
+    if layer_types(teacher_config) is not None:  # ModernBERT: one attention kind per layer
+        cfg.layer_types = kinds or ["full_attention"] * shape.num_layers
     return cfg
 
 

@@ -31,6 +31,7 @@ from pipeline.config import load_config
 from pipeline.errors import ConfigError, ModelError
 from tests.helpers import max_diff_valid_rows, padded_batch
 from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
+from pipeline.models import layer_map as models_layer_map
 from tests.helpers import read_json
 from tests.test_bundle_runtimes import NODE_DIR, node  # noqa: F401 (node: the Node.js fixture)
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
@@ -104,6 +105,37 @@ def test_recomputed_attention_equals_eager_attention_weights(model_type):
         assert probs.shape == out.attentions[layer].shape == (3, 4, 10, 10)
         assert_close_on_valid_rows(probs, out.attentions[layer], mask)
         assert captured[layer]["value"].shape == (3, 10, 32)
+
+
+@pytest.mark.parametrize("model_type", ["modernbert", "eurobert"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_rotary_capture_is_what_the_attention_kernel_multiplies(model_type, autocast, monkeypatch):
+    """The captured (rotated) queries and keys equal, value and dtype, the ones the model hands its attention
+    kernel, also under bf16 autocast (ModernBERT casts them back to bf16, EuroBERT keeps float32)."""
+    import importlib
+
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    seen = {}
+    real = modeling.eager_attention_forward
+
+    def record(module, query, key, value, *args, **kwargs):
+        seen.setdefault(module.layer_idx, (query, key))
+        return real(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(modeling, "eager_attention_forward", record)
+    model = family_model(model_type)
+    ids, mask = family_batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+            capture_projections(model, [0, 1]) as captured:
+        model(input_ids=ids, attention_mask=mask)
+    groups = getattr(F.self_attention(model, 0), "num_key_value_groups", 1)
+    for layer in (0, 1):
+        query, key = seen[layer]
+        key = key.repeat_interleave(groups, dim=1)  # the kernel's own repeat for grouped-query attention
+        for mine, theirs in ((captured[layer]["query"], query), (captured[layer]["key"], key)):
+            theirs = theirs.transpose(1, 2).reshape(mine.shape)
+            assert mine.dtype == theirs.dtype
+            torch.testing.assert_close(mine, theirs, atol=0, rtol=0)
 
 
 def test_modernbert_sliding_layers_are_recomputed_with_their_window_and_rope():
@@ -207,13 +239,17 @@ def test_teacher_layers_student_with_ffn_pruning(model_type):
                                    teacher(input_ids=ids, attention_mask=mask).logits)
     # one layer, FFN pruned to the 16 top-scored neurons
     scores = {i: torch.arange(64, dtype=torch.float32) for i in (0, 1)}  # neurons 48..63 matter most
-    student = build_student(tiny_config("student.teacher_layers=[1]", "student.ffn_size=16"), teacher, scores)
+    copied = 0 if family.layer_zero_differs else 1  # ModernBERT's layer 0 has no attention LayerNorm: it stays first
+    if family.layer_zero_differs:
+        with pytest.raises(ModelError, match="does not start with teacher layer 0"):
+            build_student(tiny_config("student.teacher_layers=[1]"), teacher)
+    student = build_student(tiny_config(f"student.teacher_layers=[{copied}]", "student.ffn_size=16"), teacher, scores)
     layer = F.encoder_layers(student)[0]
     ffn_in, ffn_out = F.ffn_linears(layer, family)
     glu_rows = 2 if family.ffn_fused_glu else 1  # ModernBERT's Wi: value rows, then gate rows
     assert (ffn_in.out_features, ffn_out.in_features) == (16 * glu_rows, 16)
     assert getattr(student.config, family.ffn_size_key) == 16 and student.config.num_hidden_layers == 1
-    source = F.encoder_layers(teacher)[1]
+    source = F.encoder_layers(teacher)[copied]
     source_in = F.ffn_linears(source, family)[0]
     kept_rows = torch.cat([torch.arange(48, 64) + 64 * half for half in range(glu_rows)])
     torch.testing.assert_close(ffn_in.weight, source_in.weight[kept_rows])
@@ -222,8 +258,8 @@ def test_teacher_layers_student_with_ffn_pruning(model_type):
                                    source.get_submodule(family.ffn_gate).weight[48:])
     assert attention_dropout(student, 0, family) == 0.0
     assert getattr(student.config, family.attention_dropout_key) == 0.0
-    if family.sliding_window_key:  # the copied layer keeps its kind (teacher layer 1 is a sliding-window layer)
-        assert student.config.layer_types == ["sliding_attention"]
+    if family.sliding_window_key:  # the copied layer keeps its kind (teacher layer 0 is a global layer)
+        assert student.config.layer_types == ["full_attention"]
     student(input_ids=ids, attention_mask=mask)  # the pruned student runs
 
     # Pruning is exact: both layers pruned == the teacher with the dropped neurons' activations set to 0
@@ -258,29 +294,37 @@ def test_random_student_is_of_the_teachers_family(model_type):
     assert cfg.vocab_size == teacher.config.vocab_size and cfg.id2label == teacher.config.id2label
     assert attention_dropout(student, 0, family) == 0.0
     assert cfg is not teacher.config and teacher.config.hidden_size == 32
-    if family.sliding_window_key:  # the teacher's pattern from layer 0: [full, sliding, ...] -> [full]
-        assert cfg.layer_types == ["full_attention"]
+    if family.sliding_window_key:  # the kind of the teacher layer it learns from ('last': layer 1, sliding)
+        assert cfg.layer_types == ["sliding_attention"]
     ids, mask = family_batch()
     with capture_projections(student, [0]) as captured:
         logits = student(input_ids=ids, attention_mask=mask).logits
     assert logits.shape == (3, 2) and captured[0]["query"].shape == (3, 10, 16)
 
 
-def test_a_sliding_window_student_layer_learns_only_from_a_teacher_layer_it_can_imitate():
+def test_a_sliding_window_student_layer_learns_only_from_a_teacher_layer_it_can_imitate(tmp_path):
     """ModernBERT: the pair's windows reach the losses through the plan (and the capture cache's layout); a local
-    student layer under a global teacher layer is refused with the pair named."""
+    student layer under a global teacher layer is refused with the pair named, when the config is checked."""
     from pipeline.cache import CacheLayout
     from pipeline.objective import TargetPlan, target_plan
 
     teacher = family_model("modernbert")  # layer 0 global, layer 1 sliding (window 2)
-    local = build_student(tiny_config("student.teacher_layers=[1]"), teacher)
+    both = build_student(tiny_config("student.teacher_layers=[0,1]"), teacher)
     wide = build_student(tiny_config("student.teacher_layers=[0]"), teacher)
-    F.check_layer_windows([(0, 1)], local.config, teacher.config)  # same kind
+    assert both.config.layer_types == ["full_attention", "sliding_attention"]
+    F.check_layer_windows([(1, 1)], both.config, teacher.config)  # same kind
     F.check_layer_windows([(0, 1)], wide.config, teacher.config)  # a global student sees every key the teacher sees
     with pytest.raises(ModelError) as err:
-        F.check_layer_windows([(0, 0)], local.config, teacher.config)
-    assert "student layer 0 (sliding-window attention, keys within 2 tokens)" in str(err.value)
+        F.check_layer_windows([(1, 0)], both.config, teacher.config)
+    assert "student layer 1 (sliding-window attention, keys within 2 tokens)" in str(err.value)
     assert "teacher layer 0 (global attention)" in str(err.value) and "\n" not in str(err.value)
+    folder = save(teacher, tmp_path / "modernbert")  # the same two problems, before any work
+    with pytest.raises(ConfigError, match="student layer 1 \\(sliding-window attention"):
+        check_against_models(tiny_config(f"teacher.model={folder}", "student.teacher_layers=[0,1]",
+                                         "distill.layer_map=[[1,0]]"))
+    with pytest.raises(ConfigError, match="does not start with teacher layer 0"):
+        check_against_models(tiny_config(f"teacher.model={folder}", "student.teacher_layers=[1]"))
+    check_against_models(tiny_config(f"teacher.model={folder}", "student.teacher_layers=[0,1]"))
 
     plan = target_plan(tiny_config("distill.layer_map=[[0,1]]"), teacher.config)
     assert plan.teacher_windows == {1: 2} and plan.needed()["teacher_windows"] == {1: 2}
@@ -304,6 +348,21 @@ def test_a_sliding_window_student_layer_learns_only_from_a_teacher_layer_it_can_
     for row, n in enumerate(lengths):
         stored = torch.from_numpy(records[row][: 4 * n * n].reshape(4, n, n))
         torch.testing.assert_close(stored, out.attentions[1][row, :, :n, :n], atol=1e-6, rtol=0)
+
+
+def test_modernbert_random_students_take_the_kind_of_the_teacher_layer_they_learn_from():
+    """A 4-layer teacher with a global layer every third ([full, sliding, sliding, full]): a random student's layer
+    gets its mapped teacher layer's kind ('last', 'uniform'), global where it learns from none."""
+    teacher = family_model("modernbert", num_hidden_layers=4, global_attn_every_n_layers=3)
+    assert teacher.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    shape = "student.random={num_layers: 2, hidden_size: 16, num_heads: 2, intermediate_size: 24, max_position_embeddings: 40}"
+    for layer_map, kinds in (("last", ["full_attention", "full_attention"]),
+                             ("uniform", ["sliding_attention", "full_attention"]),
+                             ("[[0,2]]", ["sliding_attention", "full_attention"])):
+        config = tiny_config("student.init=random", shape, "distill.relation_heads=2", f"distill.layer_map={layer_map}")
+        student = build_student(config, teacher)
+        assert student.config.layer_types == kinds, layer_map
+        F.check_layer_windows(models_layer_map(config, 4), student.config, teacher.config)
 
 
 # ---------------------------------------------------------------- errors at config-check time
@@ -423,8 +482,8 @@ RUNS = {  # the slowest first: two worker processes share them
     # XLM-R-shaped vocabulary: 250,002 Unigram pieces (xlm_r_sized), trimmed to what the data uses
     "xlm-roberta": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
                     "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}", "export.trim_vocab=true"],
-    # teacher layer 1 is a sliding-window layer: the student's only layer keeps that window
-    "modernbert": [*PRUNED, "export.trim_vocab=true"],
+    # both teacher layers (global, then sliding-window): the student keeps their kinds; 'last' pairs the sliding ones
+    "modernbert": ["student.teacher_layers=[0,1]", "student.ffn_size=32", "export.trim_vocab=true"],
     # mmBERT-shaped: ModernBERT with Gemma's kind of tokenizer (SentencePiece BPE with byte fallback), multilingual
     "mmbert": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 2, hidden_size: 16, "
                "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}", "export.trim_vocab=true"],
@@ -520,7 +579,8 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     shipped = AutoConfig.from_pretrained(run_dir / "distill" / "student")
     assert shipped.model_type == ("distilbert" if model_type == "electra" else model_type)
     if "student.ffn_size=32" in RUNS[run]:
-        assert getattr(shipped, F.FAMILIES[model_type].ffn_size_key) == 32 and shipped.num_hidden_layers == 1
+        copied = 2 if "student.teacher_layers=[0,1]" in RUNS[run] else 1
+        assert getattr(shipped, F.FAMILIES[model_type].ffn_size_key) == 32 and shipped.num_hidden_layers == copied
     if model_type in ("xlm-roberta", "eurobert"):
         assert (shipped.hidden_size, shipped.num_attention_heads) == (16, 2)
     if model_type == "xlm-roberta":  # the 250k-row table cut to the data's pieces, sizes and accuracy recorded
@@ -529,14 +589,14 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
         assert trim["before"]["file_mb"] > 10 * trim["after"]["file_mb"]
         assert trim["test_texts_surviving"] > 0 and trim["surviving_prediction_agreement"] == 1.0
         assert {"accuracy"} <= trim["before"].keys() & trim["after"].keys()
-    if run == "mmbert":  # the random student takes the teacher's pattern from layer 0; Gemma-style pieces trimmed
+    if run == "mmbert":  # the random student's layer 1 learns from teacher layer 1 ('last'); Gemma-style pieces trimmed
         assert shipped.layer_types == ["full_attention", "sliding_attention"]
         trim = read_json(run_dir / "export" / "bundle" / "metadata.json")["vocab_trim"]
         assert trim["applied"] and trim["tokenizer_model"] == "BPE" and trim["kept_tokens"] < trim["original_vocab"]
         assert trim["test_texts_surviving"] > 0 and trim["surviving_prediction_agreement"] == 1.0
-    if run == "modernbert":
-        assert shipped.layer_types == ["sliding_attention"]  # the kind of teacher layer 1, recorded in config.json
-        assert "student layer kinds ['sliding_attention']" in outcome["log"]
+    if run == "modernbert":  # the kinds of teacher layers 0 and 1, recorded in config.json and the log
+        assert shipped.layer_types == ["full_attention", "sliding_attention"]
+        assert "student layer kinds ['full_attention', 'sliding_attention']" in outcome["log"]
 
     # the int8 ladder found every encoder layer of the student graph (each layer's weight MatMuls: BERT's Q, K, V,
     # output, FFN in and out; ModernBERT's Wqkv, Wo, Wi, Wo; EuroBERT's seven)

@@ -135,3 +135,40 @@ def test_a_tokenizer_model_without_trimming_support_is_refused(tmp_path):
     with pytest.raises(ValueError, match="WordPiece, BPE and Unigram tokenizers, not WordLevel"):
         trim_vocabulary(path, {0}, tmp_path / "out.json")
     assert not (tmp_path / "out.json").exists()
+
+
+def test_unigram_trimming_keeps_the_unknown_score_and_every_character(tmp_path):
+    """tokenizers scores a character no piece covers at (lowest score - 10): dropping the lowest-scoring piece or a
+    single-character piece would change that lattice, and "abcd" (pieces ▁ab + cd, both kept) would become
+    ▁ + <unk> + bcd. The trim keeps them, so it does not."""
+    pieces = [["<unk>", 0.0], ["\u2581ab", -15.0], ["cd", -15.0], ["\u2581", -0.5], ["bcd", -0.5],
+              ["a", -40.0], ["b", -40.0], ["c", -40.0], ["d", -40.0], ["xyz", -60.0], ["wq", -1.0]]
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+            "post_processor": None, "decoder": None,
+            "model": {"type": "Unigram", "unk_id": 0, "byte_fallback": False, "vocab": pieces}}
+    full_path, trimmed_path = tmp_path / "tokenizer.json", tmp_path / "trimmed.json"
+    full_path.write_text(json.dumps(spec), encoding="utf-8")
+    full = Tokenizer.from_file(str(full_path))
+    assert full.encode("abcd").tokens == ["\u2581ab", "cd"]
+    kept = trim_vocabulary(full_path, {1, 2, 3, 4}, trimmed_path)
+    assert Tokenizer.from_file(str(trimmed_path)).encode("abcd").tokens == ["\u2581ab", "cd"]
+    assert {full.id_to_token(i) for i in kept} == {piece for piece, _ in pieces} - {"wq"}  # only "wq" could go
+
+
+def test_added_tokens_outside_the_model_vocabulary_are_kept_after_it(tmp_path):
+    """Llama 3 / EuroBERT style: special tokens only in added_tokens, with ids after the model's vocabulary."""
+    full_path, trimmed_path = tmp_path / "tokenizer.json", tmp_path / "trimmed.json"
+    tokenizer = byte_level_bpe(mixed_language_text(40, seed=0))
+    tokenizer.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
+    tokenizer.save(str(full_path))
+    full = Tokenizer.from_file(str(full_path))
+    begin, end = full.token_to_id("<|begin_of_text|>"), full.token_to_id("<|end_of_text|>")
+    assert begin >= 3000 - 2 and end == begin + 1  # beyond the trained vocabulary
+    text = "ein Licht"
+    keep = set(full.encode(text).ids) | {begin, end}
+    kept = trim_vocabulary(full_path, keep, trimmed_path)
+    trimmed = Tokenizer.from_file(str(trimmed_path))
+    assert kept[-2:] == [begin, end] and trimmed.token_to_id("<|end_of_text|>") == len(kept) - 1
+    assert [kept[i] for i in trimmed.encode(f"<|begin_of_text|>{text}<|end_of_text|>").ids] == \
+        full.encode(f"<|begin_of_text|>{text}<|end_of_text|>").ids

@@ -13,6 +13,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ..errors import PipelineError
+from ..families import FAMILIES
 
 
 # Special-token roles the bundle records, each with the transformers attribute(s) that name it, in order of preference.
@@ -219,9 +220,10 @@ def trimmed_student(student, prepare, records, tokenizer_json, work, test, max_l
     """The student and tokenizer cut to the tokens train/validation use; test re-tokenized with the cut vocabulary.
 
     ``full_facts``: tokenizer_facts of the untrimmed tokenizer (its special-token roles name the trimmed one's)."""
-    pad_old = full_facts["special_tokens"]["pad"]["id"]
-    # ids up to the pad id keep their number: RoBERTa-style models count positions from pad_token_id
-    keep = corpus_token_ids(prepare, tokenizer_json) | set(range(pad_old + 1))
+    keep = corpus_token_ids(prepare, tokenizer_json)
+    family = FAMILIES.get(getattr(student.config, "model_type", None))
+    if family is not None and family.position_offset:  # RoBERTa-style: positions count from pad_token_id, so ids up
+        keep |= set(range(full_facts["special_tokens"]["pad"]["id"] + 1))  # to the pad id keep their number
     trimmed_json = work / "tokenizer.trimmed.json"
     kept = trim_vocabulary(tokenizer_json, keep, trimmed_json)
     original_vocab = student.config.vocab_size
@@ -286,31 +288,33 @@ def trim_vocabulary(tokenizer_json: Path, keep: set[int], target: Path) -> list[
       every token that a merge producing a kept token merges (recursively), since BPE reaches a piece through its
       parts. Merges are kept, in their order, when their parts and result are kept: the merges a kept word applied
       are all still there and still the lowest-ranked that apply, so it ends with the same pieces.
-    - Unigram (SentencePiece): also the unknown piece and, with byte fallback, the 256 byte pieces. Pieces keep their
-      scores; the best segmentation of a kept text is still available and still the best.
+    - Unigram (SentencePiece): also the unknown piece, every single-character piece, the lowest-scoring piece and,
+      with byte fallback, the 256 byte pieces. Pieces keep their scores; the best segmentation of a kept text is still
+      available and still the best (``_trim_unigram``).
+
+    Added tokens outside the model's vocabulary (Llama 3 style) are kept, after it.
     """
     spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     kind = model.get("type")
-    specials = {t["id"] for t in spec.get("added_tokens", [])}
-    if kind == "WordPiece" and isinstance(model.get("vocab"), dict):
-        vocab = model["vocab"]
-        kept = sorted(set(keep) | specials | {vocab[model["unk_token"]]})
+    vocab = model.get("vocab")
+    in_model = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab))) if isinstance(vocab, list) else set()
+    added = {t["id"] for t in spec.get("added_tokens", [])}
+    # Added tokens outside the model's vocabulary (Llama 3 / EuroBERT keep their specials only there) keep their
+    # order after the kept vocabulary.
+    added_only = sorted(added - in_model)
+    wanted = (set(keep) | added) & in_model
+    if kind == "WordPiece" and isinstance(vocab, dict):
+        kept = sorted(wanted | {vocab[model["unk_token"]]})
         token_of = {i: t for t, i in vocab.items()}
         model["vocab"] = {token_of[old]: new for new, old in enumerate(kept)}
-    elif kind == "BPE" and isinstance(model.get("vocab"), dict):
-        kept = _trim_bpe(model, set(keep) | specials)
-    elif kind == "Unigram" and isinstance(model.get("vocab"), list):
-        pieces = model["vocab"]
-        needed = set(keep) | specials | ({model["unk_id"]} if model.get("unk_id") is not None else set())
-        if model.get("byte_fallback"):
-            needed |= {i for i, (piece, _) in enumerate(pieces) if BYTE_PIECE.fullmatch(piece)}
-        kept = sorted(needed)
-        model["vocab"] = [pieces[old] for old in kept]
-        if model.get("unk_id") is not None:
-            model["unk_id"] = kept.index(model["unk_id"])
+    elif kind == "BPE" and isinstance(vocab, dict):
+        kept = _trim_bpe(model, wanted)
+    elif kind == "Unigram" and isinstance(vocab, list):
+        kept = _trim_unigram(model, wanted)
     else:
         raise ValueError(f"vocabulary trimming supports WordPiece, BPE and Unigram tokenizers, not {kind}")
+    kept += added_only
     new_id = {old: new for new, old in enumerate(kept)}
     for token in spec.get("added_tokens", []):
         token["id"] = new_id[token["id"]]
@@ -353,6 +357,26 @@ def _trim_bpe(model: dict, keep: set[int]) -> list[int]:
     kept = sorted(vocab[t] for t in wanted)
     model["vocab"] = {token_of[old]: new for new, old in enumerate(kept)}
     model["merges"] = [[a, b] for a, b in merges if a in wanted and b in wanted and merged(a, b) in wanted]
+    return kept
+
+
+def _trim_unigram(model: dict, keep: set[int]) -> list[int]:
+    """Cut a Unigram model's pieces in place to ``keep`` plus what keeps the best segmentation of kept texts the same.
+
+    tokenizers scores a character no piece covers at (lowest piece score - 10), so the lowest-scoring piece stays
+    (that score does not move) and so does every single-character piece (no character becomes uncovered): the
+    trimmed lattice is then part of the original one, with the same scores, and holds the original best path."""
+    pieces = model["vocab"]
+    needed = set(keep) | {i for i, (piece, _) in enumerate(pieces) if len(piece) == 1}
+    needed.add(min(range(len(pieces)), key=lambda i: pieces[i][1]))
+    if model.get("unk_id") is not None:
+        needed.add(model["unk_id"])
+    if model.get("byte_fallback"):
+        needed |= {i for i, (piece, _) in enumerate(pieces) if BYTE_PIECE.fullmatch(piece)}
+    kept = sorted(needed)
+    model["vocab"] = [pieces[old] for old in kept]
+    if model.get("unk_id") is not None:
+        model["unk_id"] = kept.index(model["unk_id"])
     return kept
 
 
