@@ -7,8 +7,9 @@ seconds per step from a completed run folder, side by side.
 - matmul rate: a square fp32 matmul (and bf16 where this CPU computes it natively) on every torch thread;
 - bare steps: the run's fine-tuned teacher and its distilled student, in fp32 and in the run's precision (bf16
   autocast when the run trained in bf16), batch = the stage's batch size, padded lengths of 12 training batches as
-  the pipeline forms them (length pools), the mean step; FLOPs counted by torch's FlopCounterMode over forward and
-  backward (AdamW not counted);
+  the pipeline forms them (length pools), ids drawn from those the training data uses, the mean step; FLOPs counted
+  by torch's FlopCounterMode over forward and backward (AdamW not counted); the student also with only its used
+  embedding rows trained (distill.used_embedding_rows);
 - pipeline steps: a stage's wall time (manifest) over its optimizer steps (epochs x batches of the training rows;
   distill's rows include the augmented copies): an upper bound per step, since validation and saving are inside.
 """
@@ -31,8 +32,8 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
 from pipeline.data import global_batches  # noqa: E402
-from pipeline.inference import TokenizedSplit  # noqa: E402
-from pipeline.models import load_classifier  # noqa: E402
+from pipeline.inference import TokenizedSplit, TrainingData, pad_id  # noqa: E402
+from pipeline.models import load_classifier, train_used_rows_only  # noqa: E402
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, repeat: int = 10) -> float:
@@ -57,15 +58,21 @@ def batch_lengths(prepare: Path, batch_size: int, seed: int, count: int = 12) ->
     return [int(lengths[batches[i]].max()) for i in picked]
 
 
-def bare_step(model, batch: int, lengths: list[int], bf16: bool, rounds: int = 2) -> dict:
+def used_ids(prepare: Path, capture: Path) -> torch.Tensor:
+    """The token ids distillation trains on (train, unlabeled, augmented, validation): distill.used_embedding_rows."""
+    parts = [*TrainingData(prepare, capture).parts, TokenizedSplit(prepare, "validation")]
+    return torch.as_tensor(np.union1d(np.concatenate([part.input_ids.distinct() for part in parts]), [pad_id(prepare)]))
+
+
+def bare_step(model, batch: int, lengths: list[int], bf16: bool, pool: torch.Tensor, rounds: int = 2) -> dict:
     """Mean seconds of one forward + backward + AdamW step over batches of the given padded ``lengths`` (each timed
-    ``rounds`` times after one untimed pass), and their mean FLOPs of forward and backward."""
+    ``rounds`` times after one untimed pass) of ids drawn from ``pool``, and their mean FLOPs of forward and backward."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     generator = torch.Generator().manual_seed(0)
     feeds = []
     for length in lengths:
-        ids = torch.randint(1000, model.config.vocab_size, (batch, length), generator=generator)
+        ids = pool[torch.randint(0, len(pool), (batch, length), generator=generator)]
         feeds.append((ids, torch.ones_like(ids), torch.randint(0, model.config.num_labels, (batch,), generator=generator)))
 
     def step(ids, mask, labels):
@@ -111,23 +118,30 @@ def main() -> None:
     rates = {"fp32": matmul_rate(torch.float32)}
     if bf16:
         rates["bf16"] = matmul_rate(torch.bfloat16)
-    models = {
-        "teacher": ("teacher", run / "teacher" / "model", config["teacher"]["batch_size"], config["teacher"]["epochs"], train),
-        "student": ("distill", run / "distill" / "student", config["distill"]["batch_size"], config["distill"]["epochs"],
-                    train * (1 + copies)),
+    pool = used_ids(run / "prepare", run / "capture")
+    used_rows = (config.get("distill") or {}).get("used_embedding_rows", False)  # runs before the lever had full tables
+    distill = ("distill", run / "distill" / "student", config["distill"]["batch_size"], config["distill"]["epochs"],
+               train * (1 + copies))
+    models = {  # name: (stage, model folder, batch, epochs, rows, the run's own form of that step)
+        "teacher": ("teacher", run / "teacher" / "model", config["teacher"]["batch_size"], config["teacher"]["epochs"], train,
+                    True),
+        "student": (*distill, not used_rows),
+        f"student, {len(pool)} used embedding rows": (*distill, used_rows),
     }
     lines = [f"# Roofline: bare training steps against the pipeline's ({run.name})", "",
              f"{threads} torch threads; matmul rate (2048 x 2048): " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in rates.items())
              + f". The run trained in {config['precision']}.", "",
              "| model | batch x tokens | precision | bare step ms | GFLOP/s | of the matmul rate | pipeline s per step "
              "(stage / steps) | pipeline / bare |", "|---|---|---|---:|---:|---:|---:|---:|"]
-    for name, (stage, folder, batch, epochs, rows) in models.items():
+    for name, (stage, folder, batch, epochs, rows, as_run) in models.items():
         model = load_classifier(str(folder))
+        if "used embedding rows" in name:
+            train_used_rows_only(model, pool)
         lengths = batch_lengths(run / "prepare", batch, config["seed"])
         length = f"{min(lengths)}-{max(lengths)} (mean {statistics.mean(lengths):.0f})"
-        per_step = pipeline_step(run, stage, rows, epochs, batch)
+        per_step = pipeline_step(run, stage, rows, epochs, batch) if as_run else None
         for precision in (["fp32", "bf16"] if bf16 else ["fp32"]):
-            bare = bare_step(model, batch, lengths, precision == "bf16")
+            bare = bare_step(model, batch, lengths, precision == "bf16", pool)
             share = bare["gflops"] / rates[precision]
             ratio = per_step / bare["seconds"] if per_step and precision == config["precision"] else None
             lines.append(f"| {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters) | {batch} x {length} "
