@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -15,7 +17,7 @@ from pipeline.config import load_config
 from pipeline.sweep import load_sweep, parse_pick
 from tests.helpers import ROOT
 
-COMMAND = re.compile(r"(python -m pipeline|make (?:distill|sweep|status))\b([^`\n#]*)")
+COMMAND = re.compile(r"(python -m pipeline(?=[\s`]|$)|make (?:distill|sweep|status)\b)([^`\n#]*)")
 
 
 def help_texts() -> dict[str, str]:
@@ -35,7 +37,8 @@ def examples() -> list[tuple[str, str]]:
     for where, text in sources.items():
         for match in COMMAND.finditer(text):
             line = (match.group(1) + match.group(2)).strip().rstrip(".,;:)")
-            if re.search(r"<\w+>|\[|CONFIG=$|name$", line):  # a pattern (<name>) or a usage line, not an example
+            # a pattern (<name>, `make distill ... X=1`, `NNODES=`) or a usage line, not an example
+            if re.search(r"<\w+>|\[|=$|\.\.\.|name$", line):
                 continue
             found.append((where, line))
     return sorted(set(found))
@@ -82,3 +85,26 @@ def test_every_example_parses_and_validates(where, line):
     else:
         config = load_config(args.config, args.overrides)
         assert config.name, line
+
+
+MAKE_EXAMPLES = sorted({line for _, line in EXAMPLES if line.startswith("make ")})
+
+
+@pytest.mark.parametrize("line", MAKE_EXAMPLES)
+def test_make_runs_what_the_example_is_checked_as(line):
+    """`make -n` (the Makefile's own expansion, nothing run) gives the pipeline command as_argv checks above; the
+    launcher for several processes or nodes accepts its settings (--dry-run)."""
+    make = subprocess.run(["make", "-n", *shlex.split(line)[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert make.returncode == 0, make.stderr
+    command = shlex.split(make.stdout.replace("\\\n", " ").strip().splitlines()[-1])
+    assert command[0].endswith("python") and command[1] == "-m", command
+    if command[2] == "pipeline.launch":  # NPROC / NNODES: the launcher, then `pipeline run` with what follows --
+        dry = subprocess.run([sys.executable, *command[1:command.index("--")], "--dry-run", *command[command.index("--"):]],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert dry.returncode == 0, dry.stderr
+        argv = ["run", *command[command.index("--") + 1:]]
+    else:
+        assert command[2] == "pipeline", command
+        argv = command[3:]
+    assert argv[-2] == "--runs-dir"
+    assert argv[:-2] == as_argv(line), (line, command)
