@@ -59,7 +59,7 @@ def capture_projections(
     """
     layers = list(layers)
     kinds = tuple(kinds)
-    family = family_of(model)
+    family = family_of(model) if layers else None  # no layers (a static student): nothing to hook, any model
     captured: dict[int, dict[str, torch.Tensor]] = {i: {} for i in layers}
     handles = []
 

@@ -70,7 +70,7 @@ def run(ctx) -> dict:
             log.info("[distill] training %d of %d word-embedding rows (the token ids the training and validation data "
                      "use; distill.used_embedding_rows)", len(used), student.config.vocab_size)
     plan = target_plan(config, teacher.config)
-    if plan.uses("attention"):  # ModernBERT: a sliding-window student layer must learn from a teacher layer it can imitate
+    if plan.pairs and plan.uses("attention"):  # ModernBERT: a sliding-window student layer must learn from a teacher layer it can imitate
         check_layer_windows(plan.pairs, student.config, teacher.config)
     objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(ctx.device)
     online = config.capture.mode == "online"

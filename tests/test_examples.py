@@ -5,6 +5,7 @@ from the README used to end in "unrecognized arguments")."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -94,9 +95,12 @@ MAKE_EXAMPLES = sorted({line for _, line in EXAMPLES if line.startswith("make ")
 def test_make_runs_what_the_example_is_checked_as(line):
     """`make -n` (the Makefile's own expansion, nothing run) gives the pipeline command as_argv checks above; the
     launcher for several processes or nodes accepts its settings (--dry-run)."""
-    make = subprocess.run(["make", "-n", *shlex.split(line)[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
+    make = subprocess.run(["make", "-n", "--no-print-directory", *shlex.split(line)[1:]], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
     assert make.returncode == 0, make.stderr
-    command = shlex.split(make.stdout.replace("\\\n", " ").strip().splitlines()[-1])
+    lines = make.stdout.replace("\\\n", " ").strip().splitlines()
+    command = shlex.split(next(line for line in reversed(lines) if " -m pipeline" in line))
     assert command[0].endswith("python") and command[1] == "-m", command
     if command[2] == "pipeline.launch":  # NPROC / NNODES: the launcher, then `pipeline run` with what follows --
         dry = subprocess.run([sys.executable, *command[1:command.index("--")], "--dry-run", *command[command.index("--"):]],
