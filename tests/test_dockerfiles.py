@@ -101,3 +101,14 @@ def test_compose_builds_every_image_on_the_configurable_base_with_the_hosts_netw
     assert "--serve-artifacts" in (DOCKER / "mlflow.Dockerfile").read_text()
     assert "mlartifacts:/mlartifacts" in services["mlflow"]["volumes"]
     assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+def test_the_environment_layer_depends_only_on_the_install_inputs(name):
+    """The build stage (the venv: minutes) copies only what `make venv` reads, so editing docs or code reuses it."""
+    steps = instructions(DOCKER / name)
+    froms = [i for i, (word, _) in enumerate(steps) if word == "FROM"]
+    build = steps[froms[1]:froms[2]]
+    copied = {source for word, rest in build if word == "COPY" for source in rest.split()[:-1]}
+    assert copied == {"${TORCH_WHEELS}/", "${CA_CERTS}/", "pyproject.toml", "Makefile",
+                      "pipeline/bundle_files/web/package-lock.json", "tests/node/package-lock.json"}, copied
