@@ -119,7 +119,10 @@ docker-build-inputs:
 		cp "$(CA_BUNDLE)" docker/certs/build-ca.crt; fi
 	@if [ "$(BASE_IMAGE)" = "$(LOCAL_BASE_IMAGE)" ]; then bash scripts/docker_base.sh $(LOCAL_BASE_IMAGE) >/dev/null; fi
 
+# The build stage is tagged too: untagged, `docker image prune` deletes it and the next build reinstalls the
+# environment (the legacy builder keeps a stage's cache only in its images).
 docker-cpu: docker-build-inputs
+	$(DOCKER_BUILD) -f docker/Dockerfile.cpu --target build -t attention-distill:cpu-build .
 	$(DOCKER_BUILD) -f docker/Dockerfile.cpu -t attention-distill:cpu .
 
 # Not buildable on machines without Docker Hub: its CUDA base image is there (docker/README.md).
