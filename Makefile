@@ -109,14 +109,16 @@ docker-base:
 	bash scripts/docker_base.sh $(LOCAL_BASE_IMAGE)
 
 docker-build-inputs:
+	@if [ -n "$(TORCH_WHEELS_FROM)" ]; then \
+		ls "$(TORCH_WHEELS_FROM)"/torch-$(TORCH_VERSION)[+-]*.whl >/dev/null 2>&1 || { echo "error: TORCH_WHEELS_FROM=$(TORCH_WHEELS_FROM) holds no torch-$(TORCH_VERSION) wheel (TORCH_VERSION is the Makefile's pin); point it at the folder with that wheel, or leave it empty to use the PyTorch CPU index" >&2; exit 2; }; fi
+	@if [ -n "$(CA_BUNDLE)" ] && [ ! -f "$(CA_BUNDLE)" ]; then \
+		echo "error: CA_BUNDLE=$(CA_BUNDLE) is not a file; name the PEM bundle pip should trust during the build, or leave it empty" >&2; exit 2; fi
+	@# Checked first, replaced second: a bad argument leaves the previous inputs in place.
 	@rm -f docker/wheels/*.whl docker/certs/*.crt
 	@if [ -n "$(TORCH_WHEELS_FROM)" ]; then \
-		wheel=$$(ls "$(TORCH_WHEELS_FROM)"/torch-$(TORCH_VERSION)[+-]*.whl 2>/dev/null | head -1); \
-		[ -n "$$wheel" ] || { echo "error: TORCH_WHEELS_FROM=$(TORCH_WHEELS_FROM) holds no torch-$(TORCH_VERSION) wheel (TORCH_VERSION is the Makefile's pin); point it at the folder with that wheel, or leave it empty to use the PyTorch CPU index" >&2; exit 2; }; \
+		wheel=$$(ls "$(TORCH_WHEELS_FROM)"/torch-$(TORCH_VERSION)[+-]*.whl | head -1); \
 		ln -f "$$wheel" docker/wheels/ 2>/dev/null || cp "$$wheel" docker/wheels/; echo "torch wheel: $$wheel"; fi
-	@if [ -n "$(CA_BUNDLE)" ]; then \
-		[ -f "$(CA_BUNDLE)" ] || { echo "error: CA_BUNDLE=$(CA_BUNDLE) is not a file; name the PEM bundle pip should trust, or leave it empty" >&2; exit 2; }; \
-		cp "$(CA_BUNDLE)" docker/certs/build-ca.crt; fi
+	@if [ -n "$(CA_BUNDLE)" ]; then cp "$(CA_BUNDLE)" docker/certs/build-ca.crt; fi
 	@if [ "$(BASE_IMAGE)" = "$(LOCAL_BASE_IMAGE)" ]; then bash scripts/docker_base.sh $(LOCAL_BASE_IMAGE) >/dev/null; fi
 
 # The build stage is tagged too: untagged, `docker image prune` deletes it and the next build reinstalls the

@@ -64,4 +64,4 @@ def docker_images(tmp_path_factory):
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
         pytest.fail(f"`make docker-images` failed (rc={res.returncode}; without Docker Hub or the PyTorch index, "
                     f"set DOCKER_LOCAL=1):\n{tail}")
-    return {"cpu": "attention-distill:cpu"}
+    return {"cpu": "attention-distill:cpu", "postgres": "attention-distill/postgres:latest"}

@@ -68,6 +68,13 @@ def test_image_runs_as_a_non_root_user(docker_images):
     assert res.stdout.strip() == "1000"
 
 
+def test_postgres_image_refuses_an_empty_password(docker_images):
+    """The server accepts password logins only: without one it stops at once and says so (not a silent crash loop)."""
+    res = subprocess.run(["docker", "run", "--rm", "-e", "POSTGRES_PASSWORD=", docker_images["postgres"]],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "POSTGRES_PASSWORD is empty" in res.stderr, res.stderr
+
+
 def test_container_bundle_passes_the_hosts_verify(container_runs):
     runs, first, _, seconds = container_runs
     bundle = runs / "tiny" / "export" / "bundle"

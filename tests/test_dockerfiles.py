@@ -112,3 +112,24 @@ def test_the_environment_layer_depends_only_on_the_install_inputs(name):
     copied = {source for word, rest in build if word == "COPY" for source in rest.split()[:-1]}
     assert copied == {"${TORCH_WHEELS}/", "${CA_CERTS}/", "pyproject.toml", "Makefile",
                       "pipeline/bundle_files/web/package-lock.json", "tests/node/package-lock.json"}, copied
+
+
+def test_build_inputs_refuse_a_wheel_folder_without_the_pinned_torch_and_keep_the_old_inputs(tmp_path):
+    import subprocess
+
+    before = sorted(p.name for p in (DOCKER / "wheels").iterdir())
+    res = subprocess.run(["make", "-s", "docker-build-inputs", f"TORCH_WHEELS_FROM={tmp_path}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and f"TORCH_WHEELS_FROM={tmp_path} holds no torch-" in res.stderr, res.stderr
+    assert sorted(p.name for p in (DOCKER / "wheels").iterdir()) == before
+    res = subprocess.run(["make", "-s", "docker-build-inputs", f"CA_BUNDLE={tmp_path / 'none.pem'}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "is not a file" in res.stderr, res.stderr
+
+
+def test_docker_base_script_says_what_is_missing(tmp_path):
+    import subprocess
+
+    res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "docker_base.sh")], env={"PATH": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "no 'docker' command: install Docker" in res.stderr, res.stderr
