@@ -74,8 +74,9 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(docker_images):
-    docker_or_skip(compose=True)
+def stack(request):
+    docker_or_skip(compose=True)  # before the image build: a missing Compose says so at once
+    request.getfixturevalue("docker_images")
     stack = Stack(f"ad-test-{os.getpid()}", _free_port(), secrets.token_hex(12))
     try:
         stack.must("up", "-d", "postgres", "mlflow")
