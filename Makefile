@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help venv distill sweep test test-fast status ui server screenshot bench bench-report clean docker-cpu docker-gpu
+.PHONY: help venv distill sweep test test-fast status ui server screenshot bench bench-report clean docker-base docker-build-inputs docker-cpu docker-gpu docker-server docker-images
 
 help:  ## list targets
 	@echo "attention-distill"
@@ -37,6 +37,7 @@ help:  ## list targets
 	@echo "  make screenshot [CONFIG=bert_small] docs/mlflow-*.png: runs table, pipeline run, sweep run (headless Chromium)"
 	@echo "  make bench                         measure bench/results/bench.json from scratch, then render BENCHMARKS.md"
 	@echo "  make bench-report                  render BENCHMARKS.md from the committed bench/results/ (no measuring)"
+	@echo "  make docker-images [DOCKER_LOCAL=1]  the CPU, PostgreSQL and MLflow images (docker/README.md)"
 	@echo "  make venv                          (re)create the virtual environment"
 	@echo "  make clean [CONFIG=name]           remove run outputs (all, or one config)"
 	@echo "Configs: $$(ls configs | sed 's/.yaml//' | tr '\n' ' ')"
@@ -95,11 +96,54 @@ server: $(STAMP)
 screenshot: $(STAMP)
 	$(PY) scripts/ui_screenshot.py --backend-store-uri sqlite:///$(abspath $(RUNS_DIR))/mlflow.db --experiment $(or $(EXPERIMENT),$(CONFIG))
 
-docker-cpu:
-	docker build -f docker/Dockerfile.cpu -t attention-distill:cpu .
+# Images (docker/README.md). Defaults: today's public sources (python:3.11-slim, the PyTorch CPU index). Where
+# Docker Hub or the PyTorch index is blocked: `make docker-base` makes a Debian bookworm base from the apt mirror and
+#   make docker-cpu BASE_IMAGE=attention-distill/bookworm:local TORCH_WHEELS_FROM=/opt/wheels [CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt]
+# (DOCKER_LOCAL=1 sets those three). TORCH_WHEELS_FROM: a host folder whose torch wheel is linked into docker/wheels/;
+# CA_BUNDLE: a CA file copied into docker/certs/, trusted by pip during the build. Builds use the host's network.
+DOCKER ?= docker
+MLFLOW_VERSION ?= 3.17.2
+LOCAL_BASE_IMAGE ?= attention-distill/bookworm:local
+ifeq ($(DOCKER_LOCAL),1)
+BASE_IMAGE ?= $(LOCAL_BASE_IMAGE)
+TORCH_WHEELS_FROM ?= /opt/wheels
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+endif
+BASE_IMAGE ?= python:3.11-slim
+DOCKER_BUILD = $(DOCKER) build --network host --build-arg BASE_IMAGE=$(BASE_IMAGE) $(DOCKER_BUILD_ARGS)
 
-docker-gpu:
-	docker build -f docker/Dockerfile.gpu -t attention-distill:gpu .
+docker-base:
+	bash scripts/docker_base.sh $(LOCAL_BASE_IMAGE)
+
+docker-build-inputs:
+	@if [ -n "$(TORCH_WHEELS_FROM)" ]; then \
+		ls "$(TORCH_WHEELS_FROM)"/torch-$(TORCH_VERSION)[+-]*.whl >/dev/null 2>&1 || { echo "error: TORCH_WHEELS_FROM=$(TORCH_WHEELS_FROM) holds no torch-$(TORCH_VERSION) wheel (TORCH_VERSION is the Makefile's pin); point it at the folder with that wheel, or leave it empty to use the PyTorch CPU index" >&2; exit 2; }; fi
+	@if [ -n "$(CA_BUNDLE)" ] && [ ! -f "$(CA_BUNDLE)" ]; then \
+		echo "error: CA_BUNDLE=$(CA_BUNDLE) is not a file; name the PEM bundle pip should trust during the build, or leave it empty" >&2; exit 2; fi
+	@# Checked first, replaced second: a bad argument leaves the previous inputs in place.
+	@rm -f docker/wheels/*.whl docker/certs/*.crt
+	@if [ -n "$(TORCH_WHEELS_FROM)" ]; then \
+		wheel=$$(ls "$(TORCH_WHEELS_FROM)"/torch-$(TORCH_VERSION)[+-]*.whl | head -1); \
+		ln -f "$$wheel" docker/wheels/ 2>/dev/null || cp "$$wheel" docker/wheels/; echo "torch wheel: $$wheel"; fi
+	@if [ -n "$(CA_BUNDLE)" ]; then cp "$(CA_BUNDLE)" docker/certs/build-ca.crt; fi
+	@if [ "$(BASE_IMAGE)" = "$(LOCAL_BASE_IMAGE)" ]; then bash scripts/docker_base.sh $(LOCAL_BASE_IMAGE) >/dev/null; fi
+
+# The build stage is tagged too: untagged, `docker image prune` deletes it and the next build reinstalls the
+# environment (the legacy builder keeps a stage's cache only in its images).
+docker-cpu: docker-build-inputs
+	$(DOCKER_BUILD) -f docker/Dockerfile.cpu --target build -t attention-distill:cpu-build .
+	$(DOCKER_BUILD) -f docker/Dockerfile.cpu -t attention-distill:cpu .
+
+# Not buildable on machines without Docker Hub: its CUDA base image is there (docker/README.md).
+docker-gpu: docker-build-inputs
+	$(DOCKER) build --network host $(DOCKER_BUILD_ARGS) -f docker/Dockerfile.gpu -t attention-distill:gpu .
+
+# The team server's images (postgres from Debian's package, mlflow) on the same base, as compose builds them.
+docker-server: docker-build-inputs
+	$(DOCKER_BUILD) -f docker/postgres.Dockerfile -t attention-distill/postgres:latest docker
+	$(DOCKER_BUILD) --build-arg MLFLOW_VERSION=$(MLFLOW_VERSION) -f docker/mlflow.Dockerfile -t attention-distill/mlflow:$(MLFLOW_VERSION) docker
+
+docker-images: docker-cpu docker-server
 
 # bench/run_all.py measures (bench/results/bench.json, attention_kl.*) and then renders BENCHMARKS.md with
 # bench/report.py, the one writer of BENCHMARKS.md; bench-report renders the committed results alone.

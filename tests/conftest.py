@@ -40,3 +40,28 @@ def static_tiny_run(tmp_path_factory):
     return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny", "first": result, "stdout": result.stdout}
 
 
+
+
+# The images of docker/ (CPU pipeline, PostgreSQL, MLflow), built once per session by the Makefile target users and
+# .ci/run call; a second build reuses every layer (seconds). Where Docker Hub and the PyTorch index are blocked,
+# set DOCKER_LOCAL=1 (.ci/run does on such a machine): the local Debian base and torch wheel are used.
+DOCKER_BUILD_TIMEOUT_S = 3600
+
+
+@pytest.fixture(scope="session")
+def docker_images(tmp_path_factory):
+    import subprocess
+
+    from tests.helpers import ROOT
+    from tests.tiers import docker_or_skip
+
+    docker_or_skip()
+    log = tmp_path_factory.mktemp("docker") / "make-docker-images.log"
+    with open(log, "w") as out:
+        res = subprocess.run(["make", "docker-images"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                             timeout=DOCKER_BUILD_TIMEOUT_S)
+    if res.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        pytest.fail(f"`make docker-images` failed (rc={res.returncode}; without Docker Hub or the PyTorch index, "
+                    f"set DOCKER_LOCAL=1):\n{tail}")
+    return {"cpu": "attention-distill:cpu", "postgres": "attention-distill/postgres:latest"}

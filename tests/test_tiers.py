@@ -51,3 +51,23 @@ def test_an_external_skip_fails_only_where_external_tools_are_required(tmp_path)
     ci = pytest_in(tmp_path, env={"REQUIRE_EXTERNAL": "1"})
     assert ci.returncode == 1 and "1 failed" in ci.stdout, ci.stdout
     assert "REQUIRE_EXTERNAL=1: this test needs a tool that is missing here" in ci.stdout and "no such tool here" in ci.stdout
+
+
+DOCKER_CASE = '''
+import pytest
+from tests.tiers import docker_or_skip
+
+@pytest.mark.external
+def test_needs_docker():
+    docker_or_skip(compose=True)
+'''
+
+
+def test_a_missing_docker_skips_with_the_reason_and_fails_in_ci(tmp_path):
+    (tmp_path / "test_docker_case.py").write_text(DOCKER_CASE)
+    no_tools = {"PATH": str(tmp_path / "empty-bin")}  # no docker on PATH (pytest runs from sys.executable)
+    local = pytest_in(tmp_path, "-rs", env={"REQUIRE_EXTERNAL": "0", **no_tools})
+    assert local.returncode == 0 and "1 skipped" in local.stdout, local.stdout + local.stderr
+    assert "no 'docker' command: install Docker" in local.stdout
+    ci = pytest_in(tmp_path, env={"REQUIRE_EXTERNAL": "1", **no_tools})
+    assert ci.returncode == 1 and "1 failed" in ci.stdout and "no 'docker' command" in ci.stdout, ci.stdout
