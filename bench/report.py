@@ -224,7 +224,10 @@ SECTIONS: list[Section] = [
     Section("roofline_bert_small.md", "Training steps against the machine's matmul rate (bert_small)", "parts",
             "The fp32 (and bf16) matmul rate, a bare forward + backward + AdamW step of the teacher and the student on "
             "the pipeline's batch shapes, and the pipeline's own seconds per step (stage wall time over its steps), "
-            "from `bench/roofline.py` (issue 30)."),
+            "from `bench/roofline.py` (issue 30); the student also with only its used embedding rows trained."),
+    Section("used_embedding_rows_bert_small.md", "Training only the used embedding rows (bert_small)", "parts",
+            "The distill stage of the default run twice on the same upstream stages, with distill.used_embedding_rows "
+            "on (the default) and off: wall time, seconds per step, validation accuracy (issue 30)."),
     Section("micro_avx2.md", "Training cost per step and capture throughput", "parts",
             "Samples/s of a plain CE step, a distillation step with cached teacher targets and one with the teacher "
             "online; teacher inference against capture.", data=("micro_avx2.json",), layers=_micro_layers),
