@@ -118,3 +118,15 @@ def padded_batch(lengths=(10, 7, 3), n=10, vocab=64, seed=1, lowest_id=1):
 def max_diff_valid_rows(a, b, mask):
     rows = mask.bool()[:, None, :, None].expand_as(a)
     return (a - b).abs()[rows].max().item()
+
+
+def answers_health(base: str) -> bool:
+    """Whether an MLflow server at ``base`` (http://host:port) answers its /health endpoint with 200 now."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

@@ -15,12 +15,10 @@ import os
 import secrets
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, answers_health
 from tests.test_mlflow_server import Api, _free_port, _runs, _split_runs
 from tests.test_mlflow_ui import HEADLINE, _ui_module
 from tests.tiers import COMPOSE, docker_or_skip
@@ -63,12 +61,8 @@ class Stack:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if answers_health(self.base):
+                return
             time.sleep(1)
         pytest.fail(f"the MLflow container did not answer on {self.base} within {READY_TIMEOUT_S} s:\n{self.logs()}")
 

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 START_PG = REPO / "scripts" / "start_postgres.sh"
 CONFIG = "tiny"
 from pipeline.runner import STAGES  # noqa: E402
+from tests.helpers import answers_health  # noqa: E402
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.external]  # a PostgreSQL-backed MLflow server
 SERVER_READY_TIMEOUT_S = 180
@@ -183,12 +184,8 @@ def mlflow_server():
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"mlflow server exited with {proc.returncode}:\n{_tail(server_log)}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
+            if answers_health(base):
+                break
             if time.monotonic() > deadline:
                 pytest.fail(f"mlflow server not ready after {SERVER_READY_TIMEOUT_S} s:\n{_tail(server_log)}")
             time.sleep(0.5)
