@@ -108,6 +108,8 @@ class TrainSettings(Section):
     group_by_length: bool = Field(True, description="batch examples of similar length together (less padding)")
     checkpoint_every: int = Field(200, ge=1, description="optimizer steps between mid-epoch checkpoints")
     keep_checkpoints: int = Field(2, ge=1, le=1000)
+    fused_adamw: bool = Field(True, description="AdamW's fused kernel (one pass over every parameter per step) instead "
+                                                "of torch's multi-tensor one: the same update, less memory traffic")
 
 
 class AugmentConfig(Section):
@@ -182,6 +184,10 @@ class TeacherConfig(TrainSettings):
     finetune: bool = True
     trust_remote_code: bool = False
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    used_embedding_rows: bool = Field(
+        True, description="fine-tune only the word-embedding rows of the token ids the train and validation splits use "
+                          "(as distill.used_embedding_rows: the other rows get no gradient either way; they skip only "
+                          "weight decay)")
 
 
 class StaticStudent(Section):
@@ -346,7 +352,10 @@ class ExportConfig(Section):
     latency_lengths: list[Annotated[int, Field(ge=2, le=8192)]] = Field(
         [32, 128], min_length=1, description="token counts timed ([CLS] ... [SEP], so at least 2); lengths above "
                                              "the models' position embeddings are skipped")
-    latency_threads: list[Annotated[int, Field(ge=1, le=1024)]] = Field([1, 2], min_length=1)
+    latency_threads: list[Annotated[int, Field(ge=1, le=1024)]] = Field(
+        [1], min_length=1, description="torch / ONNX Runtime / XNNPACK threads timed; the headline takes the fewest "
+                                       "(phones run one model per core). More than 1 only where the machine has cores to "
+                                       "spare: on 2 cores, 2-thread rounds never settled (bench/results/export_steps_bert_small.md)")
     latency_warmup: int = Field(5, ge=0, le=10_000, description="untimed runs before each latency measurement")
     latency_rounds: int = Field(8, ge=1, le=1000, description="interleaved rounds at least: every model is timed once per round")
     latency_max_rounds: int = Field(40, ge=1, le=10_000, description="rounds are added up to this many until every "

@@ -130,7 +130,7 @@ class FastTextPeer:
 
     @classmethod
     def train(cls, texts, labels, val_texts, val_labels, grid: dict, work: Path):
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
         from multiprocessing import get_context
 
         from .fasttext_worker import fit
@@ -156,7 +156,10 @@ class FastTextPeer:
                         if "NaN" not in str(exc) or attempt == 4:
                             raise
 
-        scores = [run(setting, work / f"grid-{i}.bin")["validation_accuracy"] for i, setting in enumerate(settings)]
+        # Each fit is one thread in its own process, so the grid runs one fit per core at once, with the same results.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(settings), os.cpu_count() or 1))) as fits:
+            scores = list(fits.map(lambda i: run(settings[i], work / f"grid-{i}.bin")["validation_accuracy"],
+                                   range(len(settings))))
         best = int(np.argmax(scores))  # ties: the first (the simplest)
         final = run(settings[best], work / "fasttext.ftz", grid["cutoff"])
         peer = cls.load(work / "fasttext.ftz")

@@ -327,8 +327,6 @@ class Distributed:
     """Process-group facts and the Accelerator, created once per process."""
 
     def __init__(self, config: PipelineConfig):
-        import datetime
-
         import torch
         from accelerate import Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
@@ -342,7 +340,7 @@ class Distributed:
         # fit() sets find_unused_parameters per training job on this handler.
         self.timeout_s = dist_timeout_seconds()
         kwargs = [DistributedDataParallelKwargs(),
-                  InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=self.timeout_s))]
+                  InitProcessGroupKwargs(timeout=dt.timedelta(seconds=self.timeout_s))]
         mp = "no" if self.precision == "fp32" else self.precision
         # Without CUDA, Accelerate only forms a process group (gloo, MULTI_CPU)
         # when told cpu=True; otherwise every launched process silently trains

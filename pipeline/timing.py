@@ -105,3 +105,19 @@ def _ratios(rounds: dict, reference: str, name: str) -> list[float]:
 def _narrow(rounds: dict, reference: str, max_spread: float, watch: list[str] | None) -> bool:
     return all(spread_of(_ratios(rounds, reference, name))["spread"] <= max_spread
                for name in (watch or rounds) if name != reference)
+
+
+class Laps:
+    """Wall seconds of a recipe's steps, for its log and summary: call ``lap(name)`` right after each step."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 1)
+        self._last = now
+
+    def line(self) -> str:
+        return ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.seconds.items())

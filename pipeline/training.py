@@ -222,7 +222,8 @@ def cross_entropy_loss(batch: dict, prepared: dict):
 
 
 def configure_optimizer(modules: dict[str, torch.nn.Module], settings: TrainSettings):
-    """AdamW over every trainable parameter, without weight decay on biases and LayerNorm weights.
+    """AdamW over every trainable parameter, without weight decay on biases and LayerNorm weights; the fused
+    kernel where settings.fused_adamw and the device allow (bench/results/roofline_bert_small.md).
 
     Returns (optimizer, trainable parameters).
     """
@@ -233,7 +234,12 @@ def configure_optimizer(modules: dict[str, torch.nn.Module], settings: TrainSett
         {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
     ]
     assert sum(len(g["params"]) for g in groups) == len(params)
-    return torch.optim.AdamW(groups, lr=settings.lr), params
+    return torch.optim.AdamW(groups, lr=settings.lr, fused=settings.fused_adamw and fused_adamw_supported(params)), params
+
+
+def fused_adamw_supported(params) -> bool:
+    """torch's fused AdamW takes floating-point parameters on CPU and CUDA (others fall back to the multi-tensor one)."""
+    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def configure_scheduler(optimizer, settings: TrainSettings, num_examples: int):

@@ -22,7 +22,7 @@ from transformers import set_seed
 
 from pipeline.cache import TeacherCache
 from pipeline.families import check_layer_windows, layer_types
-from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits
+from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits, used_token_ids
 from pipeline.models import (build_student, count_parameters, encoder_layers, load_classifier, load_tokenizer, save_model,
                              train_used_rows_only)
 from pipeline.objective import DistillObjective, target_plan
@@ -63,8 +63,7 @@ def run(ctx) -> dict:
     validation = TokenizedSplit(prepare, "validation")
     restore_table = None
     if config.distill.used_embedding_rows and config.student.kind != "static":
-        used = np.union1d(np.concatenate([part.input_ids.distinct() for part in train.parts]), validation.input_ids.distinct())
-        used = np.union1d(used, [pad, *tokenizer.all_special_ids])
+        used = np.union1d(used_token_ids([*train.parts, validation], pad), tokenizer.all_special_ids)
         restore_table = train_used_rows_only(student, torch.as_tensor(used))
         if ctx.is_main:
             log.info("[distill] training %d of %d word-embedding rows (the token ids the training and validation data "

@@ -57,6 +57,7 @@ from pipeline.export.variants import (Inputs, Shipped, choose_variant, export_st
                                       quantize_static, read_records, shipped_graph)
 from pipeline.inference import TokenizedSplit, label_names, pad_id
 from pipeline.summary import headline_metrics
+from pipeline.timing import Laps
 
 log = logging.getLogger("pipeline")
 
@@ -71,25 +72,34 @@ def run(ctx) -> dict:
     if not ctx.is_main:  # export, measurement and registration happen once
         return {}
     cfg, seed = ctx.config.export, ctx.config.seed
+    laps = Laps()  # each step's seconds: the log and export.json (bench/results/export_steps_bert_small.md)
     inputs = read_inputs(ctx)
     out = fresh_folder(ctx.out / "bundle")
     work = fresh_folder(ctx.out / "work")  # teacher graph and rejected int8 attempts; removed before the rename
     shipped = export_student(inputs, cfg, out, work)  # 1. fp32 ONNX and parity (vocabulary trimmed or not)
+    laps.lap("fp32 graph and parity")
     int8 = quantize_dynamic(shipped, inputs.names, cfg, out, work)  # 2. dynamic int8 within the accuracy budget
     static = quantize_static(shipped, inputs, cfg, seed, out, work)  # and static QDQ int8 (calibrated)
+    laps.lap("int8")
     pte = executorch_program.build(shipped, inputs, cfg, out)  # model.pte, model.int8.pte: ExecuTorch (XNNPACK)
+    laps.lap("executorch")
     teacher = export_teacher(inputs, int8, cfg, work)  # 3. the baseline a user would ship instead
+    laps.lap("int8 teacher")
     latency = side_by_side(seed, inputs, shipped, int8, static, pte, teacher, cfg)  # every model side by side
+    laps.lap("latency")
     recommended, because = choose_variant(cfg, int8, static, latency["rows"])  # on one-text-per-call accuracy and speed
     text = text_model.ship(shipped_graph(shipped, int8, static, recommended), shipped.tokenizer_json, shipped.facts,
                            inputs.max_length, inputs.test_records, shipped.pad, out / "model.text.onnx")  # 4. text in
+    laps.lap("text-in model")
     graphs = ([(v.path, v.logits) for v in (int8, static) if v]  # ORT format: the int8 graphs, fp32 when recommended
               + ([(shipped.fp32_path, shipped.fp32_logits)] if recommended == "fp32" else []))
     ort = ort_format.convert_and_check(graphs, shipped.test, shipped.pad, text, inputs.test_records, cfg.ort_target_platform,
                                        out)
     checked = mobile.check_bundle(shipped, int8, static, recommended)  # what NNAPI and CoreML could take of each graph
+    laps.lap("ORT format and mobile check")
     peers = from_text.measure_bundle(ctx.input("baselines"), seed, cfg, inputs, shipped, int8, static, teacher, text,
                                      recommended, out)  # from raw text, beside TF-IDF, fastText and static embeddings
+    laps.lap("from raw text beside the peers")
     variants = {"onnx_fp32": shipped.fp32, **({"onnx_int8": int8.metrics} if int8 else {}),
                 **({"onnx_int8_static": static.metrics} if static else {})}
     figures = Figures(
@@ -104,7 +114,9 @@ def run(ctx) -> dict:
     ctx.write_json("metrics.json", metrics_json(figures))  # 6. metrics, MLflow
     registration = register(ctx, figures, metadata)
     summary = export_summary(cfg, figures, registration)
-    ctx.write_json("export.json", summary)
+    laps.lap("bundle files and MLflow")
+    ctx.write_json("export.json", {**summary, "step_seconds": laps.seconds})
+    log.info("[export] steps: %s", laps.line())
     log_outcome(figures, ctx.final / "bundle")
     return summary
 

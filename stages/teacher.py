@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+import torch
 from transformers import set_seed
 
-from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits
-from pipeline.models import build_teacher_for_finetune, load_tokenizer, save_model, tokenizer_reference
+from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits, used_token_ids
+from pipeline.models import (build_teacher_for_finetune, load_tokenizer, save_model, tokenizer_reference,
+                             train_used_rows_only)
 from pipeline.training import cross_entropy_loss, fit
 
 log = logging.getLogger("pipeline")
@@ -42,10 +45,18 @@ def run(ctx) -> dict:
         return {"accuracy": accuracy(logits, validation.labels)}
 
     if config.teacher.finetune and config.teacher.epochs > 0:
+        restore_table = None
+        if config.teacher.used_embedding_rows:  # a smaller gradient and AdamW state (bench/results/roofline_bert_small.md)
+            used = np.union1d(used_token_ids([train, validation], pad), tokenizer.all_special_ids)
+            restore_table = train_used_rows_only(model, torch.as_tensor(used))
+            log.info("[teacher] fine-tuning %d of %d word-embedding rows (the token ids the train and validation "
+                     "splits use; teacher.used_embedding_rows)", len(used), model.config.vocab_size)
         progress = fit(ctx, modules={"model": model}, lengths=train.lengths,
                        make_batch=lambda idx: train.batch(idx, pad, ctx.device), loss_fn=cross_entropy_loss,
                        validate=validate, settings=config.teacher, seed=config.seed, tag="teacher")
         model = ctx.unwrap(model)
+        if restore_table is not None:
+            model = restore_table()  # the full table again, trained rows written back: the teacher saved is ordinary
         best_epoch = progress.best_epoch
     else:
         best_epoch = 0

@@ -282,3 +282,30 @@ def test_training_only_the_used_embedding_rows_trains_them_as_the_full_table_doe
     for (name, a), (_, b) in zip(full.named_parameters(), cut.named_parameters()):
         if "word_embeddings" not in name:
             torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+
+
+def test_fused_adamw_gives_the_multi_tensor_update():
+    """TrainSettings.fused_adamw: the optimizer the pipeline builds is torch's fused AdamW on CPU, and a few steps of
+    it (weight decay on weights, none on biases and LayerNorm) land where the multi-tensor AdamW does."""
+    from pipeline.config import TrainSettings
+    from pipeline.training import configure_optimizer
+
+    models = {fused: bert(seed=2) for fused in (True, False)}
+    optimizers = {fused: configure_optimizer({"model": m}, TrainSettings(lr=1e-2, weight_decay=0.01, fused_adamw=fused))[0]
+                  for fused, m in models.items()}
+    assert optimizers[True].defaults["fused"] and not optimizers[False].defaults["fused"]
+    for fused, model in models.items():
+        model.train()
+        generator = torch.Generator().manual_seed(0)
+        for step in range(3):
+            ids = torch.randint(1, 100, (4, 6), generator=generator)
+            torch.manual_seed(step)  # the same dropout masks for both
+            loss = model(input_ids=ids, labels=torch.tensor([0, 1, 0, 1])).loss
+            optimizers[fused].zero_grad()
+            loss.backward()
+            optimizers[fused].step()
+    start = bert(seed=2)
+    for (name, a), (_, b), (_, s) in zip(models[True].named_parameters(), models[False].named_parameters(),
+                                         start.named_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+    assert max((a - s).abs().max().item() for a, s in zip(models[True].parameters(), start.parameters())) > 1e-3
