@@ -221,10 +221,25 @@ SECTIONS: list[Section] = [
     Section("padding_bert_small.md", "Padding left by length-grouped batches", "parts",
             "Epoch 0's batches built as training builds them, with and without length grouping: how many need no "
             "padding (those run without an attention mask) and how much padding is left. A count: no timing."),
+    Section("default_run_bert_small.md", "Time to first result: the default run on a fresh clone (bert_small)", "parts",
+            "`make distill CONFIG=bert_small` on a fresh clone, the environment created from nothing, alone on the "
+            "machine: the whole wall time, set-up, each stage, the teacher's and the shipped accuracy, before and "
+            "after issue 30's levers (commits named). These two clones were made by hand with `git clone` and `time "
+            "make distill CONFIG=bert_small`, the steps the script's run mode takes, one after the other on a quiet "
+            "machine; `--report` rendered them."),
+    Section("distill_seeds_bert_small.md", "Three distillation seeds of the default, before and after (bert_small)",
+            "parts", "configs/sweeps/distill_seeds.yaml (teacher, peers and capture shared) on the clones above: is "
+            "a change to the training loop within seed noise?"),
     Section("roofline_bert_small.md", "Training steps against the machine's matmul rate (bert_small)", "parts",
             "The fp32 (and bf16) matmul rate, a bare forward + backward + AdamW step of the teacher and the student on "
             "the pipeline's batch shapes, and the pipeline's own seconds per step (stage wall time over its steps), "
-            "from `bench/roofline.py` (issue 30); the student also with only its used embedding rows trained."),
+            "from `bench/roofline.py` (issue 30); each model also with only its used embedding rows trained, AdamW fused "
+            "and multi-tensor, and under torch.compile."),
+    Section("roofline_compile_bert_small.md", "The same steps under torch.compile (bert_small)", "parts",
+            "`bench/roofline.py --compile` on the run folder of the commit before issue 30's fused AdamW and teacher "
+            "rows (so the pipeline column matches the multi-tensor, full-table teacher): the bare steps eager and "
+            "under torch.compile (inductor, dynamic shapes), the compiling first pass apart. Taken about an hour "
+            "before the file above, when this machine's matmul rate was lower (177 against 214 GFLOP/s fp32)."),
     Section("used_embedding_rows_bert_small.md", "Training only the used embedding rows (bert_small)", "parts",
             "The distill stage of the default run twice on the same upstream stages, with distill.used_embedding_rows "
             "on (the default) and off: wall time, seconds per step, validation accuracy (issue 30)."),

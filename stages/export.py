@@ -72,7 +72,7 @@ def run(ctx) -> dict:
     if not ctx.is_main:  # export, measurement and registration happen once
         return {}
     cfg, seed = ctx.config.export, ctx.config.seed
-    laps = Laps()  # each step's seconds: the log and export.json (bench/results/export_steps_bert_small.md)
+    laps = Laps()  # each step's seconds: the log and export.json
     inputs = read_inputs(ctx)
     out = fresh_folder(ctx.out / "bundle")
     work = fresh_folder(ctx.out / "work")  # teacher graph and rejected int8 attempts; removed before the rename

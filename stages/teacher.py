@@ -49,8 +49,9 @@ def run(ctx) -> dict:
         if config.teacher.used_embedding_rows:  # a smaller gradient and AdamW state (bench/results/roofline_bert_small.md)
             used = np.union1d(used_token_ids([train, validation], pad), tokenizer.all_special_ids)
             restore_table = train_used_rows_only(model, torch.as_tensor(used))
-            log.info("[teacher] fine-tuning %d of %d word-embedding rows (the token ids the train and validation "
-                     "splits use; teacher.used_embedding_rows)", len(used), model.config.vocab_size)
+            if ctx.is_main:
+                log.info("[teacher] fine-tuning %d of %d word-embedding rows (the token ids the train and validation "
+                         "splits use; teacher.used_embedding_rows)", len(used), model.config.vocab_size)
         progress = fit(ctx, modules={"model": model}, lengths=train.lengths,
                        make_batch=lambda idx: train.batch(idx, pad, ctx.device), loss_fn=cross_entropy_loss,
                        validate=validate, settings=config.teacher, seed=config.seed, tag="teacher")

@@ -106,3 +106,30 @@ def test_check_command_exits_0_on_the_committed_files():
     result = subprocess.run([sys.executable, "bench/report.py", "--check"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_default_run_report_reads_a_clone_per_stage_and_its_seeds(tiny_run, tmp_path):
+    """bench/default_run.py --report and --seeds on a completed clone (here the tiny run, with itself as a seed):
+    every stage's manifest seconds, the set-up left over, the teacher's and the shipped accuracy."""
+    import default_run
+
+    clone = tmp_path / "clone"
+    (clone / "runs").mkdir(parents=True)
+    shutil.copytree(tiny_run["run_dir"], clone / "runs" / "tiny", symlinks=True)
+    seeds = clone / "runs" / "tiny" / "sweeps" / "distill_seeds"
+    seeds.mkdir(parents=True)
+    (seeds / "seed1").symlink_to(clone / "runs" / "tiny")
+    (clone / default_run.TIMING).write_text(json.dumps({"rev": "0123456789abcdef", "config": "tiny", "wall_s": 500.0}))
+    row = default_run.row(clone)
+    manifests = {s: json.loads((tiny_run["run_dir"] / s / "manifest.json").read_text())["duration_s"]
+                 for s in ("prepare", "teacher", "distill", "export")}
+    assert all(row["stages"][s] == seconds for s, seconds in manifests.items())
+    export = json.loads((tiny_run["run_dir"] / "export" / "metrics.json").read_text())
+    assert row["shipped_accuracy"] == export[{"fp32": "onnx_fp32", "int8": "onnx_int8",
+                                               "int8_static": "onnx_int8_static"}[export["recommended"]]]["accuracy"]
+    lines = default_run.table([row])
+    overhead = 500.0 - sum(row["stages"].values())
+    assert lines[4].startswith(f"| 0123456 | 8.3 min (500 s) | {overhead:.0f} s | ")
+    seed_lines = default_run.seeds_table([clone], "tiny")
+    assert [line.split(" | ")[1] for line in seed_lines[4:7]] == ["the run (config seed)", "seed1", "mean of 2 (sd)"]
+    assert seed_lines[6].endswith(f"{row['shipped_accuracy']:.4f} (0.0000) |")
