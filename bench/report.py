@@ -224,9 +224,10 @@ SECTIONS: list[Section] = [
     Section("default_run_bert_small.md", "Time to first result: the default run on a fresh clone (bert_small)", "parts",
             "`make distill CONFIG=bert_small` on a fresh clone, the environment created from nothing, alone on the "
             "machine: the whole wall time, set-up, each stage, the teacher's and the shipped accuracy, before and "
-            "after issue 30's levers (commits named). These two clones were made by hand with `git clone` and `time "
-            "make distill CONFIG=bert_small`, the steps the script's run mode takes, one after the other on a quiet "
-            "machine; `--report` rendered them."),
+            "after issue 30's levers (commits named: e29ee14 before, 8d203f9 with the teacher's levers on too, "
+            "0d936e0 the committed default, teacher levers off). These clones were made by hand with `git clone` and "
+            "`time make distill CONFIG=bert_small`, the steps the script's run mode takes, one at a time on a quiet "
+            "machine whose speed drifts by about 15% over an hour; `--report` rendered them."),
     Section("distill_seeds_bert_small.md", "Three distillation seeds of the default, before and after (bert_small)",
             "parts", "configs/sweeps/distill_seeds.yaml (teacher, peers and capture shared) on the clones above: is "
             "a change to the training loop within seed noise?"),
