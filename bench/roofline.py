@@ -65,7 +65,7 @@ def batch_lengths(prepare: Path, batch_size: int, seed: int, count: int = 12) ->
 def used_ids(splits, prepare: Path) -> torch.Tensor:
     """The token ids a training job trains on (teacher: train and validation; distill: the training data's parts,
     augmented copies included, and validation): teacher.used_embedding_rows, distill.used_embedding_rows."""
-    return torch.as_tensor(used_token_ids(splits, pad_id(prepare)))
+    return torch.as_tensor(used_token_ids(splits, [pad_id(prepare)]))
 
 
 def bare_step(model, batch: int, lengths: list[int], bf16: bool, pool: torch.Tensor, rounds: int = 2,

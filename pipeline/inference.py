@@ -83,11 +83,11 @@ class TokenIds(Sequence):
                 yield values[offsets[row]:offsets[row + 1]].tolist()
 
 
-def used_token_ids(splits, pad: int) -> np.ndarray:
-    """Every token id these splits use, and the pad id, sorted: the rows a training job's word embeddings need
-    (teacher.used_embedding_rows: train and validation; distill.used_embedding_rows: every part of the training
-    data, augmented variants included, and validation)."""
-    return np.union1d(np.concatenate([split.input_ids.distinct() for split in splits]), [pad])
+def used_token_ids(splits, always) -> np.ndarray:
+    """Every token id these splits use, and the ids in ``always`` (pad, special tokens), sorted: the rows a training
+    job's word embeddings need (teacher.used_embedding_rows: train and validation; distill.used_embedding_rows:
+    every part of the training data, augmented variants included, and validation)."""
+    return np.union1d(np.concatenate([split.input_ids.distinct() for split in splits]), list(always))
 
 
 class TokenizedSplit:

@@ -512,8 +512,9 @@ class UsedRowsEmbedding(torch.nn.Module):
 
 
 def train_used_rows_only(model, used_ids: torch.Tensor):
-    """Swap ``model``'s word embeddings for a :class:`UsedRowsEmbedding` of ``used_ids``; returns the function that
-    puts the full table (trained rows written back) in again, e.g. before saving."""
+    """Swap ``model``'s word embeddings for a :class:`UsedRowsEmbedding` of ``used_ids`` (sorted ids, any array);
+    returns the function that puts the full table (trained rows written back) in again, e.g. before saving."""
+    used_ids = torch.as_tensor(used_ids)
     full = model.get_input_embeddings()
     subset = UsedRowsEmbedding(full, used_ids).to(full.weight.device)
     model.set_input_embeddings(subset)

@@ -25,6 +25,8 @@ import os
 import re
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -130,9 +132,6 @@ class FastTextPeer:
 
     @classmethod
     def train(cls, texts, labels, val_texts, val_labels, grid: dict, work: Path):
-        from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-        from multiprocessing import get_context
-
         from .fasttext_worker import fit
 
         work = Path(work)

@@ -63,8 +63,8 @@ def run(ctx) -> dict:
     validation = TokenizedSplit(prepare, "validation")
     restore_table = None
     if config.distill.used_embedding_rows and config.student.kind != "static":
-        used = np.union1d(used_token_ids([*train.parts, validation], pad), tokenizer.all_special_ids)
-        restore_table = train_used_rows_only(student, torch.as_tensor(used))
+        used = used_token_ids([*train.parts, validation], [pad, *tokenizer.all_special_ids])
+        restore_table = train_used_rows_only(student, used)
         if ctx.is_main:
             log.info("[distill] training %d of %d word-embedding rows (the token ids the training and validation data "
                      "use; distill.used_embedding_rows)", len(used), student.config.vocab_size)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
-import torch
 from transformers import set_seed
 
 from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits, used_token_ids
@@ -47,8 +45,8 @@ def run(ctx) -> dict:
     if config.teacher.finetune and config.teacher.epochs > 0:
         restore_table = None
         if config.teacher.used_embedding_rows:  # a smaller gradient and AdamW state (bench/results/roofline_bert_small.md)
-            used = np.union1d(used_token_ids([train, validation], pad), tokenizer.all_special_ids)
-            restore_table = train_used_rows_only(model, torch.as_tensor(used))
+            used = used_token_ids([train, validation], [pad, *tokenizer.all_special_ids])
+            restore_table = train_used_rows_only(model, used)
             if ctx.is_main:
                 log.info("[teacher] fine-tuning %d of %d word-embedding rows (the token ids the train and validation "
                          "splits use; teacher.used_embedding_rows)", len(used), model.config.vocab_size)

@@ -309,3 +309,19 @@ def test_fused_adamw_gives_the_multi_tensor_update():
                                          start.named_parameters()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
     assert max((a - s).abs().max().item() for a, s in zip(models[True].parameters(), start.parameters())) > 1e-3
+
+
+@pytest.mark.pipeline
+def test_teacher_with_its_levers_on_saves_an_ordinary_full_table(tmp_path):
+    """teacher.used_embedding_rows and teacher.fused_adamw (off by default): the stage trains the used rows and saves
+    a teacher whose embedding table has every row again, loadable as any classifier."""
+    from helpers import run_cli
+    from pipeline.models import load_classifier
+
+    result = run_cli("run", "tiny", "teacher.used_embedding_rows=true", "teacher.fused_adamw=true", "--to", "teacher",
+                     runs_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[teacher] fine-tuning" in result.stderr + result.stdout
+    teacher = load_classifier(str(tmp_path / "tiny" / "teacher" / "model"))
+    table = teacher.get_input_embeddings()
+    assert type(table) is torch.nn.Embedding and table.weight.shape[0] == teacher.config.vocab_size
