@@ -80,11 +80,27 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
     if not full:
         return None
     left = f"{free / 1e6:.1f} MB free there now" if free is not None else "free space unknown"
+    return _disk_full(doing, path or folder, f"{left}; {brief(exc)}")
+
+
+def _disk_full(doing: str, path, detail: str) -> DiskFullError:
     return DiskFullError(
-        f"Disk full: {doing} could not write {path or folder} ({left}; {brief(exc)}). "
+        f"Disk full: {doing} could not write {path} ({detail}). "
         "Free some space or point --runs-dir at a larger disk, then rerun the same command: complete stages are kept, "
         "and an interrupted stage resumes from its finished cache shards / last checkpoint."
     )
+
+
+def require_room(path: Path, needed: int, doing: str, writer: str) -> None:
+    """Refuse, naming ``path``, before a library writes it with a writer that reports no error on a full disk (it
+    leaves a truncated file and carries on, and what reads the file back fails with a parse error): when the disk
+    holding ``path`` has less than ``needed`` bytes free, the full disk is raised here, where it would happen."""
+    probe = Path(path).parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise _disk_full(doing, path, f"{writer} needs about {needed / 1e6:.1f} MB there and {free / 1e6:.1f} MB are free")
 
 
 def newest_file(folder: Path) -> Path | None:

@@ -1,22 +1,31 @@
 """Every command example the user reads (README.md, docs/*.md and the command line's --help) parses as the command
-line parses it, names a config and a sweep file that exist, and gives overrides and picks the schema accepts: the
-example is what the command would run, checked without running it (issue 29; `sweep ... --pick ... distill.epochs=3`
-from the README used to end in "unrecognized arguments")."""
+line parses it, names a config and a sweep file that exist, and gives overrides and picks the schema accepts (issue
+29; `sweep ... --pick ... distill.epochs=3` from the README used to end in "unrecognized arguments"); `make` examples
+expand to the command checked; and every `run` / `status` / `validate` example runs to completion, as written but on
+the tiny config (a bert_small run takes 14 minutes), its stages done afterwards; those that rerun the export add
+export.executorch=off (the ExecuTorch lowering is 29 s of each tiny export; the session's tiny run covers it). Sweep examples name bert_small's sweep
+files, whose teacher layers tiny does not have: they are parsed and every variant validated here, and the same
+command shape (`sweep tiny <file> --pick ...`) runs in tests/test_sweep.py; several processes or nodes run in
+tests/test_multiprocess.py and tests/test_multinode.py."""
 
 from __future__ import annotations
 
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 from pipeline import cli
 from pipeline.config import load_config
 from pipeline.sweep import load_sweep, parse_pick
+from pipeline.runner import STAGES, stage_status
 from tests.helpers import ROOT
+from tests.reliability.helpers import cli as run_in_process
 
 COMMAND = re.compile(r"(python -m pipeline(?=[\s`]|$)|make (?:distill|sweep|status)\b)([^`\n#]*)")
 
@@ -112,3 +121,77 @@ def test_make_runs_what_the_example_is_checked_as(line):
         argv = command[3:]
     assert argv[-2] == "--runs-dir"
     assert argv[:-2] == as_argv(line), (line, command)
+
+
+# ---------------------------------------------------------------- the examples, run
+
+
+NO_PTE = "export.executorch=off"
+
+
+def on_tiny(argv: list[str]) -> list[str]:
+    """The example's argv with its config replaced by tiny: every option and override kept as written."""
+    return [argv[0], "tiny", *argv[2:]]
+
+
+RUNNABLE = []  # (argv on tiny, where it was read), each distinct command once
+for _where, _line in EXAMPLES:
+    if "NPROC=" in _line or "NNODES=" in _line:
+        continue
+    _argv = as_argv(_line)
+    if _argv[0] in ("run", "status", "validate") and "--help" not in _argv and on_tiny(_argv) not in [a for a, _ in RUNNABLE]:
+        RUNNABLE.append((on_tiny(_argv), _where))
+# They share one run folder: those without overrides first (they find the session's run complete), then one that
+# reruns from distill, then the one that changes the seed (everything reruns) last.
+RUNNABLE.sort(key=lambda item: (any("=" in word for word in item[0]), any(w.startswith("seed=") for w in item[0])))
+
+
+def test_the_runnable_examples_are_found():
+    commands = [" ".join(argv) for argv, _ in RUNNABLE]
+    for expected in ("run tiny", "run tiny distill.epochs=1 seed=3", "run tiny --from distill",
+                     "run tiny --only evaluate --force", "run tiny --to evaluate", "status tiny", "validate tiny"):
+        assert expected in commands, commands
+
+
+@pytest.fixture(scope="module")
+def example_runs(tiny_run, tmp_path_factory):
+    """A copy of the session's complete tiny run that the examples run in, one after another."""
+    runs_dir = tmp_path_factory.mktemp("example_runs")
+    shutil.copytree(tiny_run["runs_dir"], runs_dir, dirs_exist_ok=True)
+    return runs_dir
+
+
+def stage_range(args) -> list[str]:
+    first = args.only or args.from_stage or STAGES[0]
+    last = args.only or args.to_stage or STAGES[-1]
+    return STAGES[STAGES.index(first[0] if isinstance(first, list) else first):
+                  STAGES.index(last[0] if isinstance(last, list) else last) + 1]
+
+
+@pytest.mark.parametrize("argv, where", RUNNABLE, ids=[" ".join(a) for a, _ in RUNNABLE])
+def test_every_run_example_runs_to_completion(example_runs, argv, where):
+    """The example exits 0 without a traceback; afterwards every stage it covers is done for its config and
+    overrides; the stages a --force / --from example asks to rerun were written by it."""
+    args = cli.parse(argv)
+    if args.command == "run" and "export" in stage_range(args) and (args.force or args.from_stage or args.overrides):
+        argv = [*argv, NO_PTE]
+        args = cli.parse(argv)
+    config = cli._resolved(load_config(args.config, args.overrides))  # as the command resolves it (precision auto)
+    started = time.time()
+    result = run_in_process(*argv, "--runs-dir", str(example_runs))
+    assert result.returncode == 0, (where, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    if args.command == "validate":
+        assert result.stdout.startswith("name: tiny"), result.stdout[:2000]
+        return
+    states = {row["stage"]: row for row in stage_status(config, example_runs)}
+    if args.command == "status":
+        for stage in STAGES:
+            assert re.search(rf"^{stage} +{states[stage]['state']} ", result.stdout, re.M), result.stdout
+        return
+    covered = stage_range(args)
+    assert {s: states[s]["state"] for s in covered} == {s: "done" for s in covered}, result.stderr[-3000:]
+    rerun = covered if args.force or args.from_stage else []
+    for stage in rerun:
+        written = (example_runs / "tiny" / stage / "manifest.json").stat().st_mtime
+        assert written >= started, f"{where}: `{' '.join(argv)}` did not rerun {stage}"

@@ -15,6 +15,7 @@ import onnx
 from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_dynamic,
                                       quantize_static)
 
+from ..errors import require_room
 from ..metrics import classification_report
 from .onnx_graph import onnx_logits, weight_matmuls
 
@@ -87,12 +88,22 @@ def quantize_with_budget(ladder, fp32_path, int8_path, work, test, pad, fp32_acc
             "within_budget": within, "note": note, "decided_on": "test split"}, attempts, logits
 
 
+def room_for_shape_inference(source: Path) -> None:
+    """onnxruntime's quantizer first runs onnx's shape inference, which writes ``<source stem>-inferred.onnx`` beside
+    the source with onnx's C++ writer; on a full disk that writer leaves a truncated file without an error, and the
+    quantizer fails reading it back ("Wire format was corrupt"). So the room it needs is checked first."""
+    source = Path(source)
+    require_room(source.with_name(f"{source.stem}-inferred{source.suffix}"), source.stat().st_size + (1 << 20),
+                 "the export stage", "onnx's shape inference (run by onnxruntime's quantizer)")
+
+
 def quantize_int8(source: Path, target: Path, setting: dict) -> dict:
     """Dynamic int8 quantization of MatMul weights; returns the settings as recorded in metadata."""
     exclude = list(setting.get("exclude", []))
     # quantize_dynamic rewrites Gemm (pooler / classifier) into '<name>_MatMul' before quantizing.
     names = sorted(set(exclude) | {f"{name}_MatMul" for name in exclude})
     op_types = setting.get("op_types", ["MatMul"])
+    room_for_shape_inference(source)
     quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=setting["per_channel"],
                      reduce_range=setting["reduce_range"], op_types_to_quantize=op_types, nodes_to_exclude=names)
     return {"method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "int8 (QInt8, symmetric)",
@@ -113,6 +124,7 @@ def quantize_static_int8(source: Path, target: Path, calibration: list[dict], ex
             return next(self.items, None)
 
     names = sorted(set(excluded) | {f"{name}_MatMul" for name in excluded})
+    room_for_shape_inference(source)
     with tempfile.TemporaryDirectory(dir=Path(target).parent) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Please consider to run pre-processing before quantization"
         quantize_static(str(source), str(target), Feeds(), quant_format=QuantFormat.QDQ, per_channel=True,
