@@ -241,6 +241,10 @@ SECTIONS: list[Section] = [
             "rows (so the pipeline column matches the multi-tensor, full-table teacher): the bare steps eager and "
             "under torch.compile (inductor, dynamic shapes), the compiling first pass apart. Taken about an hour "
             "before the file above, when this machine's matmul rate was lower (177 against 214 GFLOP/s fp32)."),
+    Section("capture_levers_bert_small.md", "The capture stage's levers (bert_small)", "parts",
+            "`bench/capture_levers.py` on the default run's folder: the teacher over a sample of training examples as "
+            "the capture stage runs it (`stages.capture.capture_shard`), one setting changed at a time: batch size, "
+            "batches by length or in data order, torch.inference_mode, bf16 or fp32, 1 or 2 torch threads (issue 30)."),
     Section("used_embedding_rows_bert_small.md", "Training only the used embedding rows (bert_small)", "parts",
             "The distill stage of the default run twice on the same upstream stages, with distill.used_embedding_rows "
             "on (the default) and off: wall time, seconds per step, validation accuracy (issue 30)."),

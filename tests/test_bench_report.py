@@ -133,3 +133,20 @@ def test_default_run_report_reads_a_clone_per_stage_and_its_seeds(tiny_run, tmp_
     seed_lines = default_run.seeds_table([clone], "tiny")
     assert [line.split(" | ")[1] for line in seed_lines[4:7]] == ["the run (config seed)", "seed1", "mean of 2 (sd)"]
     assert seed_lines[6].endswith(f"{row['shipped_accuracy']:.4f} (0.0000) |")
+
+
+def test_capture_levers_times_every_setting_on_a_run(tiny_run, tmp_path):
+    """bench/capture_levers.py on the tiny run: one row per setting, each a positive rate, the stage's settings 1.00x,
+    and the stage's own figure from its manifest."""
+    out = tmp_path / "capture_levers.md"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "capture_levers.py"), str(tiny_run["run_dir"]),
+                             "--examples", "48", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith("# Capture levers") and "Command: `python bench/capture_levers.py" in text
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ") and "x |" in line}
+    assert "the stage's settings" in rows and rows["the stage's settings"].endswith("| 1.00x |"), rows
+    for label in ("capture.batch_size 16", "batches in data order (not by length)", "torch.inference_mode", "1 torch thread"):
+        rate = float(rows[label].split(" | ")[1])
+        assert rate > 0, rows[label]
+    assert "The stage itself (manifest): 260 examples" in text, text
