@@ -26,12 +26,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
-from pipeline.cache import CacheLayout, choose_stores  # noqa: E402
 from pipeline.config import PipelineConfig  # noqa: E402
 from pipeline.inference import TrainingData, pad_id  # noqa: E402
 from pipeline.models import load_classifier  # noqa: E402
-from pipeline.objective import target_plan  # noqa: E402
-from stages.capture import capture_shard  # noqa: E402
+from stages.capture import cache_layouts, capture_shard  # noqa: E402
 
 
 class Sample:
@@ -83,10 +81,7 @@ def main() -> None:
     teacher = load_classifier(str(args.run / "teacher" / "model")).eval()
     prepare = args.run / "prepare"
     data = TrainingData(prepare, args.run / "capture")
-    plan = target_plan(config, teacher.config)
-    layout = CacheLayout(plan, teacher.config.num_labels, teacher.config.hidden_size,
-                         choose_stores(plan, data.lengths[:data.relational], teacher.config.hidden_size, config.capture.store),
-                         config.capture.dtype)
+    plan, layout, _ = cache_layouts(config, teacher.config, data)
     pad, cores = pad_id(prepare), torch.get_num_threads()
     bf16 = config.precision == "bf16"
     default = {"batch_size": config.capture.batch_size, "by_length": True, "inference_mode": False, "bf16": bf16,

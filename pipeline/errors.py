@@ -67,13 +67,7 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
         path = f"{database} (MLflow's database)" if database else None
     if path is None and folder.is_dir():  # a library that hid its filename (torch's zip writer, ORT's C++ writer):
         path = newest_file(folder)           # the file written last is the one the disk filled under
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        free = shutil.disk_usage(probe).free
-    except OSError:
-        free = None
+    free = free_bytes(folder)
     full = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain)
     full = full or any(marker in str(e).lower() for e in chain for marker in _DISK_FULL_TEXT)
     full = full or (free is not None and free < (1 << 20))
@@ -95,12 +89,20 @@ def require_room(path: Path, needed: int, doing: str, writer: str) -> None:
     """Refuse, naming ``path``, before a library writes it with a writer that reports no error on a full disk (it
     leaves a truncated file and carries on, and what reads the file back fails with a parse error): when the disk
     holding ``path`` has less than ``needed`` bytes free, the full disk is raised here, where it would happen."""
-    probe = Path(path).parent
+    free = free_bytes(Path(path).parent)
+    if free is not None and free < needed:
+        raise _disk_full(doing, path, f"{writer} needs about {needed / 1e6:.1f} MB there and {free / 1e6:.1f} MB are free")
+
+
+def free_bytes(folder) -> int | None:
+    """Free bytes on the disk that holds ``folder`` (its nearest existing parent, for a folder not made yet), or None."""
+    probe = Path(folder)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if free < needed:
-        raise _disk_full(doing, path, f"{writer} needs about {needed / 1e6:.1f} MB there and {free / 1e6:.1f} MB are free")
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
 
 
 def newest_file(folder: Path) -> Path | None:

@@ -70,14 +70,9 @@ def run(ctx) -> dict:
             log.info("[capture] capture.mode is online: the teacher runs inside each distillation step; nothing stored")
         return {"mode": "online", "cache_bytes": 0, "augmented_examples": augmented}
 
-    plan = target_plan(config, teacher.config)
     train = TrainingData(prepare, ctx.out)  # train split, unlabeled text, then augmented variants (logits only)
     lengths, relational = train.lengths, train.relational
-    layout = CacheLayout(plan, teacher.config.num_labels, teacher.config.hidden_size,
-                         choose_stores(plan, lengths[:relational], teacher.config.hidden_size, config.capture.store),
-                         config.capture.dtype)
-    logits_layout = CacheLayout(plan.logits_only(), teacher.config.num_labels, teacher.config.hidden_size, layout.stores,
-                                config.capture.dtype)
+    plan, layout, logits_layout = cache_layouts(config, teacher.config, train)
     estimate = estimate_bytes(layout, lengths[:relational]) + estimate_bytes(logits_layout, lengths[relational:])
     per_example = estimate / len(lengths)
     if ctx.is_main:
@@ -128,6 +123,16 @@ def run(ctx) -> dict:
                          "relation_fraction": summary["relation_fraction"]})
         log.info("[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths))
     return {k: v for k, v in summary.items() if not isinstance(v, dict)}
+
+
+def cache_layouts(config, teacher_config, train: TrainingData) -> tuple:
+    """(target plan, layout of the rows with relation targets, layout of the logits-only rows) for ``train``."""
+    plan = target_plan(config, teacher_config)
+    stores = choose_stores(plan, train.lengths[:train.relational], teacher_config.hidden_size, config.capture.store)
+    layout = CacheLayout(plan, teacher_config.num_labels, teacher_config.hidden_size, stores, config.capture.dtype)
+    logits_layout = CacheLayout(plan.logits_only(), teacher_config.num_labels, teacher_config.hidden_size, stores,
+                                config.capture.dtype)
+    return plan, layout, logits_layout
 
 
 def fit_budget(cfg, layout: CacheLayout, logits_layout: CacheLayout, lengths: np.ndarray, relational: int,

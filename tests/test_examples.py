@@ -2,11 +2,11 @@
 line parses it, names a config and a sweep file that exist, and gives overrides and picks the schema accepts (issue
 29; `sweep ... --pick ... distill.epochs=3` from the README used to end in "unrecognized arguments"); `make` examples
 expand to the command checked; and every `run` / `status` / `validate` example runs to completion, as written but on
-the tiny config (a bert_small run takes 14 minutes), its stages done afterwards; those that rerun the export add
-export.executorch=off (the ExecuTorch lowering is 29 s of each tiny export; the session's tiny run covers it). Sweep examples name bert_small's sweep
-files, whose teacher layers tiny does not have: they are parsed and every variant validated here, and the same
-command shape (`sweep tiny <file> --pick ...`) runs in tests/test_sweep.py; several processes or nodes run in
-tests/test_multiprocess.py and tests/test_multinode.py."""
+the tiny config (a bert_small run takes 14 minutes), its stages done afterwards. Those that rerun the export add
+export.executorch=off: the ExecuTorch lowering is 29 s of each tiny export, and the session's tiny run covers it.
+Sweep examples name bert_small's sweep files, whose teacher layers tiny does not have: they are parsed and every
+variant validated here, and the same command shape (`sweep tiny <file> --pick ...`) runs in tests/test_sweep.py;
+several processes or nodes run in tests/test_multiprocess.py and tests/test_multinode.py."""
 
 from __future__ import annotations
 
@@ -141,8 +141,8 @@ for _where, _line in EXAMPLES:
     _argv = as_argv(_line)
     if _argv[0] in ("run", "status", "validate") and "--help" not in _argv and on_tiny(_argv) not in [a for a, _ in RUNNABLE]:
         RUNNABLE.append((on_tiny(_argv), _where))
-# They share one run folder: those without overrides first (they find the session's run complete), then one that
-# reruns from distill, then the one that changes the seed (everything reruns) last.
+# They share one run folder: those without overrides first (they find the session's run complete), then those with
+# overrides, the one that changes the seed (everything reruns) last.
 RUNNABLE.sort(key=lambda item: (any("=" in word for word in item[0]), any(w.startswith("seed=") for w in item[0])))
 
 
@@ -161,21 +161,27 @@ def example_runs(tiny_run, tmp_path_factory):
     return runs_dir
 
 
-def stage_range(args) -> list[str]:
-    first = args.only or args.from_stage or STAGES[0]
-    last = args.only or args.to_stage or STAGES[-1]
-    return STAGES[STAGES.index(first[0] if isinstance(first, list) else first):
-                  STAGES.index(last[0] if isinstance(last, list) else last) + 1]
+def parsed(argv: list[str]):
+    """The command line as the command reads it: --from / --only / --to as single stages (cli.stage_range)."""
+    args = cli.parse(argv)
+    if args.command == "run":
+        cli.stage_range(args)
+    return args
+
+
+def covered_stages(args) -> list[str]:
+    first, last = args.only or args.from_stage or STAGES[0], args.only or args.to_stage or STAGES[-1]
+    return STAGES[STAGES.index(first):STAGES.index(last) + 1]
 
 
 @pytest.mark.parametrize("argv, where", RUNNABLE, ids=[" ".join(a) for a, _ in RUNNABLE])
 def test_every_run_example_runs_to_completion(example_runs, argv, where):
     """The example exits 0 without a traceback; afterwards every stage it covers is done for its config and
     overrides; the stages a --force / --from example asks to rerun were written by it."""
-    args = cli.parse(argv)
-    if args.command == "run" and "export" in stage_range(args) and (args.force or args.from_stage or args.overrides):
+    args = parsed(argv)
+    if args.command == "run" and "export" in covered_stages(args) and (args.force or args.from_stage or args.overrides):
         argv = [*argv, NO_PTE]
-        args = cli.parse(argv)
+        args = parsed(argv)
     config = cli._resolved(load_config(args.config, args.overrides))  # as the command resolves it (precision auto)
     started = time.time()
     result = run_in_process(*argv, "--runs-dir", str(example_runs))
@@ -189,7 +195,7 @@ def test_every_run_example_runs_to_completion(example_runs, argv, where):
         for stage in STAGES:
             assert re.search(rf"^{stage} +{states[stage]['state']} ", result.stdout, re.M), result.stdout
         return
-    covered = stage_range(args)
+    covered = covered_stages(args)
     assert {s: states[s]["state"] for s in covered} == {s: "done" for s in covered}, result.stderr[-3000:]
     rerun = covered if args.force or args.from_stage else []
     for stage in rerun:
