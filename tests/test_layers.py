@@ -11,7 +11,8 @@ import pytest
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 
 LAYERS = [  # lowest first: a module imports from its own layer or the ones below, never above
-    ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker"}),
+    ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker",
+                "model_packages"}),
     ("architectures and losses", {"families", "attention", "losses", "terms", "peers"}),
     ("config and data", {"config", "data", "inference"}),
     ("models and training", {"models", "pruning", "training", "objective", "cache"}),
