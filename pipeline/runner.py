@@ -192,6 +192,12 @@ class StageContext:
     dist: "Distributed"
 
     def input(self, stage: str) -> Path:
+        if stage not in stage_module(self.name).AFTER:
+            # Its fingerprint would not cover that stage's: a rerun upstream would leave this stage's output stale.
+            raise PipelineError(
+                f"Stage '{self.name}' reads the output of '{stage}', which its AFTER list "
+                f"({', '.join(stage_module(self.name).AFTER) or 'empty'}) does not name: its fingerprint would not "
+                f"change when '{stage}' reruns. Add '{stage}' to AFTER in stages/{self.name}.py.")
         folder = self.run_dir / stage
         # The other ranks, maybe on other machines: rank 0 completed this stage before the barrier they passed, but a
         # network filesystem can show another machine a stale view of the folder for a while (attribute caching).

@@ -1,4 +1,4 @@
-"""Stage 3, baselines: what a mobile team would ship instead, trained and scored on this run's splits.
+"""Baselines: what a mobile team would ship instead, trained and scored on this run's splits.
 
 TF-IDF + logistic regression, fastText (quantized) and model2vec-style static
 embeddings from the teacher + logistic regression (pipeline/peers.py), each
@@ -30,7 +30,7 @@ log = logging.getLogger("pipeline")
 
 READS = ["seed", "baselines"]
 AFTER = ["prepare", "teacher"]
-VERSION = 3  # 2: the TF-IDF peer saved as npz (vocabulary, idf, weights), not pickle; 3: scored one text per call, vocabulary as UTF-8 bytes
+VERSION = 3  # bump when the output changes for the same inputs (history: git log)
 
 
 def run(ctx) -> dict:

@@ -1,4 +1,4 @@
-"""Stage 3, capture: run the teacher once over the training data and store its targets.
+"""Capture: run the teacher once over the training data and store its targets.
 
 Only what the configured loss terms need is stored (logits; the targets the
 terms in pipeline/terms.py declare, e.g. per mapped teacher layer the attention /
@@ -42,7 +42,7 @@ log = logging.getLogger("pipeline")
 READS = ["precision", "capture", "distill.layer_map", "distill.relation_heads", "distill.loss", "student", "data.unlabeled_text", "seed"]
 AFTER = ["prepare", "teacher"]
 FILE_READS: list[str] = []  # no local file of its own: the teacher and data arrive through prepare and teacher
-VERSION = 2  # 2: the cache layout and fingerprint derive from the registered terms (pipeline/terms.py)
+VERSION = 2  # bump when the output changes for the same inputs (history: git log)
 
 
 def fingerprint_inputs(config) -> dict:

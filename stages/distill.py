@@ -1,4 +1,4 @@
-"""Stage 4, distill: train the student against the teacher.
+"""Distill: train the student against the teacher.
 
 The student is built as configured (teacher layers, a pretrained encoder,
 random, or with student.kind: static one vector per token initialised from the

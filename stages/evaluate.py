@@ -1,4 +1,4 @@
-"""Stage 5, evaluate: teacher and student on the held-out test split.
+"""Evaluate: teacher and student on the held-out test split.
 
 accuracy, macro-F1, per-class precision/recall/F1, confusion matrices (PNG),
 teacher-student agreement, retention (student accuracy / teacher accuracy),

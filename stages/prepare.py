@@ -1,4 +1,4 @@
-"""Stage 1, prepare: load the dataset, split it deterministically, tokenize once.
+"""Prepare: load the dataset, split it deterministically, tokenize once.
 
 Tokenization streams: batches of texts go straight into Arrow files (datasets'
 batched map, several processes where the machine has more than two cores), and
@@ -28,7 +28,7 @@ log = logging.getLogger("pipeline")
 
 READS = ["seed", "data", "teacher.model", "teacher.tokenizer", "teacher.trust_remote_code"]
 AFTER: list[str] = []
-VERSION = 2  # 2: missing-label tokens dropped, label_names for integer labels, texts cut to max_text_chars
+VERSION = 2  # bump when the output changes for the same inputs (history: git log)
 PAIR_FORMAT = 2  # 2: token_type_ids stored for teachers with segment embeddings (sentence pairs only)
 
 

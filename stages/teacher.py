@@ -1,4 +1,4 @@
-"""Stage 2, teacher: obtain the task teacher.
+"""Teacher: obtain the task teacher.
 
 Either an already fine-tuned classifier (teacher.finetune: false; its label
 count must match the data, and when its id2label holds real names, not

@@ -109,7 +109,7 @@ def test_other_ranks_wait_for_a_stage_output_their_filesystem_shows_late(tmp_pat
 
     def context(rank):
         dist = types.SimpleNamespace(world=2, rank=rank, is_main=rank == 0)
-        return runner.StageContext(config=None, name="teacher", run_dir=tmp_path, out=tmp_path / "teacher.partial",
+        return runner.StageContext(config=None, name="export", run_dir=tmp_path, out=tmp_path / "export.partial",
                                    tracker=None, dist=dist)
 
     monkeypatch.setattr(runner, "SHARED_FOLDER_PATIENCE_S", 20)
