@@ -65,8 +65,9 @@ $(STAMP): pyproject.toml Makefile pipeline/bundle_files/web/package-lock.json te
 venv: $(STAMP)
 
 # NPROC processes per node; pipeline/launch.py checks the node settings and runs `accelerate launch --multi_gpu`.
+# A NODE_RANK or MASTER_ADDR goes to the launcher too, which refuses them with NNODES=1 (a node that forgot NNODES).
 distill: $(STAMP)
-ifeq ($(NPROC)/$(NNODES),1/1)
+ifeq ($(strip $(NPROC)/$(NNODES)/$(NODE_RANK)/$(MASTER_ADDR)),1/1/0/)
 	$(PY) -m pipeline run $(CONFIG) $(ARGS) --runs-dir $(RUNS_DIR)
 else
 	$(PY) -m pipeline.launch --nproc "$(NPROC)" --nnodes "$(NNODES)" --node-rank "$(NODE_RANK)" \

@@ -20,6 +20,7 @@ import argparse
 import os
 import shlex
 import shutil
+import socket
 import sys
 
 
@@ -40,6 +41,15 @@ def _count(name: str, raw: str, lowest: int) -> int:
     return value
 
 
+def names_this_machine(address: str) -> bool:
+    """Whether ADDRESS is this machine by name, without asking DNS: localhost, a loopback address or this host's name
+    (a one-node Slurm allocation or Kubernetes job exports MASTER_ADDR naming the node itself)."""
+    address = address.strip().lower().rstrip(".")
+    host = socket.gethostname().lower()
+    return (address in ("localhost", "::1", host, host.split(".")[0]) or address.startswith("127.")
+            or (not address[:1].isdigit() and address.split(".")[0] == host.split(".")[0]))
+
+
 def accelerate_command(nproc, nnodes, node_rank, master_addr, master_port, pipeline_args: list[str]) -> list[str]:
     """The `accelerate launch` argv for this node, after checking the settings (LaunchError says what is wrong)."""
     nproc, nnodes = _count("NPROC", nproc, 1), _count("NNODES", nnodes, 1)
@@ -48,15 +58,27 @@ def accelerate_command(nproc, nnodes, node_rank, master_addr, master_port, pipel
     port = _count("MASTER_PORT", given_port or DEFAULT_PORT, 1)
     if port > 65535:
         raise LaunchError(f"MASTER_PORT={master_port} is not a TCP port (1-65535).")
+    master_addr = (master_addr or "").strip()
+    if nnodes == 1 and (node_rank != 0 or (master_addr and not names_this_machine(master_addr))):
+        given = [f"{name}={value}" for name, value, set_ in (
+            ("NODE_RANK", node_rank, node_rank != 0), ("MASTER_ADDR", master_addr, bool(master_addr))) if set_]
+        raise LaunchError(f"{' and '.join(given)} {'were' if len(given) > 1 else 'was'} given with NNODES=1 (the "
+                          "default: a job on this machine alone): a node rank other than 0 "
+                          "or the address of another node only mean something in a job over several nodes, and "
+                          "running alone would start a separate single-node job that never meets the other nodes. "
+                          "For a job over several nodes give NNODES=<nodes> on every node (the same on all); for a job "
+                          "on this machine alone leave NODE_RANK and MASTER_ADDR unset (unset MASTER_ADDR if your "
+                          "shell exports it).")
     if node_rank >= nnodes:
         raise LaunchError(f"NODE_RANK={node_rank} is out of range for NNODES={nnodes}: node ranks are 0 to "
                           f"{nnodes - 1}, one per node, and node 0 is the one at MASTER_ADDR.")
-    master_addr = (master_addr or "").strip()
     if nnodes > 1 and not master_addr:
         raise LaunchError(f"NNODES={nnodes} needs MASTER_ADDR: the host name or IP address of node 0 (NODE_RANK=0), "
                           "which every node can reach and where the rendezvous listens on MASTER_PORT.")
     if not pipeline_args:
         raise LaunchError("no pipeline arguments: give the config after --, e.g. -- tiny --runs-dir runs.")
+    if nproc * nnodes == 1:  # one process (e.g. MASTER_ADDR naming this machine): a plain run, as `make distill`
+        return [sys.executable, "-m", "pipeline", "run", *pipeline_args]
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     if not os.path.exists(accelerate):
         accelerate = shutil.which("accelerate") or accelerate
