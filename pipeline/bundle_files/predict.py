@@ -24,7 +24,7 @@ An empty text is valid: it is classified as its special tokens alone ("[CLS] [SE
 The model file's sha256 is checked against metadata.json on every run: a
 mismatch is a warning. --verify checks every file metadata.json lists (models,
 tokenizer, labels, README...) before anything runs and stops at a missing or
-changed one.
+changed one, or at a file in the bundle folder that metadata.json does not list.
 
 Exit codes: 0 ok; 2 bad arguments, bundle files, --eval file, or (with
 --verify) a bundle file that is missing or whose sha256 is not the one in
@@ -289,12 +289,25 @@ def inside_bundle(bundle: Path, name: str) -> bool:
     return not Path(name).is_absolute() and Path(bundle).resolve() in path.parents
 
 
-MODEL_SUFFIXES = (".onnx", ".ort", ".pte")
+def unlisted_files(bundle: Path, files: dict) -> list[str]:
+    """Every file in the bundle folder (subfolders included) that metadata.json -> files does not list, whatever its
+    name: metadata.json itself and the bytecode Python writes for a listed script (__pycache__/predict.*.pyc) aside."""
+    scripts = {Path(name).with_suffix("").as_posix() for name in files if name.endswith(".py")}
+    unlisted = []
+    for path in sorted(bundle.rglob("*")):
+        name = path.relative_to(bundle).as_posix()
+        if name in files or name == "metadata.json" or not (path.is_file() or path.is_symlink()):
+            continue
+        if path.parent.name == "__pycache__" and path.suffix == ".pyc" and \
+                (path.parent.parent / path.name.split(".")[0]).relative_to(bundle).as_posix() in scripts:
+            continue
+        unlisted.append(name)
+    return unlisted
 
 
 def verify_bundle(bundle: Path) -> int:
     """Every file metadata.json -> files lists must be inside the bundle and exist with that sha256, and every
-    model file in the bundle must be listed; returns how many were checked."""
+    other file in the bundle folder must be listed; returns how many were checked."""
     bundle = Path(bundle)
     files = read_json(bundle / "metadata.json").get("files") if (bundle / "metadata.json").is_file() else None
     if not isinstance(files, dict) or not files:
@@ -303,11 +316,12 @@ def verify_bundle(bundle: Path) -> int:
     if outside:
         raise PredictError(f"--verify: metadata.json lists {', '.join(map(repr, outside))}, outside the bundle folder "
                            f"{bundle}: a bundle describes only its own files; {REBUILD}")
-    unlisted = sorted(p.relative_to(bundle).as_posix() for p in bundle.rglob("*")
-                      if p.is_file() and p.suffix in MODEL_SUFFIXES and p.relative_to(bundle).as_posix() not in files)
+    unlisted = unlisted_files(bundle, files)
     if unlisted:
-        raise PredictError(f"--verify: {', '.join(unlisted)} in {bundle} is a model file metadata.json does not list: "
-                           f"the export did not write it; remove it or {REBUILD}")
+        one = len(unlisted) == 1
+        raise PredictError(f"--verify: {', '.join(unlisted)} in {bundle} {'is a file' if one else 'are files'} "
+                           f"metadata.json does not list: the export did not write {'it' if one else 'them'}; remove "
+                           f"{'it' if one else 'them'} or {REBUILD}")
     for name, entry in sorted(files.items()):
         path = bundle / name
         if not path.is_file():

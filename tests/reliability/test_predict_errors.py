@@ -183,7 +183,7 @@ def test_metadata_naming_a_file_outside_the_bundle_is_refused(bundle, tmp_path):
 def test_verify_names_a_model_file_the_export_did_not_write(bundle):
     shutil.copy(bundle / "model.onnx", bundle / "extra.onnx")
     assert_error(predict_process(bundle, "--verify"),
-                 "--verify: extra.onnx in", "is a model file metadata.json does not list")
+                 "--verify: extra.onnx in", "is a file metadata.json does not list")
 
 
 def test_a_pair_for_a_single_text_model_is_refused(exported, tmp_path):
