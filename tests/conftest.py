@@ -14,7 +14,8 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 from tests.helpers import run_cli  # noqa: E402  (after the offline settings)
-from tests.tiers import pytest_collection_modifyitems, pytest_runtest_makereport  # noqa: E402,F401  (hooks)
+from tests.tiers import (  # noqa: E402,F401  (hooks)
+    pytest_collection_modifyitems, pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup)
 
 
 @pytest.fixture(scope="session")

@@ -102,6 +102,7 @@ def test_stamp_adds_the_header_once(tmp_path):
         report.stamp(path, "again")
 
 
+@pytest.mark.process
 def test_check_command_exits_0_on_the_committed_files():
     result = subprocess.run([sys.executable, "bench/report.py", "--check"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)

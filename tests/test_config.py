@@ -97,6 +97,7 @@ def test_on_off_settings_read_as_the_words_yaml_turns_into_booleans(tmp_path):
         load_config("tiny", ["export.executorch=sometimes"])
 
 
+@pytest.mark.process
 def test_cli_exit_code_2_without_traceback():
     result = run_cli("validate", "tiny", "distill.epohcs=1")
     assert result.returncode == 2
@@ -104,6 +105,7 @@ def test_cli_exit_code_2_without_traceback():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.process
 def test_cli_validate_prints_resolved_config():
     result = run_cli("validate", "tiny", "seed=5")
     assert result.returncode == 0, result.stderr

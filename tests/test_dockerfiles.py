@@ -114,6 +114,7 @@ def test_the_environment_layer_depends_only_on_the_install_inputs(name):
                       "pipeline/bundle_files/web/package-lock.json", "tests/node/package-lock.json"}, copied
 
 
+@pytest.mark.process
 def test_build_inputs_refuse_a_wheel_folder_without_the_pinned_torch_and_keep_the_old_inputs(tmp_path):
     import subprocess
 
@@ -127,6 +128,7 @@ def test_build_inputs_refuse_a_wheel_folder_without_the_pinned_torch_and_keep_th
     assert res.returncode != 0 and "is not a file" in res.stderr, res.stderr
 
 
+@pytest.mark.process
 def test_docker_base_script_says_what_is_missing(tmp_path):
     import subprocess
 

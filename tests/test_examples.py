@@ -100,6 +100,7 @@ def test_every_example_parses_and_validates(where, line):
 MAKE_EXAMPLES = sorted({line for _, line in EXAMPLES if line.startswith("make ")})
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("line", MAKE_EXAMPLES)
 def test_make_runs_what_the_example_is_checked_as(line):
     """`make -n` (the Makefile's own expansion, nothing run) gives the pipeline command as_argv checks above; the

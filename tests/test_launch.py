@@ -29,6 +29,7 @@ def launch(*args: str) -> subprocess.CompletedProcess:
     (["--nnodes", "two", "--master-addr", "h"], "NNODES='two' is not a whole number"),
     (["--nnodes", "2", "--master-addr", "h", "--master-port", "70000"], "MASTER_PORT=70000 is not a TCP port"),
 ])
+@pytest.mark.process
 def test_bad_launch_settings_are_one_paragraph_errors(args, says):
     result = launch(*args, "--dry-run", "--", "tiny")
     assert result.returncode == 2
@@ -46,6 +47,7 @@ def test_each_node_gets_its_share_of_one_job():
     assert "--main_process_ip" not in accelerate_command("2", "1", "0", "", "", ["tiny"])
 
 
+@pytest.mark.process
 def test_make_distill_passes_the_node_settings():
     """`make distill` with node settings runs the launcher with them; NPROC=1 on one node stays a plain run."""
     def dry(*settings):

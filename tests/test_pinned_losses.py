@@ -65,6 +65,7 @@ def distill_step_metrics(tmp_path, monkeypatch) -> dict[int, dict[str, float]]:
     return recorded
 
 
+@pytest.mark.pipeline
 def test_distill_losses_per_step_are_pinned(tmp_path, monkeypatch):
     recorded = distill_step_metrics(tmp_path, monkeypatch)
     got = {step: {term: float(f"{recorded[step][term]:.7g}") for term in TERMS} for step in range(1, STEPS + 1)}

@@ -173,6 +173,7 @@ torch.distributed.destroy_process_group()  # as the CLI does: no gloo thread lef
 """
 
 
+@pytest.mark.pipeline
 def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_its_step(tmp_path):
     """Two real CPU processes (gloo): the earliest bad step of any rank is what every rank reports."""
     script = tmp_path / "ranks.py"

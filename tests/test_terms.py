@@ -116,6 +116,7 @@ def test_a_plan_takes_term_flags_or_names_and_refuses_unknown_ones():
         TargetPlan(pairs=[(0, 1)], relation_heads=4, embeddings=True)
 
 
+@pytest.mark.process
 def test_config_weights_follow_the_registry():
     assert list(LossWeights.model_fields) == list(TERMS)
     assert {name: f.default for name, f in LossWeights.model_fields.items()} == {name: t.default for name, t in TERMS.items()}

@@ -1,13 +1,20 @@
 """The tiers (tests/tiers.py): unmarked tests are `unit`, a pipeline-run fixture makes a test `pipeline`, and with
-REQUIRE_EXTERNAL=1 (CI) an `external` test that skips fails instead."""
+REQUIRE_EXTERNAL=1 (CI) an `external` test that skips fails instead. The unit tier keeps its promise: a unit test that
+starts a process, a pipeline run or a stage fails with TierBreach, so `make test-fast` cannot quietly grow slow."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
+from tests.tiers import TierBreach
+
+pytestmark = pytest.mark.process  # pytest in a subprocess, but for the unit-tier guard's own tests below
 
 CASES = '''
 import pytest
@@ -31,7 +38,7 @@ def test_needs_a_tool():
 def pytest_in(folder, *args, env=None):
     """pytest on ``folder`` with only the tiers plugin (not this suite's conftest)."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "tests.tiers", "-p", "no:cacheprovider", "--rootdir", str(folder),
-               "-o", "markers=unit\npipeline\nexternal", *args, str(folder)]
+               "-o", "markers=unit\nprocess\npipeline\nexternal", *args, str(folder)]
     return subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
                           capture_output=True, text=True, timeout=120)
 
@@ -71,3 +78,30 @@ def test_a_missing_docker_skips_with_the_reason_and_fails_in_ci(tmp_path):
     assert "no 'docker' command: install Docker" in local.stdout
     ci = pytest_in(tmp_path, env={"REQUIRE_EXTERNAL": "1", **no_tools})
     assert ci.returncode == 1 and "1 failed" in ci.stdout and "no 'docker' command" in ci.stdout, ci.stdout
+
+
+@pytest.mark.unit
+def test_a_unit_test_cannot_start_a_subprocess():
+    with pytest.raises(TierBreach, match="subprocess"):
+        subprocess.run([sys.executable, "-c", "pass"])
+
+
+@pytest.mark.unit
+def test_a_unit_test_cannot_start_a_process():
+    with pytest.raises(TierBreach, match="multiprocessing"):
+        multiprocessing.get_context("spawn").Process(target=print).start()
+
+
+@pytest.mark.unit
+def test_a_unit_test_cannot_run_a_stage_or_the_pipeline():
+    import pipeline.runner as runner
+    import stages.prepare
+
+    with pytest.raises(TierBreach, match="prepare stage"):
+        stages.prepare.run(None)
+    with pytest.raises(TierBreach, match="ran the pipeline"):
+        runner.run_pipeline(None, None)
+
+
+def test_other_tiers_may():  # process tier (the module's mark)
+    assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0

@@ -1,8 +1,9 @@
 """The test tiers, as pytest hooks (tests/conftest.py takes them from here).
 
-``unit``: no pipeline run (`make test-fast`); ``pipeline``: reads or makes a pipeline run; ``external``: needs a tool
-outside Python (Docker, PostgreSQL, Chromium, Node.js). A test that uses a pipeline-run fixture is marked
-``pipeline`` here; tests that start a run themselves carry the marker in their module. Unmarked tests are ``unit``.
+``unit``: no pipeline run, no stage, no process of its own (`make test-fast`; enforced: tests/test_tiers.py);
+``process``: starts a process (the CLI, ``make -n``, a script) but makes no pipeline run; ``pipeline``: reads or makes
+a pipeline run; ``external``: needs a tool outside Python (Docker, PostgreSQL, Chromium, Node.js). A test that uses a pipeline-run fixture is marked
+``pipeline`` here; tests that start a run or a process themselves carry the marker. Unmarked tests are ``unit``.
 
 An ``external`` test may skip where its tool is missing, but not where ``REQUIRE_EXTERNAL=1`` (CI sets it): there
 the skip is reported as a failure naming what is missing. ``docker_or_skip`` is that skip for the Docker engine and
@@ -21,15 +22,62 @@ import pytest
 COMPOSE = ["docker-compose"]
 
 # Fixtures that make or copy a pipeline run: a test using one (directly or through another fixture) is `pipeline`.
-RUN_FIXTURES = {"tiny_run", "static_tiny_run", "base_run", "pair_run", "family_runs"}
+RUN_FIXTURES = {"tiny_run", "static_tiny_run", "base_run", "pair_run", "family_runs", "generated"}
+# Fixtures that start a process (a script, the CLI) but make no pipeline run: a test using one is `process`.
+PROCESS_FIXTURES = {"smoke"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if RUN_FIXTURES & set(item.fixturenames) and not item.get_closest_marker("pipeline"):
             item.add_marker(pytest.mark.pipeline)
-        if not item.get_closest_marker("pipeline") and not item.get_closest_marker("external"):
+        if PROCESS_FIXTURES & set(item.fixturenames) and not item.get_closest_marker("process"):
+            item.add_marker(pytest.mark.process)
+        if not any(item.get_closest_marker(tier) for tier in ("pipeline", "process", "external")):
             item.add_marker(pytest.mark.unit)
+
+
+class TierBreach(RuntimeError):
+    """A ``unit`` test started a process, a stage or a pipeline run."""
+
+
+def _refuse(what: str):
+    def refuse(*_args, **_kwargs):
+        raise TierBreach(f"a unit-tier test {what}: `make test-fast` promises none. Mark the test (or its module) "
+                         "`pipeline` (pytest.mark.pipeline) if it must, or test the function without it.")
+    return refuse
+
+
+def _guarded(item):
+    """The unit tier's promise, enforced around a ``unit`` test's setup (its fixtures, module-wide ones included) and
+    call: starting a subprocess, a multiprocessing process, a pipeline run or any stage's ``run`` raises TierBreach."""
+    import contextlib
+    import importlib
+    import multiprocessing.process
+
+    if not item.get_closest_marker("unit"):
+        return contextlib.nullcontext()
+    import pipeline.runner as runner
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(subprocess.Popen, "_execute_child", _refuse("started a subprocess"))
+    patch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("started a multiprocessing process"))
+    patch.setattr(runner, "run_pipeline", _refuse("ran the pipeline"))
+    for stage in runner.STAGES:
+        patch.setattr(importlib.import_module(f"stages.{stage}"), "run", _refuse(f"ran the {stage} stage"))
+    return contextlib.closing(type("Undo", (), {"close": lambda self: patch.undo()})())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _guarded(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _guarded(item):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)

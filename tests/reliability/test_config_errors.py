@@ -139,6 +139,7 @@ def test_stage_options_that_cannot_mean_what_they_say_are_refused(run_copy, extr
     assert nothing_written(run_copy.run_dir) == before
 
 
+@pytest.mark.pipeline
 def test_only_on_a_new_folder_never_calls_later_stages_up_to_date(tmp_path):
     from tests.reliability.helpers import cli
 

@@ -124,6 +124,7 @@ def test_yaml_object_tags_are_rejected(tmp_path, where):
     assert not marker.exists()
 
 
+@pytest.mark.process
 def test_make_ui_binds_localhost():
     dry = subprocess.run(["make", "-n", "ui", "RUNS_DIR=/tmp/rel-ui"], cwd=ROOT, capture_output=True, text=True)
     lines = [line for line in dry.stdout.splitlines() if "mlflow ui" in line or "mlflow server" in line]
