@@ -167,6 +167,20 @@ def write_json(path: Path, data) -> None:
 
 
 SHOW_BARS = sys.stderr.isatty()  # progress bars in terminals, not in CI logs
+# Elsewhere (nohup, CI, a pipe) the same bar is written as a log line at most once a minute: a 50-minute teacher
+# fine-tune on two cores must not look like a hang.
+PROGRESS_LOG_INTERVAL_S = 60.0
+
+
+class _ProgressLines:
+    """A file for tqdm that turns each refresh of a bar into one log line."""
+
+    def write(self, text: str) -> None:
+        if line := text.strip("\r\n "):
+            log.info("%s", line)
+
+    def flush(self) -> None:
+        pass
 # How long a rank other than 0 keeps looking for an earlier stage's output that rank 0 has completed (NFS clients
 # cache directory attributes: acdirmin/acdirmax in nfs(5)).
 SHARED_FOLDER_PATIENCE_S = 90
@@ -260,8 +274,10 @@ class StageContext:
     def progress(self, total: int, desc: str, initial: int = 0):
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, initial=initial, desc=desc, disable=not self.is_main or not SHOW_BARS,
-                    dynamic_ncols=True, leave=False)
+        if SHOW_BARS or not self.is_main:
+            return tqdm(total=total, initial=initial, desc=desc, disable=not self.is_main, dynamic_ncols=True, leave=False)
+        return tqdm(total=total, initial=initial, desc=f"[{self.name}] {desc}", file=_ProgressLines(), ncols=110,
+                    mininterval=PROGRESS_LOG_INTERVAL_S, maxinterval=PROGRESS_LOG_INTERVAL_S, ascii=True, leave=False)
 
     # -------------------------------------------------------------- tracking (no-ops when MLflow is off)
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
