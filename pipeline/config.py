@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
 from .errors import ConfigError
 from .terms import TERMS
@@ -418,6 +419,54 @@ class TrackingConfig(Section):
         return value
 
 
+class ConfigProblems(ValueError):
+    """Several problems found together by a check across sections: (keys involved, message) each, the first key
+    being where the problem is reported. format_validation_error lists each as its own line."""
+
+    def __init__(self, problems: list[tuple[tuple[str, ...], str]]):
+        super().__init__("; ".join(message for _, message in problems))
+        self.problems = problems
+
+
+# Keys that mean nothing for a student kind, with the value that stands for "not set" where one exists (None for an
+# optional key): given explicitly (in the config file or override that chose student.kind, or a later one) with
+# another value, they are refused instead of being silently ignored.
+NO_MEANING = {
+    "static": {
+        "student.init": ("chooses how a transformer student starts; a static student always starts from the "
+                         "teacher's token vectors (student.static)", ...),
+        "student.teacher_layers": ("lists the teacher layers a transformer student copies; a static student has no "
+                                   "layers", ...),
+        "student.pretrained": ("names a pretrained transformer student; a static student has no layers", None),
+        "student.random": ("shapes a random transformer student; a static student has no layers", None),
+        "student.attn_implementation": ("chooses the attention kernel; a static student has no attention", ...),
+        "student.ffn_size": ("prunes transformer layers; a static student has none", None),
+        "student.ffn_importance_examples": ("scores the feed-forward neurons student.ffn_size keeps; a static student "
+                                            "has none", ...),
+        "distill.layer_map": ("pairs student layers with teacher layers; a static student has no layers", ...),
+        "distill.relation_heads": ("splits attention into relation heads; a static student has no attention", None),
+        "distill.attention_chunk": ("sizes the attention-loss chunks; a static student has no attention", None),
+    },
+    "transformer": {
+        "student.static": ("shapes a static student (student.kind: static); this student is a transformer", ...),
+    },
+}
+
+
+def meaningless_keys(kind: str, explicit: set[str], values: dict[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """Problems for keys given explicitly that mean nothing for student.kind ``kind`` (``values``: the flat config)."""
+    problems = []
+    for prefix, (why, unset) in NO_MEANING.get(kind, {}).items():
+        given = sorted(k for k in explicit if k == prefix or k.startswith(prefix + "."))
+        if not given or (unset is not ... and all(values.get(k, unset) == unset for k in given)):
+            continue
+        shown = ", ".join(f"{k}={json.dumps(values.get(k), default=str)}" for k in given)
+        fix = f"set {prefix}: null or remove it" if unset is None else f"remove {'them' if len(given) > 1 else 'it'}"
+        problems.append(((given[0], "student.kind"), f"means nothing for a {kind} student (student.kind: {kind}), so "
+                                                     f"it would be ignored: {prefix} {why}. Given: {shown}; {fix}"))
+    return problems
+
+
 class PipelineConfig(Section):
     name: str = Field("unnamed", description=f"run name: {RUN_NAME_RULE}")
     description: str = ""
@@ -447,39 +496,54 @@ class PipelineConfig(Section):
         return value
 
     @model_validator(mode="after")
-    def _student_shape(self):
-        s = self.student
+    def _student_shape(self, info: ValidationInfo):
+        """Checks across sections, every problem at once. With load_config's context ("explicit": the keys given in
+        the layer that chose student.kind or after it), a key that means nothing for the student's kind is refused."""
+        s, problems = self.student, []
+        explicit = (info.context or {}).get("explicit") if info is not None else None
+        if explicit is not None:
+            problems += meaningless_keys(s.kind, explicit, self.flat())
         if s.kind == "static":
             layered = [name for name, term in TERMS.items() if set(term.needs) - {"logits"} and getattr(self.distill.loss, name) > 0]
             if layered:
-                raise ValueError(
+                problems.append(((*(f"distill.loss.{n}" for n in layered), "student.kind"),
                     f"a static student (student.kind: static) has no layers or attention, so it learns from the teacher's "
                     f"logits only (ce, kd); distill.loss {', '.join(f'{n}={getattr(self.distill.loss, n)}' for n in layered)} "
-                    f"needs layers: set {', '.join(f'distill.loss.{n}=0' for n in layered)}")
-            if s.ffn_size is not None:
-                raise ValueError("student.ffn_size prunes transformer layers; a static student has none: set student.ffn_size: null")
-            if s.init != "teacher_layers":
-                raise ValueError("student.init chooses how a transformer student starts; a static student always starts "
-                                 "from the teacher's token vectors (student.static): leave student.init unset")
-            return self
-        if s.init == "teacher_layers" and not s.teacher_layers:
-            raise ValueError("student.teacher_layers must list at least one teacher layer")
-        if s.init == "teacher_layers" and len(set(s.teacher_layers)) != len(s.teacher_layers):
-            raise ValueError(f"student.teacher_layers {s.teacher_layers} repeats a layer")
-        if s.ffn_size is not None and s.init != "teacher_layers":
-            raise ValueError("student.ffn_size prunes teacher layers: it needs student.init 'teacher_layers'")
-        if s.init == "random" and s.random is None:
-            raise ValueError("student.init 'random' needs a student.random section (num_layers, hidden_size, ...)")
-        if s.init == "pretrained" and not s.pretrained:
-            raise ValueError("student.init 'pretrained' needs student.pretrained (a model folder or name)")
-        loss = self.distill.loss
-        if self.data.unlabeled_text and not loss.learns_from_teacher():
-            raise ValueError("data.unlabeled_text rows have no label, so they train only through the teacher: "
-                             "set a distill.loss weight other than ce above 0")
-        if self.capture.augment.copies and self.data.text_pair_column:
-            raise ValueError("capture.augment works on single sentences; set capture.augment.copies: 0 for text pairs")
+                    f"needs layers: set {', '.join(f'distill.loss.{n}=0' for n in layered)}"))
+            reported = {keys[0] for keys, _ in problems}
+            if s.ffn_size is not None and "student.ffn_size" not in reported:
+                problems.append((("student.ffn_size", "student.kind"), "student.ffn_size prunes transformer layers; a "
+                                 "static student has none: set student.ffn_size: null"))
+            if s.init != "teacher_layers" and "student.init" not in reported:
+                problems.append((("student.init", "student.kind"), "student.init chooses how a transformer student "
+                                 "starts; a static student always starts from the teacher's token vectors "
+                                 "(student.static): leave student.init unset"))
+        else:
+            if s.init == "teacher_layers" and not s.teacher_layers:
+                problems.append((("student.teacher_layers",), "student.teacher_layers must list at least one teacher layer"))
+            if s.init == "teacher_layers" and len(set(s.teacher_layers)) != len(s.teacher_layers):
+                problems.append((("student.teacher_layers",), f"student.teacher_layers {s.teacher_layers} repeats a layer"))
+            if s.ffn_size is not None and s.init != "teacher_layers":
+                problems.append((("student.ffn_size", "student.init"),
+                                 "student.ffn_size prunes teacher layers: it needs student.init 'teacher_layers'"))
+            if s.init == "random" and s.random is None:
+                problems.append((("student.random", "student.init"),
+                                 "student.init 'random' needs a student.random section (num_layers, hidden_size, ...)"))
+            if s.init == "pretrained" and not s.pretrained:
+                problems.append((("student.pretrained", "student.init"),
+                                 "student.init 'pretrained' needs student.pretrained (a model folder or name)"))
+            loss = self.distill.loss
+            if self.data.unlabeled_text and not loss.learns_from_teacher():
+                problems.append((("data.unlabeled_text", "distill.loss"),
+                                 "data.unlabeled_text rows have no label, so they train only through the teacher: "
+                                 "set a distill.loss weight other than ce above 0"))
+            if self.capture.augment.copies and self.data.text_pair_column:
+                problems.append((("capture.augment.copies", "data.text_pair_column"),
+                                 "capture.augment works on single sentences; set capture.augment.copies: 0 for text pairs"))
         if self.teacher.model == "random" and self.teacher.random is None:
-            raise ValueError("teacher.model 'random' needs a teacher.random section")
+            problems.append((("teacher.random", "teacher.model"), "teacher.model 'random' needs a teacher.random section"))
+        if problems:
+            raise ConfigProblems(problems)
         return self
 
     def student_depth(self) -> int | None:
@@ -701,8 +765,10 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
-def load_raw(name_or_path: str, configs_dir: Path = CONFIGS_DIR, _chain: tuple[str, ...] = ()) -> dict:
-    """Read a config file and the chain of files it extends, merged."""
+def load_raw(name_or_path: str, configs_dir: Path = CONFIGS_DIR, _chain: tuple[str, ...] = (),
+             _layers: list | None = None) -> dict:
+    """Read a config file and the chain of files it extends, merged (``_layers``: each file's own keys are appended
+    to it, base first)."""
     path = config_path(name_or_path, configs_dir)
     key = str(path.resolve())
     if key in _chain:
@@ -720,13 +786,18 @@ def load_raw(name_or_path: str, configs_dir: Path = CONFIGS_DIR, _chain: tuple[s
     data = read_yaml(path)
     parent = data.pop("extends", None)
     if parent is None:
+        if _layers is not None:
+            _layers.append(data)
         return data
     if not isinstance(parent, str):
         raise ConfigError(f"'extends' in {path} must be a config name, got {parent!r}.")
     if len(_chain) >= MAX_EXTENDS:
         raise ConfigError(f"Config '{Path(_chain[0]).stem}' extends more than {MAX_EXTENDS} files in a chain "
                           f"(at {path}); shorten the 'extends' chain.")
-    return deep_merge(load_raw(parent, configs_dir, (*_chain, key)), data)
+    merged = deep_merge(load_raw(parent, configs_dir, (*_chain, key), _layers), data)
+    if _layers is not None:
+        _layers.append(data)
+    return merged
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -784,36 +855,88 @@ def _fields_at(path: tuple) -> list[str]:
     return list(model.model_fields)
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = []
+def validation_problems(exc: ValidationError) -> list[tuple[str, tuple[str, ...]]]:
+    """One (line, dotted keys it concerns) per problem of a failed validation."""
+    problems = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-"))
         path = ".".join(str(p) for p in loc) or "(top level)"
+        keys = (".".join(str(p) for p in loc if isinstance(p, str)),)
         if err["type"] == "extra_forbidden":
             valid = _fields_at(loc[:-1])
             near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
             hint = f"did you mean '{'.'.join(map(str, loc[:-1] + (near[0],)))}'?" if near else ""
-            lines.append(f"  - {path}: unknown key. {hint} Valid keys here: {', '.join(valid)}.")
+            problems.append((f"  - {path}: unknown key. {hint} Valid keys here: {', '.join(valid)}.", keys))
+        elif err["type"] == "value_error" and isinstance((err.get("ctx") or {}).get("error"), ConfigProblems):
+            problems += [(f"  - {involved[0]}: {message}", involved)
+                         for involved, message in err["ctx"]["error"].problems]
         elif err["type"] == "value_error":
-            lines.append(f"  - {path}: {err['msg'].removeprefix('Value error, ')}")
+            problems.append((f"  - {path}: {err['msg'].removeprefix('Value error, ')}", keys))
         else:
             got = err.get("input")
             shown = json.dumps(got, default=str)[:80] if not isinstance(got, dict) else "a mapping"
             hint = ""
             if err["type"] == "string_type" and isinstance(got, (int, float, bool)):
                 hint = " Text is expected here: put the value in quotes to keep it as written."
-            lines.append(f"  - {path}: {err['msg']} (got {shown}).{hint}")
+            problems.append((f"  - {path}: {err['msg']} (got {shown}).{hint}", keys))
+    return problems
+
+
+def _problem_message(lines: list[str], source: str) -> str:
     return f"Config '{source}' has {len(lines)} problem(s):\n" + "\n".join(lines)
 
 
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    return _problem_message([line for line, _ in validation_problems(exc)], source)
+
+
+def explicit_keys(layers: list[dict]) -> set[str]:
+    """The dotted keys given in the layer (config file of the extends chain, base first, then the overrides as one
+    layer) that last set student.kind, or in a later one; every layer's keys where none sets it. A key set before
+    the kind was chosen (a base config's student.teacher_layers under a static variant) is inherited, not given."""
+    flat = [set(flatten(layer)) for layer in layers]
+    chosen = max((i for i, keys in enumerate(flat) if "student.kind" in keys), default=0)
+    return set().union(*flat[chosen:]) if flat else set()
+
+
+def _without_failed_values(raw: dict, exc: ValidationError) -> tuple[dict, set[str]]:
+    """``raw`` without the values that failed their own check (so the checks across sections can run on the rest),
+    and their dotted keys. A section that failed as a whole is kept: the checks across sections cannot run then."""
+    trimmed, removed = json.loads(json.dumps(raw, default=str)), set()
+    for err in exc.errors():
+        node, path = trimmed, []
+        for part in err["loc"]:
+            if not isinstance(node, dict) or not isinstance(part, str) or part not in node:
+                break
+            if not isinstance(node[part], dict) or err["type"] == "extra_forbidden":
+                del node[part]
+                removed.add(".".join([*path, part]))
+                break
+            node, path = node[part], [*path, part]
+    return trimmed, removed
+
+
 def load_config(name_or_path: str, overrides: list[str] | None = None, configs_dir: Path = CONFIGS_DIR) -> PipelineConfig:
-    raw = load_raw(name_or_path, Path(configs_dir))
+    layers: list[dict] = []
+    raw = load_raw(name_or_path, Path(configs_dir), _layers=layers)
     raw = apply_overrides(raw, overrides or [])
+    layers.append(apply_overrides({}, overrides or []))
     raw.setdefault("name", config_path(name_or_path, Path(configs_dir)).stem)
+    context = {"explicit": explicit_keys(layers)}
     try:
-        config = PipelineConfig.model_validate(raw)
+        config = PipelineConfig.model_validate(raw, context=context)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, name_or_path)) from None
+        lines = [line for line, _ in validation_problems(exc)]
+        # Every problem at once: a value that fails its own check keeps the checks across sections from running, so
+        # they run again without the failed values, and what they find about the other keys is added.
+        trimmed, removed = _without_failed_values(raw, exc)
+        if removed:
+            try:
+                PipelineConfig.model_validate(trimmed, context={"explicit": context["explicit"] - removed})
+            except ValidationError as again:
+                lines += [line for line, keys in validation_problems(again) if line not in lines and not any(
+                    k == r or k.startswith(r + ".") or r.startswith(k + ".") for k in keys for r in removed)]
+        raise ConfigError(_problem_message(lines, name_or_path)) from None
     return config
 
 

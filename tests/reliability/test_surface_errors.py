@@ -177,3 +177,84 @@ def test_verify_names_all_the_unlisted_files_at_once(bundle):
         (bundle / name).write_text("x")
     assert_one_error(predict(bundle, "--verify", "good"), "--verify: model.int8.onnx.new, zz.txt in",
                      "are files metadata.json does not list")
+
+
+# ---------------------------------------------------------------- config keys of the static student
+
+
+STATIC = ["student.kind=static", "distill.loss.attention=0", "distill.loss.value_relation=0"]  # on tiny (no ffn_size)
+
+
+def validate(*args: str, tmp_path: Path):
+    from tests.reliability.helpers import cli
+
+    return cli("validate", *args, "--runs-dir", str(tmp_path / "runs"))
+
+
+def config_problems(result) -> list[str]:
+    from tests.reliability.helpers import error_message
+
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    message = error_message(result.stderr)
+    lines = [line.strip()[2:] for line in message.splitlines()[1:]]
+    assert f"has {len(lines)} problem(s):" in message.splitlines()[0], message
+    return lines
+
+
+@pytest.mark.parametrize("override, key", [
+    ("distill.layer_map=uniform", "distill.layer_map"),
+    ("distill.layer_map=[[0, 1]]", "distill.layer_map"),
+    ("student.teacher_layers=[0, 1]", "student.teacher_layers"),
+    ("student.ffn_size=64", "student.ffn_size"),
+    ("student.init=pretrained", "student.init"),
+    ("student.attn_implementation=eager", "student.attn_implementation"),
+    ("distill.relation_heads=4", "distill.relation_heads"),
+], ids=lambda v: v.split("=")[0] if "=" in v else None)
+def test_a_key_with_no_meaning_for_a_static_student_is_refused(tmp_path, override, key):
+    """distill.layer_map (and the other layer keys) used to validate silently with student.kind: static."""
+    problems = config_problems(validate("tiny", *STATIC, override, tmp_path=tmp_path))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{key}: means nothing for a static student (student.kind: static)"), problems
+    assert f"Given: {key}=" in problems[0] and "remove it" in problems[0]
+
+
+def test_the_static_student_section_is_refused_for_a_transformer(tmp_path):
+    problems = config_problems(validate("tiny", "student.static.dim=8", tmp_path=tmp_path))
+    assert problems == ["student.static.dim: means nothing for a transformer student (student.kind: transformer), so it "
+                        "would be ignored: student.static shapes a static student (student.kind: static); this student "
+                        "is a transformer. Given: student.static.dim=8; remove it"]
+
+
+def test_keys_inherited_from_before_the_kind_was_chosen_are_not_refused(tmp_path):
+    """bert_small's student.teacher_layers and init are the base's; a static variant over it sets the kind later.
+    A key given after the kind was chosen (in the file that extends a static config) is refused."""
+    from pipeline.config import load_config
+    from pipeline.sweep import load_sweep
+    from tests.reliability.helpers import write_config
+
+    assert load_config("bert_small", [*STATIC, "student.ffn_size=null"]).student.kind == "static"
+    assert load_sweep("bert_small", ROOT / "configs" / "sweeps" / "budget.yaml").configs["static"].student_depth() == 0
+    static = write_config(tmp_path, "static_base", "extends: bert_small\nstudent: {kind: static, ffn_size: null}\n"
+                                                   "distill: {loss: {attention: 0, value_relation: 0}}\n")
+    assert load_config(str(static)).student.kind == "static"
+    later = write_config(tmp_path, "later", f"extends: {static}\ndistill: {{layer_map: uniform}}\n")
+    problems = config_problems(validate(str(later), tmp_path=tmp_path))
+    assert len(problems) == 1 and problems[0].startswith("distill.layer_map: means nothing for a static student")
+    assert validate(str(later), "student.kind=transformer", "student.ffn_size=256", tmp_path=tmp_path).returncode == 0
+
+
+def test_every_problem_of_a_config_is_reported_at_once(tmp_path):
+    """A value failing its own check (student.ffn_size=0) used to hide the checks across sections (the loss terms a
+    static student cannot learn from), and those checks stopped at the first problem they found."""
+    problems = config_problems(validate("tiny", "student.kind=static", "student.ffn_size=0", tmp_path=tmp_path))
+    assert [p.split(":")[0] for p in problems] == ["student.ffn_size", "distill.loss.attention"], problems
+    assert "greater than or equal to 1" in problems[0] and "set distill.loss.attention=0, distill.loss.value_relation=0" \
+        in problems[1]
+    problems = config_problems(validate("bert_small", "student.kind=static", "distill.layer_map=uniform",
+                                        "distill.epochs=x", tmp_path=tmp_path))
+    assert sorted(p.split(":")[0] for p in problems) == ["distill.epochs", "distill.layer_map", "distill.loss.attention",
+                                                          "student.ffn_size"], problems
+    # a value refused on its own is not reported a second time through the default that stood in for it
+    problems = config_problems(validate("tiny", "student.kind=statc", "student.static.dim=8", tmp_path=tmp_path))
+    assert [p.split(":")[0] for p in problems] == ["student.kind"], problems
