@@ -50,6 +50,29 @@ def version() -> str | None:
         return None
 
 
+# What building and running a program imports: an install that is there but broken (a missing or mismatched native
+# library, a torchao that does not fit) shows here, before anything is built.
+MODULES = ("executorch.exir", "executorch.backends.xnnpack.partition.xnnpack_partitioner", "executorch.runtime",
+           "executorch.extension.pybindings.portable_lib", "torchao.quantization")
+
+
+def unusable() -> str | None:
+    """Why ExecuTorch cannot build programs here (not installed, or installed but not importable), or None."""
+    import importlib
+
+    found = version()
+    if found is None:
+        return f"the executorch package is not installed ({INSTALL})"
+    for name in MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # ImportError, OSError from a native library, AttributeError from a version mismatch
+            detail = " ".join(str(exc).split())[:300]
+            return (f"the executorch package {found} is installed but {name} cannot be imported ({type(exc).__name__}: "
+                    f"{detail}); reinstall it: {INSTALL}")
+    return None
+
+
 class _Logits(torch.nn.Module):
     """(input_ids, attention_mask) -> logits, the .pte's one method."""
 
@@ -154,20 +177,38 @@ def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
     only within export.max_int8_drop of the fp32 program. Where it cannot be built, the reason."""
     if cfg.executorch == "off":
         return {"built": False, "why": "export.executorch is off"}
-    if version() is None:
+    why = unusable()
+    if why is not None:
         if cfg.executorch == "on":
-            raise PipelineError(f"export.executorch is on, but the executorch package is not installed: {INSTALL}; "
-                                "or set export.executorch: auto to build model.pte only where it is installed")
-        why = f"the executorch package is not installed ({INSTALL})"
-        log.info("[export] no model.pte: %s", why)
+            raise PipelineError(f"export.executorch is on, but {why}; or set export.executorch: auto to build model.pte "
+                                "only where ExecuTorch is installed and works")
+        log.log(logging.INFO if version() is None else logging.WARNING, "[export] no model.pte: %s", why)
         return {"built": False, "why": why}
     if inputs.segments:
         return {"built": False, "why": "sentence pairs: the .pte takes input_ids and attention_mask only (no token_type_ids)"}
     own = torch_logits(shipped.model, shipped.test, shipped.pad)  # the shipped PyTorch student, its own vocabulary
     variants, dropped = {}, {}
     for name, file, int8_linears in (("fp32", "model.pte", False), ("int8", "model.int8.pte", True)):
-        info = export_pte(shipped.model, out / file, inputs.max_length, int8_linears)
-        scores = logits(out / file, shipped.test)
+        try:
+            info = export_pte(shipped.model, out / file, inputs.max_length, int8_linears)
+            scores = logits(out / file, shipped.test)
+        except Exception as exc:  # torch.export, the lowering or the runtime refusing this student
+            for leftover in (out / file, out / (file + ".partial")):
+                leftover.unlink(missing_ok=True)
+            detail = " ".join(str(exc).split())[:400].replace("|", "/")
+            why = (f"ExecuTorch {version()} could not build or run {file} for this student ({type(exc).__name__}: "
+                   f"{detail})")
+            if cfg.executorch == "on":
+                raise PipelineError(f"export.executorch is on, but {why}; set export.executorch: auto (or off) to "
+                                    "export without model.pte") from exc
+            if name == "int8" and variants:  # the fp32 program stands; the int8 one is recorded as not shipped
+                dropped[name] = {"file": file, "why": why}
+                log.warning("[export] no %s: %s", file, why)
+                continue
+            for other in variants.values():
+                (out / other["file"]).unlink(missing_ok=True)
+            log.warning("[export] no model.pte: %s", why)
+            return {"built": False, "why": why}
         report = classification_report(shipped.test.labels, scores.argmax(-1), inputs.names)
         info.update({"accuracy": report["accuracy"], "macro_f1": report["macro_f1"],
                      "agreement_with_pytorch": float((scores.argmax(-1) == shipped.reference.argmax(-1)).mean()),

@@ -150,6 +150,9 @@ def executorch_section(metadata: dict, latency: dict) -> str:
         rows.append(f"| `{info['file']}` | {info['accuracy']:.4f} | {info['macro_f1']:.4f} | {info['file_mb']:.1f} | "
                     f"{info['max_abs_logit_diff_vs_pytorch']:.1e} | {ms} | {up} |")
     for name, info in (pte.get("not_shipped") or {}).items():
+        if "accuracy" not in info:  # not built at all (the lowering or the runtime refused it): only the reason
+            rows.append(f"| ~~`{info['file']}`~~ | - | - | - | - | - | {info['why']} |")
+            continue
         rows.append(f"| ~~`{info['file']}`~~ | {info['accuracy']:.4f} | {info['macro_f1']:.4f} | {info['file_mb']:.1f} | "
                     f"{info['max_abs_logit_diff_vs_pytorch']:.1e} | - | {info['why']} |")
     best = "model.int8.pte" if "int8" in pte["variants"] else "model.pte"

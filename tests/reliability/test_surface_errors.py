@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,78 @@ def test_every_problem_of_a_config_is_reported_at_once(tmp_path):
     # a value refused on its own is not reported a second time through the default that stood in for it
     problems = config_problems(validate("tiny", "student.kind=statc", "student.static.dim=8", tmp_path=tmp_path))
     assert [p.split(":")[0] for p in problems] == ["student.kind"], problems
+
+
+# ---------------------------------------------------------------- ExecuTorch missing, broken, or refusing the student
+
+
+def executorch_build(tmp_path, setting: str):
+    """executorch_program.build with export.executorch SETTING on a stand-in student (what it reads first)."""
+    import types
+
+    import numpy as np
+
+    from pipeline.export import executorch_program
+
+    cfg = types.SimpleNamespace(executorch=setting, parity_tolerance=1e-3, max_int8_drop=1.0)
+    test = types.SimpleNamespace(labels=np.array([0, 1]), input_ids=[[2, 4, 3], [2, 5, 3]])
+    shipped = types.SimpleNamespace(model=None, test=test, pad=0, reference=np.array([[1.0, 0.0], [0.0, 1.0]]), trim=None)
+    inputs = types.SimpleNamespace(segments=False, max_length=16, names=["fresh", "rotten"])
+    tmp_path.mkdir(exist_ok=True)
+    return executorch_program.build(shipped, inputs, cfg, tmp_path)
+
+
+def test_an_executorch_that_cannot_be_imported_is_skipped_with_auto_and_one_error_with_on(tmp_path, monkeypatch):
+    """An install whose modules fail to import used to end the export in "Unexpected error ... ImportError"."""
+    from pipeline.errors import PipelineError
+
+    monkeypatch.setitem(sys.modules, "executorch.exir", None)  # `import executorch.exir` raises ImportError
+    result = executorch_build(tmp_path / "auto", "auto")
+    assert result["built"] is False and "is installed but executorch.exir cannot be imported" in result["why"]
+    assert "reinstall it: pip install executorch==" in result["why"]
+    with pytest.raises(PipelineError, match="export.executorch is on, but the executorch package .* is installed but "
+                                            "executorch.exir cannot be imported"):
+        executorch_build(tmp_path / "on", "on")
+
+
+def test_a_missing_executorch_is_skipped_with_auto_and_one_error_with_on(tmp_path, monkeypatch):
+    from pipeline.errors import PipelineError
+    from pipeline.export import executorch_program
+
+    monkeypatch.setattr(executorch_program, "version", lambda: None)
+    assert executorch_build(tmp_path / "auto", "auto") == {
+        "built": False, "why": f"the executorch package is not installed ({executorch_program.INSTALL})"}
+    with pytest.raises(PipelineError, match=r"export.executorch is on, but the executorch package is not installed"):
+        executorch_build(tmp_path / "on", "on")
+
+
+def test_a_student_executorch_cannot_lower_is_skipped_with_auto_and_one_error_with_on(tmp_path, monkeypatch):
+    """The lowering or the runtime refusing the student (an operator XNNPACK lacks, a family torch.export cannot
+    capture) is ExecuTorch's limit, not a bug of the run: auto records it, on says it in one paragraph."""
+    import numpy as np
+
+    from pipeline.errors import PipelineError
+    from pipeline.export import executorch_program
+
+    def export_pte(model, path, max_length, int8_linears=False):
+        if int8_linears or "fail-fp32" in str(path):
+            Path(str(path) + ".partial").write_bytes(b"half")
+            raise RuntimeError("Unsupported operator aten::bogus | in the graph")
+        path.write_bytes(b"program")
+        return {"file": path.name, "file_mb": 0.0, "export_seconds": 0.0}
+
+    monkeypatch.setattr(executorch_program, "unusable", lambda: None)
+    monkeypatch.setattr(executorch_program, "torch_logits", lambda *a: np.array([[1.0, 0.0], [0.0, 1.0]]))
+    monkeypatch.setattr(executorch_program, "logits", lambda path, split: np.array([[1.0, 0.0], [0.0, 1.0]]))
+    monkeypatch.setattr(executorch_program, "export_pte", export_pte)
+    kept = executorch_build(tmp_path / "int8", "auto")  # the fp32 program is built; the int8 one is not
+    assert kept["built"] is True and list(kept["variants"]) == ["fp32"]
+    assert "could not build or run model.int8.pte for this student (RuntimeError: Unsupported operator aten::bogus / " \
+        "in the graph)" in kept["not_shipped"]["int8"]["why"]
+    assert sorted(p.name for p in (tmp_path / "int8").iterdir()) == ["model.pte"]  # no partial file left
+    with pytest.raises(PipelineError, match="export.executorch is on, but ExecuTorch .* could not build or run "
+                                            "model.int8.pte"):
+        executorch_build(tmp_path / "on", "on")
+    none = executorch_build(tmp_path / "fail-fp32", "auto")
+    assert none["built"] is False and "could not build or run model.pte" in none["why"]
+    assert not list((tmp_path / "fail-fp32").iterdir())
