@@ -25,6 +25,10 @@ The model file's sha256 is checked against metadata.json on every run: a
 mismatch is a warning. --verify checks every file metadata.json lists (models,
 tokenizer, labels, README...) before anything runs and stops at a missing or
 changed one, or at a file in the bundle folder that metadata.json does not list.
+A model file other than the one metadata.json records is first loaded and run
+once in a child process: a runtime that aborts on a damaged file (ExecuTorch
+does on a .pte of random bytes) ends only that process, and the error names the
+file.
 
 Exit codes: 0 ok; 2 bad arguments, bundle files, --eval file, or (with
 --verify) a bundle file that is missing or whose sha256 is not the one in
@@ -82,7 +86,7 @@ class BundleClassifier:
     for it (None for a file metadata.json does not list, such as a model outside the bundle).
     """
 
-    def __init__(self, bundle: Path = HERE, model: str | None = None, threads: int | None = None):
+    def __init__(self, bundle: Path = HERE, model: str | None = None, threads: int | None = None, probe: bool = True):
         bundle = Path(bundle)
         if not bundle.is_dir():
             problem = "is not a folder" if bundle.exists() else "does not exist"
@@ -123,8 +127,13 @@ class BundleClassifier:
         if not path.is_file():
             raise PredictError(f"model file {path} does not exist; this bundle's models: {', '.join(shipped)}")
         self.model_path = path
-        self.sha256 = sha256_file(path)
+        try:
+            self.sha256 = sha256_file(path)
+        except OSError as exc:
+            raise PredictError(f"cannot read model file {path}: {exc.strerror or exc}") from None
         self.executorch = path.suffix == ".pte"
+        if probe and self.sha256 != self.recorded_sha256:  # not the file the export wrote and ran: try it elsewhere
+            probe_model(bundle, path, self.recorded_sha256 is not None)
         if self.executorch:  # an ExecuTorch program: batch 1, input_ids and attention_mask
             self.session, self.segments = ExecuTorchSession(path, threads), False
             return
@@ -255,6 +264,41 @@ class ExecuTorchSession:
         return [self.method.execute((ids, mask))[0].numpy()]
 
 
+def probe_model(bundle: Path, path: Path, damaged: bool) -> None:
+    """Load ``path`` and classify one empty text in a child process first: a native runtime can abort the process
+    on a damaged file (ExecuTorch on a .pte of random bytes: "terminate called ...", signal 6) where no Python error
+    can be caught. Raises PredictError with the child's message, or naming the signal that ended it. Only models
+    other than the ones metadata.json records (changed files, files from elsewhere) are probed: the export loaded and
+    ran those."""
+    import signal
+    import subprocess
+
+    runtime = "ExecuTorch" if path.suffix == ".pte" else f"onnxruntime {ort.__version__}"
+    command = [sys.executable, str(Path(__file__).resolve()), "--bundle", str(bundle), "--model", str(path),
+               "--threads", "1", "--probe-only"]
+    try:
+        child = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PredictError(f"could not try {path} in a separate process first ({exc})") from None
+    if child.returncode == 0:
+        return
+    lines = [line for line in child.stderr.splitlines() if line.strip()]
+    said = next((line[len("error: "):] for line in lines if line.startswith("error: ")), None)
+    if said is not None and child.returncode == 2:
+        raise PredictError(said)
+    if child.returncode < 0:
+        try:
+            name = signal.Signals(-child.returncode).name
+        except ValueError:
+            name = f"signal {-child.returncode}"
+        what = f"{runtime} ended the process with {name} while loading or running it"
+    else:
+        what = f"loading or running it failed ({lines[-1].strip()[:300] if lines else f'exit {child.returncode}'})"
+    rebuild = f"its sha256 differs from metadata.json, so the file is damaged: {REBUILD}" if damaged else \
+        "give a model file exported for this bundle"
+    raise PredictError(f"{path} is not a model {runtime} can run: {what}; {rebuild}")
+
+
 def evaluate(classifier: BundleClassifier, records: list[dict], batch_size: int) -> dict:
     index = {name: i for i, name in enumerate(classifier.labels)}
     unknown = sorted({r["label"] for r in records} - set(index))
@@ -358,7 +402,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=positive_int, default=None, help="onnxruntime intra-op threads (default: its own)")
     parser.add_argument("--verify", action="store_true",
                         help="exit 2 unless every file metadata.json lists has the sha256 recorded there")
+    parser.add_argument("--probe-only", action="store_true", help=argparse.SUPPRESS)  # probe_model's child process
     args = parser.parse_intermixed_args(argv)  # texts and their --pair options interleaved: "a" --pair "b" "c" --pair "d"
+    if args.probe_only:
+        try:
+            classifier = BundleClassifier(Path(args.bundle), args.model, args.threads, probe=False)
+            classifier.logits([""], [""] if classifier.text_pairs else None)
+        except PredictError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if not args.texts and not args.eval and not args.verify:
         parser.error("give texts to classify, --eval FILE.jsonl or --verify")
     if args.pair is not None and len(args.pair) != len(args.texts):

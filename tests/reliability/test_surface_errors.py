@@ -334,3 +334,31 @@ def test_a_student_executorch_cannot_lower_is_skipped_with_auto_and_one_error_wi
     none = executorch_build(tmp_path / "fail-fp32", "auto")
     assert none["built"] is False and "could not build or run model.pte" in none["why"]
     assert not list((tmp_path / "fail-fp32").iterdir())
+
+
+# ---------------------------------------------------------------- damaged model files of every kind
+
+
+@pytest.mark.pipeline  # predict.py tries a changed model in a child process first
+@pytest.mark.parametrize("name, says", [
+    ("model.pte", "model.pte is not a model ExecuTorch can run: ExecuTorch ended the process with SIGABRT"),
+    ("model.ort", "model.ort is not an ONNX or ORT-format model onnxruntime"),
+    ("model.onnx", "model.onnx is not an ONNX or ORT-format model onnxruntime"),
+    ("model.int8.onnx", "its sha256 differs from metadata.json, so the file is damaged"),
+], ids=["pte", "ort", "onnx", "recorded-onnx"])
+def test_a_model_file_of_random_bytes_is_one_error_never_a_crash(bundle, name, says):
+    """ExecuTorch used to abort the whole process (signal 6, "terminate called after throwing ...") on a .pte of
+    random bytes. predict.py runs in this process here: an abort would end the test run, not fail one test."""
+    import random
+
+    (bundle / name).write_bytes(random.Random(name).randbytes(4096))
+    result = predict(bundle, "--model", name, "good")
+    assert_one_error(result, says)
+    assert str(bundle / name) in result.stderr
+
+
+@pytest.mark.pipeline
+def test_a_changed_but_sound_model_is_tried_first_and_then_runs(bundle):
+    shutil.copy(bundle / "model.onnx", bundle / "other.onnx")  # not listed: probed in a child, then loaded here
+    result = predict(bundle, "--model", "other.onnx", "good")
+    assert result.returncode == 0 and json.loads(result.stdout)["label"] == "fresh", result.stderr
