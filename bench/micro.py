@@ -168,6 +168,7 @@ def training_job(kind: str, model, teacher, plan, cache, config, dist, num_examp
     fine-tuning, ``cached`` / ``online`` the distill stage's loss with targets from ``cache`` or from ``teacher``
     run inside the step; the trainer is ``build_trainer``'s, with ``settings`` (config.teacher or config.distill)."""
     from pipeline.objective import DistillObjective
+    from pipeline.terms import some_parameters_may_get_no_gradient
     from pipeline.training import build_trainer, cross_entropy_loss
 
     if kind == "plain":
@@ -177,7 +178,7 @@ def training_job(kind: str, model, teacher, plan, cache, config, dist, num_examp
         modules = objective.trained_modules(model)
         loss_fn = objective.loss_fn(cache=None if kind == "online" else cache, teacher=teacher)
     trainer = build_trainer(dist, modules, settings, num_examples, tag=tag,
-                            find_unused_parameters=kind != "plain" and config.distill.loss.kd == 0)
+                            find_unused_parameters=kind != "plain" and some_parameters_may_get_no_gradient(config.distill.loss))
     for m in trainer.modules.values():
         m.train()
     return trainer, loss_fn

@@ -28,7 +28,7 @@ from .families import (attn_implementation, check_layer_windows, encoder_layers,
                        teacher_layers_problem, usable_positions, zero_attention_dropout)
 from .pruning import prune_ffn, top_neurons
 from .static_model import MODEL_TYPE as STATIC_MODEL_TYPE  # importing it registers the static student with the Auto classes
-from .terms import TERMS
+from .terms import TERMS, uses_model_attention
 
 log = logging.getLogger("pipeline")
 
@@ -205,7 +205,7 @@ def check_against_models(config: PipelineConfig) -> None:
             problems.append(f"data.max_length: {config.data.max_length} is above student.random.max_position_embeddings "
                             f"{student.random.max_position_embeddings}" + (f" less the {lost} positions a {family.name} model "
                                                                              "reserves (pad_token_id + 1)." if lost else "."))
-    if not problems and config.distill.loss.attention > 0 and student.kind != "static":
+    if not problems and uses_model_attention(config.distill.loss) and student.kind != "static":
         # ModernBERT: a sliding-window student layer must learn from a teacher layer whose keys it can see
         student_cfg = pretrained_cfg
         if student.init != "pretrained":

@@ -214,6 +214,9 @@ class Term:
     default: ClassVar[float] = 0.0
     needs: ClassVar[tuple[str, ...]] = ()  # registered targets
     projected: ClassVar[bool] = False  # learn nn.Linear(student width, teacher width) when the widths differ
+    # Gives every student parameter a gradient on every batch (through the logits of every row): with such a term
+    # active, DDP need not search for unused parameters.
+    reaches_every_parameter: ClassVar[bool] = False
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -239,6 +242,21 @@ class Term:
     def compute(self, x: TermInputs) -> "torch.Tensor | None":
         """The term's value; None skips it for this batch."""
         raise NotImplementedError
+
+
+def active_terms(weights) -> list[Term]:
+    """The registered terms with a weight above 0 in ``weights`` (a ``distill.loss`` section)."""
+    return [term for name, term in TERMS.items() if getattr(weights, name) > 0]
+
+
+def uses_model_attention(weights) -> bool:
+    """An active term compares the model's own attention (a windowed target: ModernBERT's sliding windows apply)."""
+    return any(t.windowed for term in active_terms(weights) for t in term.targets)
+
+
+def some_parameters_may_get_no_gradient(weights) -> bool:
+    """No active term reaches every student parameter on every batch (DDP's find_unused_parameters)."""
+    return not any(term.reaches_every_parameter for term in active_terms(weights))
 
 
 def register_term(cls: type[Term]) -> type[Term]:
@@ -284,6 +302,7 @@ class LogitKD(Term):
     """Soft-target logit KD, T^2 KL(softmax(t/T) || softmax(s/T)) (Hinton et al. 2015)."""
 
     name, default, needs = "kd", 1.0, ("logits",)
+    reaches_every_parameter = True  # every row, labelled or not, through the logits
 
     def compute(self, x):
         return losses().logit_kd(x.student["logits"], x.teacher["logits"].float(), x.temperature)
@@ -344,7 +363,10 @@ __all__ = [
     "Target",
     "Term",
     "TermInputs",
+    "active_terms",
     "register_target",
     "register_term",
     "relation_term",
+    "some_parameters_may_get_no_gradient",
+    "uses_model_attention",
 ]

@@ -29,6 +29,7 @@ from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
 from pipeline.static_model import build_static_student, context_vectors, isolated_token_vectors, static_table, token_counts
+from pipeline.terms import some_parameters_may_get_no_gradient
 from pipeline.training import fit
 
 log = logging.getLogger("pipeline")
@@ -88,8 +89,7 @@ def run(ctx) -> dict:
     progress = fit(ctx, modules=objective.trained_modules(student), lengths=train.lengths,
                    make_batch=lambda idx: train.batch(idx, pad, ctx.device),
                    loss_fn=objective.loss_fn(cache=cache, teacher=teacher), validate=validate, settings=config.distill, seed=seed, tag="distill",
-                   # without logit KD (or with CE only on some batches) parts of the student get no gradient
-                   find_unused_parameters=config.distill.loss.kd == 0)
+                   find_unused_parameters=some_parameters_may_get_no_gradient(config.distill.loss))
     student = ctx.unwrap(student).eval()
     if restore_table is not None:
         student = restore_table()  # the full table again: evaluate and export read a model like any other

@@ -138,3 +138,14 @@ def test_capture_fingerprint_follows_the_needed_targets_not_the_weights():
     # A term on targets already stored (logits) changes nothing upstream of distill.
     ce_off = fingerprints(load_config("tiny", ["distill.loss.ce=0"]))
     assert ce_off["capture"] == base["capture"]
+
+
+def test_what_the_stages_ask_of_the_loss_is_answered_by_the_registry():
+    from pipeline.config import LossWeights
+    from pipeline.terms import active_terms, some_parameters_may_get_no_gradient, uses_model_attention
+
+    assert [t.name for t in active_terms(LossWeights(ce=1, kd=0, attention=0))] == ["ce"]
+    assert some_parameters_may_get_no_gradient(LossWeights(kd=0, attention=1))  # CE skips unlabelled rows
+    assert not some_parameters_may_get_no_gradient(LossWeights(kd=0.5))
+    assert uses_model_attention(LossWeights(attention=0.1))
+    assert not uses_model_attention(LossWeights(attention=0, value_relation=1))  # values have no window
