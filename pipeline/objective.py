@@ -23,6 +23,7 @@ online inside the step; both give a dict of the same form, keyed by target
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -31,7 +32,7 @@ from .attention import attention_probs, capture_projections
 from .families import attention_window, unwrap_model
 from .data import to_device
 from .inference import model_inputs
-from .terms import TARGETS, TERMS, Target, TermInputs
+from .terms import TARGETS, TERMS, Target, TermInputs, active_terms
 
 
 @dataclass(init=False)
@@ -182,51 +183,53 @@ class DistillObjective(torch.nn.Module):
         return loss
 
     def forward(self, student, batch: dict, targets: dict) -> tuple[torch.Tensor, dict]:
-        plan, w = self.plan, self.weights
-        mask = batch["attention_mask"]
-        student_config = unwrap_model(student).config
+        """The weighted sum of the active terms, and each term's value (detached, for the logs)."""
+        plan = self.plan
         with capture_projections(student, plan.student_layers, plan.projections) as captured:
             out = student(**model_inputs(batch), output_hidden_states=plan.hidden_states)
-        reads: dict[str, object] = {}
-
-        def read(target: Target, layer):
-            key = target.key(layer)
-            if key not in reads:
-                reads[key] = target.read(out, captured, layer)
-            return reads[key]
-
-        logits = read(TARGETS["logits"], None)
-        # Rows with teacher records (augmented rows carry logits only); a host tensor, so no device sync here.
-        rows = batch.get("relation_rows")
-        rows = None if rows is None else torch.as_tensor(rows).cpu()
-        every_row = rows is None or bool(rows.all())
-        any_row = every_row or bool(rows.any())
-        keep = None if every_row else to_device(rows.nonzero().flatten(), mask.device)
-
-        def pick(x):
-            return x if every_row else map_tensors(lambda v: v.index_select(0, keep), x)
-
-        r_mask = pick(mask)
+        read = functools.cache(lambda name, layer: TARGETS[name].read(out, captured, layer))  # each target once
+        rows = RecordedRows(batch.get("relation_rows"), batch["attention_mask"].device)
+        student_config = unwrap_model(student).config
         terms: dict[str, torch.Tensor] = {}
-        for name, term in TERMS.items():
-            if getattr(w, name) <= 0:
-                continue
-            on_rows = (lambda x: x) if term.every_row else pick
-            if not term.every_row and not any_row:
-                continue
+        for term in active_terms(self.weights):
+            if not term.every_row and not rows.any:
+                continue  # only logits-only (augmented) rows in this batch: nothing for this term to compare
+            on_rows = rows.every if term.every_row else rows.recorded
             values = []
-            for s, t in (plan.pairs if term.per_pair else [(None, None)]):
+            for s, t in plan.pairs if term.per_pair else [(None, None)]:
+                projection = term.projection_name(s, t)
                 inputs = TermInputs(
-                    student={n: on_rows(read(TARGETS[n], s)) for n in term.needs},
+                    student={n: on_rows(read(n, s)) for n in term.needs},
                     teacher={n: on_rows(targets[TARGETS[n].key(t)]) for n in term.needs},
-                    mask=mask if term.every_row else r_mask, labels=on_rows(batch["labels"]), logits=on_rows(logits),
-                    projection=self.projections[key] if (key := term.projection_name(s, t)) in self.projections else None,
+                    mask=on_rows(batch["attention_mask"]), labels=on_rows(batch["labels"]),
+                    logits=on_rows(read("logits", None)),
+                    projection=self.projections[projection] if projection in self.projections else None,
                     heads=plan.relation_heads, chunk=self.chunk, temperature=self.temperature,
-                    windows=(None, None) if s is None else (attention_window(student_config, s), plan.teacher_windows.get(t)))
-                value = term.compute(inputs)
-                if value is not None:
+                    windows=(None, None) if s is None else (attention_window(student_config, s),
+                                                            plan.teacher_windows.get(t)))
+                if (value := term.compute(inputs)) is not None:
                     values.append(value)
             if values:
-                terms[name] = torch.stack(values).mean() if term.per_pair else values[0]
-        total = sum(getattr(w, name) * value for name, value in terms.items())
+                terms[term.name] = torch.stack(values).mean() if term.per_pair else values[0]
+        total = sum(getattr(self.weights, name) * value for name, value in terms.items())
         return total, {k: v.detach() for k, v in terms.items()}
+
+
+class RecordedRows:
+    """Which rows of a batch carry teacher records beyond logits (augmented rows carry logits only).
+
+    ``relation_rows`` arrives as a host tensor (or None: every row), so deciding costs no device sync."""
+
+    def __init__(self, relation_rows, device):
+        rows = None if relation_rows is None else torch.as_tensor(relation_rows).cpu()
+        self.all = rows is None or bool(rows.all())
+        self.any = self.all or bool(rows.any())
+        self._keep = None if self.all else to_device(rows.nonzero().flatten(), device)
+
+    @staticmethod
+    def every(x):
+        return x
+
+    def recorded(self, x):
+        """``x`` (a tensor or a structure of tensors, batch first) on the recorded rows only."""
+        return x if self.all else map_tensors(lambda v: v.index_select(0, self._keep), x)
