@@ -40,6 +40,11 @@ FILES = {"tfidf": "tfidf.npz", "fasttext": "fasttext.ftz", "static": "static.npz
 _WORDS = re.compile(r"\w+|[^\w\s]")
 
 
+class PeerUnfit(Exception):
+    """A peer that cannot be trained on this run's data (the library refused it): the baselines stage skips that
+    peer and records this message as the reason."""
+
+
 def fasttext_line(text: str) -> str:
     """fastText splits on whitespace only: lower-case, punctuation as its own word, one line."""
     return " ".join(_WORDS.findall(text.lower()))
@@ -72,13 +77,15 @@ class TfidfPeer:
     @classmethod
     def train(cls, texts, labels, val_texts, val_labels, cs, seed):
         from sklearn.feature_extraction.text import TfidfVectorizer
-        from sklearn.linear_model import LogisticRegression
 
         vectorizer = TfidfVectorizer(**cls.SETTINGS)
-        features, val_features = vectorizer.fit_transform(texts), vectorizer.transform(val_texts)
-        accuracy, c, classifier = _best_on_validation(
-            cs, lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed).fit(features, labels),
-            lambda m: float((m.predict(val_features) == val_labels).mean()))
+        try:
+            features, val_features = vectorizer.fit_transform(texts), vectorizer.transform(val_texts)
+        except ValueError as exc:  # "empty vocabulary; perhaps the documents only contain stop words"
+            raise PeerUnfit(f"TF-IDF found no word to count in the {len(texts)} training texts (scikit-learn: {exc}); "
+                            "it counts words of two or more letters or digits, and texts of only emoji, punctuation "
+                            "or single characters have none") from None
+        accuracy, c, classifier = _fit_logistic(cs, features, labels, val_features, val_labels, seed, "TF-IDF")
         coef, bias = _class_scores(classifier)
         return cls(vectorizer, coef, bias), {"C": c, "ngram_range": [1, 2], "validation_accuracy": accuracy,
                                              "features": len(vectorizer.vocabulary_)}
@@ -106,6 +113,20 @@ class TfidfPeer:
         return cls(vectorizer, data["coef"], data["bias"])
 
 
+def _fit_logistic(cs, features, labels, val_features, val_labels, seed, what: str):
+    """(validation accuracy, C, classifier) of the best logistic regression; PeerUnfit when scikit-learn refuses the
+    data (one class only, no features, values it cannot take)."""
+    from sklearn.linear_model import LogisticRegression
+
+    try:
+        return _best_on_validation(
+            cs, lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed).fit(features, labels),
+            lambda m: float((m.predict(val_features) == val_labels).mean()))
+    except ValueError as exc:
+        raise PeerUnfit(f"the logistic regression of the {what} peer cannot be fit on the {len(labels)} training "
+                        f"texts (scikit-learn: {exc})") from None
+
+
 def _class_scores(classifier) -> tuple[np.ndarray, np.ndarray]:
     """A fitted logistic regression as (weights [features, classes], bias [classes]): argmax is its prediction
     (binary: scikit-learn keeps one row, class 1 against class 0)."""
@@ -130,9 +151,19 @@ class FastTextPeer:
             for text, label in zip(texts, labels):
                 fh.write(f"__label__{int(label)} {fasttext_line(text)}\n")
 
+    # On "Encountered NaN" a fit is tried again: lower learning rates first, then a narrow model. Tiny data sets
+    # (a few hundred texts, a few dozen distinct words) stop with NaN for some (rate, epochs, n-grams), not
+    # monotonically in the rate, and with a small vocabulary at every rate unless the vectors are narrow (dim 10
+    # trained where 20 and 100 did not, in one-off probes here). (learning-rate factor, width or None: the grid's)
+    RETRIES = ((1.0, None), (0.5, None), (0.25, None), (0.1, None), (0.05, None), (1.0, 10), (0.1, 10))
+
     @classmethod
     def train(cls, texts, labels, val_texts, val_labels, grid: dict, work: Path):
-        from .fasttext_worker import fit
+        """The grid on validation, then the best setting quantized (the next best where quantization refuses it).
+        PeerUnfit when no setting trains: fastText's reason for each."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        from .fasttext_worker import end_with_parent, fit
 
         work = Path(work)
         train_file, validation_file = work / "fasttext.train.txt", work / "fasttext.validation.txt"
@@ -140,30 +171,60 @@ class FastTextPeer:
         cls._write(validation_file, val_texts, val_labels)
         settings = [{"epoch": e, "wordNgrams": n, "lr": grid["lr"], "dim": grid["dim"]}
                     for e in grid["epochs"] for n in grid["word_ngrams"]]
+        names = [f"epochs {s['epoch']}, word n-grams {s['wordNgrams']}" for s in settings]
 
         def run(setting, target, cutoff=None):  # a fresh process per fit (see pipeline/fasttext_worker.py)
-            # Tiny data sets (a few hundred texts) stop with "Encountered NaN" for some (rate, epochs, n-grams),
-            # not monotonically in the rate: try lower rates in turn; the one used is recorded in the setting.
-            base = setting["lr"]
-            for attempt, factor in enumerate((1.0, 0.5, 0.25, 0.1, 0.05)):
-                setting["lr"] = base * factor
-                with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            base, width, tried = setting["lr"], setting["dim"], []
+            for factor, narrow in cls.RETRIES:
+                if narrow is not None and narrow >= width:
+                    continue
+                setting["lr"], setting["dim"] = base * factor, narrow or width  # the one used is recorded
+                with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=end_with_parent,
+                                         initargs=(os.getpid(),)) as pool:
                     try:
                         return pool.submit(fit, str(train_file), str(validation_file), setting, grid["buckets"],
                                            str(target), cutoff).result()
                     except RuntimeError as exc:
-                        if "NaN" not in str(exc) or attempt == 4:
-                            raise
+                        if "NaN" not in str(exc):
+                            raise PeerUnfit(f"fastText refused the training texts ({exc})") from None
+                        tried.append(f"lr {setting['lr']:g} dim {setting['dim']}")
+                    except (ValueError, BrokenProcessPool, OSError) as exc:  # "Empty vocabulary", a crashed worker
+                        raise PeerUnfit(f"fastText refused the training texts ({type(exc).__name__}: {exc})") from None
+            raise PeerUnfit(f"fastText reported \"Encountered NaN\" at every setting tried ({', '.join(tried)}; "
+                            f"epochs {setting['epoch']}, word n-grams {setting['wordNgrams']}): the "
+                            f"{len(texts)} training texts are too few or their vocabulary too small for it")
+
+        failed = {}
+
+        def score(i):
+            try:
+                return run(settings[i], work / f"grid-{i}.bin")["validation_accuracy"]
+            except PeerUnfit as exc:
+                failed[i] = str(exc)
+                return None
 
         # Each fit is one thread in its own process, so the grid runs one fit per core at once, with the same results.
         with ThreadPoolExecutor(max_workers=max(1, min(len(settings), os.cpu_count() or 1))) as fits:
-            scores = list(fits.map(lambda i: run(settings[i], work / f"grid-{i}.bin")["validation_accuracy"],
-                                   range(len(settings))))
-        best = int(np.argmax(scores))  # ties: the first (the simplest)
-        final = run(settings[best], work / "fasttext.ftz", grid["cutoff"])
+            scores = list(fits.map(score, range(len(settings))))
+        trained = sorted((i for i, s in enumerate(scores) if s is not None), key=lambda i: (-scores[i], i))
+        if not trained:  # ties: the first (the simplest)
+            raise PeerUnfit(f"no fastText setting of the grid trained: {failed[0]}")
+        for best in trained:
+            try:
+                final = run(settings[best], work / "fasttext.ftz", grid["cutoff"])
+                break
+            except PeerUnfit as exc:  # "Matrix too small for quantization" (fewer than 256 words and n-gram rows)
+                failed[best] = f"quantized: {exc}"
+        else:
+            raise PeerUnfit(f"no fastText model of the grid could be quantized to .ftz: {failed[trained[0]]}")
         peer = cls.load(work / "fasttext.ftz")
+        narrowed = {names[i]: (f"trained at width {settings[i]['dim']} (lr {settings[i]['lr']:g}): fastText said "
+                               f"\"Encountered NaN\" at width {grid['dim']} at every learning rate tried")
+                    for i in trained if settings[i]["dim"] != grid["dim"]}
         return peer, {**settings[best], "quantized": True, "cutoff": grid["cutoff"], "validation_accuracy": scores[best],
-                      "validation_accuracy_quantized": final["validation_accuracy"]}
+                      "validation_accuracy_quantized": final["validation_accuracy"],
+                      **({"narrowed": narrowed} if narrowed else {}),
+                      **({"not_trained": {names[i]: why for i, why in sorted(failed.items())}} if failed else {})}
 
     def predict(self, texts) -> np.ndarray:
         return np.array([self.predict_one(t) for t in texts], dtype=np.int64)
@@ -208,14 +269,10 @@ class StaticPeer:
 
     @classmethod
     def train(cls, tokenizer_json, isolated, counts, dim, train_ids, labels, val_ids, val_labels, cs, seed):
-        from sklearn.linear_model import LogisticRegression
-
         vectors = pca(isolated.astype(np.float64), dim).astype(np.float32)
         weights = sif_weights(counts).astype(np.float32)
         features, val_features = cls.features(vectors, weights, train_ids), cls.features(vectors, weights, val_ids)
-        accuracy, c, classifier = _best_on_validation(
-            cs, lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed).fit(features, labels),
-            lambda m: float((m.predict(val_features) == val_labels).mean()))
+        accuracy, c, classifier = _fit_logistic(cs, features, labels, val_features, val_labels, seed, "static-embedding")
         peer = cls(tokenizer_json, vectors, weights, *_class_scores(classifier))
         return peer, {"C": c, "dim": dim, "weights": "SIF a=1e-3 from training-text token counts",
                       "vectors": "each token alone through the teacher's encoder ([CLS] token [SEP]), PCA",

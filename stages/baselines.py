@@ -9,6 +9,10 @@ side with the student and the int8 teacher, and puts them in the bundle's
 figures; with ``baselines.enabled: false`` this stage records that and trains
 nothing.
 
+A peer whose library refuses this run's data (TF-IDF on texts of only emoji and punctuation, fastText's NaN on
+a tiny vocabulary at every setting it retries) is skipped with the reason, in baselines.json "skipped" and the
+log; the other peers and the run go on.
+
 Outputs: peers/ (tfidf.npz, fasttext.ftz, static.npz: no pickle), baselines.json.
 """
 
@@ -23,7 +27,7 @@ import numpy as np
 from pipeline.inference import TokenizedSplit, label_names
 from pipeline.metrics import classification_report
 from pipeline.models import load_classifier, load_tokenizer
-from pipeline.peers import FILES, TITLES, FastTextPeer, StaticPeer, TfidfPeer, file_mb, load_peer, timed
+from pipeline.peers import FILES, TITLES, FastTextPeer, PeerUnfit, StaticPeer, TfidfPeer, file_mb, load_peer, timed
 from pipeline.static_model import isolated_token_vectors, token_counts
 
 log = logging.getLogger("pipeline")
@@ -52,9 +56,14 @@ def run(ctx) -> dict:
         "fasttext": lambda: fasttext_peer(texts, labels, cfg),
         "static": lambda: static_peer(prepare, teacher_dir, labels, cfg, config.seed),
     }
-    peers = {}
+    peers, skipped = {}, {}
     for name in cfg.peers:
-        (peer, settings), seconds = timed(trainers[name])
+        try:
+            (peer, settings), seconds = timed(trainers[name])
+        except PeerUnfit as exc:  # the library refused this run's data: the other peers and the run go on
+            skipped[name] = f"{TITLES[name]} not trained on {prepare / 'train.jsonl'}: {exc}"
+            log.warning("[baselines] %-8s skipped: %s", name, skipped[name])
+            continue
         peer.save(out / FILES[name])
         shipped = load_peer(out, name)  # score the file that ships, not the object in memory
         one_per_call = np.array([shipped.predict_one(t) for t in texts["test"]], dtype=np.int64)  # as an app calls it
@@ -63,7 +72,8 @@ def run(ctx) -> dict:
                        "train_seconds": round(seconds, 2), "settings": settings, **report}
         log.info("[baselines] %-8s test accuracy %.4f, macro-F1 %.4f, %.1f MB, trained in %.1f s (%s)", name,
                  report["accuracy"], report["macro_f1"], peers[name]["file_mb"], seconds, _settings_line(settings))
-    ctx.write_json("baselines.json", {"enabled": True, "split": "test", "examples": int(len(labels["test"])), "peers": peers})
+    ctx.write_json("baselines.json", {"enabled": True, "split": "test", "examples": int(len(labels["test"])), "peers": peers,
+                                      **({"skipped": skipped} if skipped else {})})
     ctx.log_artifact(ctx.out / "baselines.json")
     ctx.log_metrics({f"{name}/{key}": peers[name][key] for name in peers for key in ("accuracy", "macro_f1", "file_mb", "train_seconds")})
     best = max(peers, key=lambda n: peers[n]["accuracy"]) if peers else None
@@ -101,4 +111,5 @@ def static_peer(prepare, teacher_dir, labels, cfg, seed):
 
 
 def _settings_line(settings: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items() if k not in ("weights", "vectors") and not isinstance(v, float))
+    return ", ".join(f"{k}={v}" for k, v in settings.items()
+                     if k not in ("weights", "vectors") and not isinstance(v, (float, dict)))

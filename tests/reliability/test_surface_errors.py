@@ -10,6 +10,7 @@ validate.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -362,3 +363,174 @@ def test_a_changed_but_sound_model_is_tried_first_and_then_runs(bundle):
     shutil.copy(bundle / "model.onnx", bundle / "other.onnx")  # not listed: probed in a child, then loaded here
     result = predict(bundle, "--model", "other.onnx", "good")
     assert result.returncode == 0 and json.loads(result.stdout)["label"] == "fresh", result.stderr
+
+
+# ---------------------------------------------------------------- the baselines stage and its fastText workers
+
+
+def few_words(n: int, seed: int = 0) -> tuple[list[str], list[int]]:
+    """N short reviews over seven words: fastText's "Encountered NaN" at its usual settings (measured here)."""
+    import random
+
+    rng, words = random.Random(seed), "good bad film plot actor fine dull".split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 5))) for _ in range(n)], [i % 2 for i in range(n)]
+
+
+class StageContext:
+    """What stages/baselines.py uses of pipeline.runner.StageContext."""
+
+    def __init__(self, config, prepare: Path, out: Path):
+        self.config, self.is_main, self.out, self._prepare, self.written = config, True, out, prepare, {}
+
+    def input(self, stage):
+        return self._prepare if stage == "prepare" else self._prepare.parent / stage
+
+    def write_json(self, name, data):
+        self.written[str(name)] = json.loads(json.dumps(data, default=str))
+
+    def log_artifact(self, *_):
+        pass
+
+    def log_metrics(self, *_):
+        pass
+
+
+def baselines_on(tmp_path, texts: dict, labels: dict, *overrides: str) -> dict:
+    """The baselines stage on prepared splits written here (TF-IDF and fastText: no teacher needed)."""
+    import stages.baselines as baselines
+    from pipeline.config import load_config
+
+    prepare = tmp_path / "prepare"
+    prepare.mkdir(parents=True)
+    (prepare / "labels.json").write_text(json.dumps({"0": "fresh", "1": "rotten"}))
+    for split in ("train", "validation", "test"):
+        (prepare / f"{split}.jsonl").write_text("".join(
+            json.dumps({"text": t, "label": ["fresh", "rotten"][y]}) + "\n" for t, y in zip(texts[split], labels[split])))
+    config = load_config("tiny", ["baselines.enabled=true", "baselines.peers=[tfidf, fasttext]",
+                                  "baselines.fasttext.buckets=20000", "baselines.fasttext.epochs=[10]", *overrides])
+    out = tmp_path / "baselines.partial"
+    out.mkdir()
+    ctx = StageContext(config, prepare, out)
+    baselines.run(ctx)
+    return ctx.written["baselines.json"]
+
+
+@pytest.mark.pipeline  # the stage's fastText fits run in worker processes
+def test_texts_without_words_skip_tfidf_with_the_reason(tmp_path):
+    """Training texts of only emoji and punctuation used to end in "Unexpected error in the baselines stage:
+    ValueError: empty vocabulary" (scikit-learn's message, reported as a bug)."""
+    symbols = ["\U0001F600 !!", "\U0001F621 ?", "\U0001F44D\U0001F44D", "... \U0001F44E", "\u2764\ufe0f !", ":) :("]
+    texts = {s: [symbols[i % len(symbols)] for i in range(n)] for s, n in (("train", 60), ("validation", 20), ("test", 20))}
+    labels = {s: [int(symbols.index(t) % 2) for t in texts[s]] for s in texts}
+    written = baselines_on(tmp_path, texts, labels)
+    assert "tfidf" not in written["peers"]
+    why = written["skipped"]["tfidf"]
+    assert why.startswith("TF-IDF 1-2 grams + logistic regression not trained on ") and "train.jsonl" in why
+    assert "found no word to count in the 60 training texts" in why and "only emoji, punctuation" in why
+    assert "fasttext" in written["peers"]  # fastText reads emoji as words: the other peer and the run go on
+
+
+@pytest.mark.pipeline
+def test_fasttext_nan_on_a_small_vocabulary_is_retried_with_settings_that_train(tmp_path):
+    """150 short reviews over seven words: fastText says "Encountered NaN" at every learning rate for word unigrams
+    of width 100 (the stage used to fail in "Unexpected error"). The settings that train are kept, the others are
+    recorded with fastText's reason, and the run goes on."""
+    texts, labels = {}, {}
+    for split, n in (("train", 150), ("validation", 40), ("test", 40)):
+        texts[split], labels[split] = few_words(n, seed=len(split))
+    written = baselines_on(tmp_path, texts, labels)
+    settings = written["peers"]["fasttext"]["settings"]
+    assert settings["wordNgrams"] == 2 and settings["dim"] == 100 and settings["quantized"] is True, settings
+    assert settings["narrowed"] == {"epochs 10, word n-grams 1": 'trained at width 10 (lr 0.5): fastText said '
+                                    '"Encountered NaN" at width 100 at every learning rate tried'}, settings
+    assert "tfidf" in written["peers"] and "skipped" not in written
+
+
+def test_fasttext_that_trains_at_no_setting_is_a_reason_not_an_error(tmp_path, monkeypatch):
+    """When every retry says NaN, the peer is unfit (the stage skips it with this reason), never a RuntimeError."""
+    import concurrent.futures
+
+    from pipeline.peers import FastTextPeer, PeerUnfit
+
+    class NaNPool:  # fastText's answer on every fit, without starting a process
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def submit(self, fn, *args):
+            future = concurrent.futures.Future()
+            future.set_exception(RuntimeError("Encountered NaN."))
+            return future
+
+    monkeypatch.setattr("pipeline.peers.ProcessPoolExecutor", NaNPool)
+    texts, labels = few_words(30)
+    grid = {"epochs": [10], "word_ngrams": [1, 2], "lr": 0.5, "dim": 100, "buckets": 20000, "cutoff": 100000}
+    with pytest.raises(PeerUnfit, match=r'no fastText setting of the grid trained: fastText reported "Encountered NaN" '
+                                        r"at every setting tried \(lr 0.5 dim 100, lr 0.25 dim 100, .*lr 0.05 dim 10; epochs 10, word n-grams 1\)"):
+        FastTextPeer.train(texts, labels, texts, labels, grid, tmp_path)
+
+
+SLOW_FIT = "def fit(*args, **kwargs):\n    import time\n    time.sleep(600)\n"
+
+PARENT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import slowfit
+import pipeline.fasttext_worker
+from pipeline.peers import FastTextPeer
+
+if __name__ == "__main__":
+    pipeline.fasttext_worker.fit = slowfit.fit  # the workers sleep instead of training (sent to them by name)
+    grid = {"epochs": [10, 25], "word_ngrams": [1, 2], "lr": 0.5, "dim": 10, "buckets": 20000, "cutoff": 100000}
+    FastTextPeer.train(["good film", "bad film"], np.array([0, 1]), ["good"], np.array([0]), grid, sys.argv[1])
+"""
+
+
+def cmdline(process) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except psutil.Error:  # ended meanwhile
+        return []
+
+
+@pytest.mark.pipeline
+def test_fasttext_workers_end_when_the_pipeline_is_killed(tmp_path):
+    """A kill -9 of the pipeline in the middle of the fastText grid used to leave its spawned workers (and, through
+    them, multiprocessing's resource tracker) running minutes later."""
+    import signal
+    import time
+
+    import psutil
+
+    (tmp_path / "slowfit.py").write_text(SLOW_FIT)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    children = []
+    try:
+        deadline, workers = time.monotonic() + 120, []
+        while time.monotonic() < deadline and len(workers) < min(2, os.cpu_count() or 1):  # a fit per core at once
+            time.sleep(0.5)
+            children = psutil.Process(parent.pid).children(recursive=True)
+            workers = [p for p in children if "spawn_main" in " ".join(cmdline(p))]
+        assert workers, "no fastText worker started"
+        time.sleep(2)  # the workers' initializer has run (they are waiting in slowfit.fit)
+        children = psutil.Process(parent.pid).children(recursive=True)  # the workers and the resource tracker
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=20)
+        assert not alive, f"still running 20 s after kill -9 of the pipeline: {[cmdline(p) for p in alive]}"
+    finally:  # nothing this test started outlives it, whatever the outcome
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait(timeout=30)
+        for process in children:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
