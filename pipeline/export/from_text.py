@@ -95,6 +95,8 @@ def lines(from_text: dict) -> list[str]:
         out.append(f"  student vs best peer ({c['best_peer']} {c['best_peer_accuracy']:.4f}): "
                    f"{c['accuracy_margin_points']:+.2f} points; latency {c['latency_vs_fastest_peer']:.2f}x the fastest "
                    f"peer's ({c['fastest_peer']} {c['fastest_peer_ms']:.3f} ms)")
+    for name, why in (from_text.get("skipped_peers") or {}).items():  # the baselines stage could not train it
+        out.append(f"  {name} skipped: {why}")
     return out
 
 
@@ -157,7 +159,8 @@ def measure_bundle(baselines_dir: Path, seed: int, cfg, inputs: Inputs, shipped:
                      "file_mb": peer["file_mb"] if peer else round(files[name], 3),
                      "train_seconds": peer["train_seconds"] if peer else None, **figures})
     result = {"measured": True, "threads": 1, "examples": len(texts), "timed_texts": len(sample), "rows": rows,
-              "versus_peers": comparison(measured, peers, "student", "teacher_int8") if peers else None}
+              "versus_peers": comparison(measured, peers, "student", "teacher_int8") if peers else None,
+              **({"skipped_peers": baselines["skipped"]} if baselines.get("skipped") else {})}
     for line in lines(result):
         log.info("[export] %s", line)
     return result

@@ -131,6 +131,8 @@ def peers_section(measured: dict) -> str:
         text += (f"\n\nThis student is {c['accuracy_margin_points']:+.2f} points from the most accurate peer "
                  f"({c['best_peer_title']}, {c['best_peer_accuracy']:.4f}) and takes {c['latency_vs_fastest_peer']:.2f}x "
                  f"the time of the fastest ({c['fastest_peer_title']}, {c['fastest_peer_ms']:.3f} ms per text).")
+    for name, why in (measured.get("skipped_peers") or {}).items():  # the baselines stage could not train it
+        text += f"\n\nNot compared with {name}: {why.rstrip('.')}."
     return text
 
 

@@ -535,3 +535,14 @@ def test_fasttext_workers_end_when_the_pipeline_is_killed(tmp_path):
         for process in children:
             with contextlib.suppress(psutil.Error):
                 process.kill()
+
+
+def test_a_skipped_peer_is_named_with_its_reason_in_the_summary_and_the_bundle_readme():
+    from pipeline.export.from_text import lines
+    from pipeline.export.readme import peers_section
+
+    why = "TF-IDF 1-2 grams + logistic regression not trained on x/train.jsonl: TF-IDF found no word to count"
+    measured = {"measured": True, "threads": 1, "examples": 3, "timed_texts": 3, "rows": [], "versus_peers": None,
+                "skipped_peers": {"tfidf": why}}
+    assert lines(measured)[-1] == f"  tfidf skipped: {why}"
+    assert peers_section(measured).endswith(f"\n\nNot compared with tfidf: {why}.")
