@@ -446,6 +446,8 @@ NO_MEANING = {
         "distill.layer_map": ("pairs student layers with teacher layers; a static student has no layers", ...),
         "distill.relation_heads": ("splits attention into relation heads; a static student has no attention", None),
         "distill.attention_chunk": ("sizes the attention-loss chunks; a static student has no attention", None),
+        "distill.used_embedding_rows": ("trains only the used rows of a transformer student's word embeddings; a "
+                                        "static student's token table is trained whole", ...),
     },
     "transformer": {
         "student.static": ("shapes a static student (student.kind: static); this student is a transformer", ...),

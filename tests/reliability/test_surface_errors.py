@@ -212,6 +212,7 @@ def config_problems(result) -> list[str]:
     ("student.init=pretrained", "student.init"),
     ("student.attn_implementation=eager", "student.attn_implementation"),
     ("distill.relation_heads=4", "distill.relation_heads"),
+    ("distill.used_embedding_rows=false", "distill.used_embedding_rows"),
 ], ids=lambda v: v.split("=")[0] if "=" in v else None)
 def test_a_key_with_no_meaning_for_a_static_student_is_refused(tmp_path, override, key):
     """distill.layer_map (and the other layer keys) used to validate silently with student.kind: static."""
