@@ -35,10 +35,18 @@ def rates(run_dir: Path) -> dict:
 
 
 def main() -> None:
+    import argparse
+
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import command_line, header_lines
 
-    rows = {str(Path(p)): rates(Path(p)) for p in sys.argv[1:] if (Path(p) / "config.yaml").is_file()}
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="finished run folders (each with config.yaml)")
+    runs = parser.parse_args().runs
+    missing = [str(p) for p in runs if not (p / "config.yaml").is_file()]
+    if missing:
+        parser.error(f"not run folders (no config.yaml): {', '.join(missing)}")
+    rows = {str(p): rates(p) for p in runs}
     print("\n".join(header_lines(command_line("bench/stage_rates.py"))))  # bench/report.py reads it
     print("| run | precision | " + " | ".join(f"{s} s (samples/s)" for s in ("teacher", "capture", "distill", "evaluate")) + " |")
     print("|---|---|" + "---:|" * 4)

@@ -1,7 +1,8 @@
 """One-off probe behind the README figure on ONNX Runtime offline fusions: random-weight teacher and students,
 exported and int8-quantized as the export stage does, with and without onnxruntime.transformers.optimizer;
 latency at L=128 / L=27, batch 1, 1 thread.  Run: python bench/probes/fusion.py (writes into /tmp/fuse)."""
-import os, sys, time, statistics, warnings, logging
+import argparse, os, sys, time, statistics, warnings, logging
+argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 os.makedirs("/tmp/fuse", exist_ok=True)
 logging.disable(logging.WARNING)

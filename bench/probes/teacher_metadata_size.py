@@ -5,6 +5,7 @@ ratio against each.
     python bench/probes/teacher_metadata_size.py runs/bert_small/sweeps/budget/layers3
 """
 
+import argparse
 import json
 import shutil
 import sys
@@ -16,7 +17,9 @@ from pipeline.export.onnx_graph import LogitsOnly, export_onnx, strip_node_metad
 from pipeline.export.quantize import quantize_int8  # noqa: E402
 from pipeline.models import load_classifier  # noqa: E402
 
-run = Path(sys.argv[1])
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("run", type=Path, help="a finished run folder (its export/bundle and distill/student)")
+run = parser.parse_args().run
 metadata = json.loads((run / "export" / "bundle" / "metadata.json").read_text())
 quant = metadata["quantization"]
 student_mb = metadata["variants"][metadata["recommended"]]["file_mb"]

