@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help venv distill sweep test test-fast status ui server screenshot bench bench-report clean docker-base docker-build-inputs docker-cpu docker-gpu docker-server docker-images
+.PHONY: help venv distill sweep test test-fast lint status ui server screenshot bench bench-report clean docker-base docker-build-inputs docker-cpu docker-gpu docker-server docker-images
 
 help:  ## list targets
 	@echo "attention-distill"
@@ -30,7 +30,8 @@ help:  ## list targets
 	@echo "  make distill ... NNODES=2 NODE_RANK=0|1 MASTER_ADDR=node0 [MASTER_PORT=29500]   one job over 2 nodes (NPROC per node)"
 	@echo "  make sweep CONFIG=bert_small SWEEP=configs/sweeps/depth.yaml [PICK=\"retention>=0.98\"]   variants, table, champion"
 	@echo "  make test                          run the test suite"
-	@echo "  make test-fast                     the unit tier only (no pipeline run, no outside tool)"
+	@echo "  make test-fast                     the unit tier only (no pipeline run, no process, no outside tool)"
+	@echo "  make lint                          ruff check and ruff format --check on pipeline/ and stages/"
 	@echo "  make status CONFIG=bert_small      done / stale / pending per stage"
 	@echo "  make ui                            MLflow UI for runs/mlflow.db on http://127.0.0.1:$(PORT)"
 	@echo "  make server                        a team-like MLflow server (PostgreSQL if available) on 127.0.0.1"
@@ -78,8 +79,16 @@ endif
 sweep: $(STAMP)
 	$(PY) -m pipeline sweep $(CONFIG) $(SWEEP) $(ARGS) $(if $(PICK),--pick "$(PICK)") --runs-dir $(RUNS_DIR)
 
-test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# Lint first, then the unit tier (seconds to fail), then the tiers that run pipelines, processes and outside tools.
+# With PYTEST_ARGS selecting tests of one tier only, the other step finds none (pytest exit 5): not an error then.
+test: lint
+	$(PY) -m pytest -q -m unit $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+	$(PY) -m pytest -q -m "not unit" $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+
+# ruff's linter and formatter on pipeline/ and stages/ (pyproject.toml; also .pre-commit-config.yaml).
+lint: $(STAMP)
+	$(PY) -m ruff check pipeline stages
+	$(PY) -m ruff format --check pipeline stages
 
 # The unit tier: every test that needs no pipeline run and no outside tool (tests/tiers.py); a few minutes.
 test-fast: $(STAMP)

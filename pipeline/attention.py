@@ -67,16 +67,24 @@ def capture_projections(
         def pre_hook(_module, _args, kwargs):
             state["seen"] = set()  # kinds captured in this call of the layer's attention module
             state["rotation"] = kwargs.get("position_embeddings")  # RoPE families: (cos, sin) of this call
+
         return pre_hook
 
     def on_projection(slot: dict, names: tuple[str, ...], state: dict, attention: nn.Module):
         def hook(_module, _inputs, output):
-            if names[0] in state["seen"]:  # a second call inside the same attention call (DeBERTa's position projection)
+            if (
+                names[0] in state["seen"]
+            ):  # a second call inside the same attention call (DeBERTa's position projection)
                 return
-            parts = dict(zip(("query", "key", "value"), output.chunk(3, dim=-1))) if family.fused_qkv else {names[0]: output}
+            parts = (
+                dict(zip(("query", "key", "value"), output.chunk(3, dim=-1)))
+                if family.fused_qkv
+                else {names[0]: output}
+            )
             for kind in names:
                 state["seen"].add(kind)
                 slot[kind] = as_attention_sees_it(parts[kind], kind, family, attention, state["rotation"])
+
         return hook
 
     try:
@@ -108,7 +116,9 @@ def as_attention_sees_it(x: torch.Tensor, kind: str, family, attention: nn.Modul
     heads = x.view(b, n, -1, attention.head_dim)
     if rotated:
         if rotation is None:
-            raise RuntimeError(f"{family.name} attention was called without position_embeddings; cannot rotate the {kind}")
+            raise RuntimeError(
+                f"{family.name} attention was called without position_embeddings; cannot rotate the {kind}"
+            )
         cos, sin = (t.unsqueeze(-2) for t in rotation)  # [B or 1, N, head_dim] -> the same for every head
         # Both modules rotate in float32; ModernBERT casts back to the projection's dtype, EuroBERT keeps the
         # promoted dtype (float32 under bf16 autocast): the same here, so the scores are the kernel's.

@@ -44,17 +44,30 @@ def nearest_words(embeddings: torch.Tensor, candidates: np.ndarray, k: int, chun
     vectors = torch.nn.functional.normalize(embeddings[torch.as_tensor(candidates)].float(), dim=-1)
     neighbours = {}
     for start in range(0, len(candidates), chunk):
-        similarity = vectors[start:start + chunk] @ vectors.T
-        similarity[torch.arange(similarity.shape[0]), torch.arange(start, start + similarity.shape[0])] = -2.0  # not itself
+        similarity = vectors[start : start + chunk] @ vectors.T
+        similarity[
+            torch.arange(similarity.shape[0]), torch.arange(start, start + similarity.shape[0])
+        ] = -2.0  # not itself
         top = similarity.topk(k, dim=-1).indices.numpy()
-        for row, token in enumerate(candidates[start:start + chunk]):
+        for row, token in enumerate(candidates[start : start + chunk]):
             neighbours[int(token)] = candidates[top[row]]
     return neighbours
 
 
-def augment(sentences: list[list[int]], copies: int, seed: int, *, mask_id: int, continuation: np.ndarray,
-            neighbours: dict[int, np.ndarray], mask_prob: float, replace_prob: float, ngram_prob: float,
-            cls_id: int, sep_id: int) -> list[list[int]]:
+def augment(
+    sentences: list[list[int]],
+    copies: int,
+    seed: int,
+    *,
+    mask_id: int,
+    continuation: np.ndarray,
+    neighbours: dict[int, np.ndarray],
+    mask_prob: float,
+    replace_prob: float,
+    ngram_prob: float,
+    cls_id: int,
+    sep_id: int,
+) -> list[list[int]]:
     """``copies`` variants of every sentence (token ids with [CLS]/[SEP]), in sentence order; duplicates of the source dropped."""
     rng = np.random.default_rng([seed, 20190328])
     out = []
@@ -75,7 +88,7 @@ def augment(sentences: list[list[int]], copies: int, seed: int, *, mask_id: int,
             if rng.random() < ngram_prob and len(words) > 1:
                 n = int(rng.integers(1, min(5, len(words)) + 1))
                 first = int(rng.integers(0, len(words) - n + 1))
-                words = words[first:first + n]
+                words = words[first : first + n]
             variant = [cls_id] + [t for word in words for t in word] + [sep_id]
             if variant != ids:
                 out.append(variant)
@@ -102,7 +115,9 @@ def continuation_mask(tokenizer) -> np.ndarray:
     specials = set(tokenizer.all_special_ids)
     mask = np.zeros(max(vocab.values()) + 1, dtype=bool)
     for token, index in vocab.items():
-        mask[index] = index not in specials and (not token.startswith(marker) if marks_start else token.startswith(marker))
+        mask[index] = index not in specials and (
+            not token.startswith(marker) if marks_start else token.startswith(marker)
+        )
     return mask
 
 
@@ -112,7 +127,7 @@ def word_candidates(tokenizer, sentences: list[list[int]]) -> np.ndarray:
     seen = np.unique(np.fromiter((t for ids in sentences for t in ids), dtype=np.int64))
     tokens = tokenizer.convert_ids_to_tokens(seen.tolist())
     if marks_start:  # a word-start piece; the text after its marker must be a word
-        words = [token[len(marker):] if token.startswith(marker) else "" for token in tokens]
+        words = [token[len(marker) :] if token.startswith(marker) else "" for token in tokens]
     else:
         words = tokens
     return np.array([i for i, word in zip(seen, words) if word.isalpha() and len(word) > 1], dtype=np.int64)

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .data import to_device
 from .errors import CacheError
 from .integrity import sha256_file
-from .data import to_device
 from .objective import TargetPlan, map_tensors
 from .terms import TARGETS
 
@@ -69,9 +69,17 @@ class CacheLayout:
 
     def to_json(self) -> dict:
         windows = {"teacher_windows": self.plan.teacher_windows} if self.plan.teacher_windows else {}
-        return {"pairs": self.plan.pairs, "relation_heads": self.plan.relation_heads, "terms": list(self.plan.terms),
-                "targets": [t.name for t in self.plan.targets], "num_labels": self.num_labels, "hidden": self.hidden,
-                "stores": self.stores, "dtype": self.dtype, **windows}
+        return {
+            "pairs": self.plan.pairs,
+            "relation_heads": self.plan.relation_heads,
+            "terms": list(self.plan.terms),
+            "targets": [t.name for t in self.plan.targets],
+            "num_labels": self.num_labels,
+            "hidden": self.hidden,
+            "stores": self.stores,
+            "dtype": self.dtype,
+            **windows,
+        }
 
 
 def choose_stores(plan: TargetPlan, lengths: np.ndarray, hidden: int, store: str) -> dict:
@@ -82,8 +90,13 @@ def choose_stores(plan: TargetPlan, lengths: np.ndarray, hidden: int, store: str
     sizes, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
 
     def total(target, form):
-        return float(sum(int(np.prod(shape)) * int(c) for n, c in zip(sizes, counts)
-                         for _, shape in target.fields(target.name, int(n), plan.relation_heads, hidden, form)))
+        return float(
+            sum(
+                int(np.prod(shape)) * int(c)
+                for n, c in zip(sizes, counts)
+                for _, shape in target.fields(target.name, int(n), plan.relation_heads, hidden, form)
+            )
+        )
 
     return {t.name: "probs" if total(t, "probs") <= total(t, "vectors") else "vectors" for t in relations}
 
@@ -92,8 +105,9 @@ def estimate_bytes(layout: CacheLayout, lengths: np.ndarray) -> int:
     return int(layout.example_bytes(lengths).sum())
 
 
-def relation_subset(layout: CacheLayout, logits_layout: CacheLayout, lengths: np.ndarray, budget: float,
-                    seed: int = 0) -> np.ndarray:
+def relation_subset(
+    layout: CacheLayout, logits_layout: CacheLayout, lengths: np.ndarray, budget: float, seed: int = 0
+) -> np.ndarray:
     """Which examples keep their relation targets when the full cache would exceed ``budget`` bytes.
 
     Every example keeps its logits; the rest of the budget goes to relation targets for a seeded random
@@ -128,8 +142,16 @@ def shard_complete(folder: Path, shard: int) -> bool:
     return data.stat().st_size == meta["bytes"] and sha256_file(data) == meta["sha256"]
 
 
-def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.ndarray, lengths: list[int], first: int,
-                logits_only: bool = False, bare: list[int] | None = None) -> dict:
+def write_shard(
+    folder: Path,
+    shard: int,
+    records: list[np.ndarray],
+    logits: np.ndarray,
+    lengths: list[int],
+    first: int,
+    logits_only: bool = False,
+    bare: list[int] | None = None,
+) -> dict:
     """Write one shard atomically: data then index, each via a temp file + rename.
 
     ``bare``: positions in the shard whose records are empty (logits only: the cache budget held no relation
@@ -143,8 +165,16 @@ def write_shard(folder: Path, shard: int, records: list[np.ndarray], logits: np.
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, data_path)
-    meta = {"first": first, "count": len(records), "lengths": lengths, "logits_only": logits_only, "offsets": offsets.tolist(),
-            "logits": logits.tolist(), "bytes": data_path.stat().st_size, "sha256": sha256_file(data_path)}
+    meta = {
+        "first": first,
+        "count": len(records),
+        "lengths": lengths,
+        "logits_only": logits_only,
+        "offsets": offsets.tolist(),
+        "logits": logits.tolist(),
+        "bytes": data_path.stat().st_size,
+        "sha256": sha256_file(data_path),
+    }
     if bare:
         meta["bare"] = [int(b) for b in bare]
     index_tmp = folder / f"shard-{shard:05d}.json.tmp"
@@ -160,21 +190,23 @@ def write_index(folder: Path, num_shards: int, num_examples: int, layout: CacheL
     os.replace(tmp, folder / "index.json")
 
 
-def flatten_targets(targets: dict, layout: CacheLayout, lengths: list[int], mask: torch.Tensor,
-                    empty_rows=()) -> list[np.ndarray]:
+def flatten_targets(
+    targets: dict, layout: CacheLayout, lengths: list[int], mask: torch.Tensor, empty_rows=()
+) -> list[np.ndarray]:
     """Per-example records (unpadded) from a batch of online teacher targets; rows in ``empty_rows`` (kept for
     their logits only, capture.max_cache_gb) get an empty record."""
     dtype = DTYPES[layout.dtype]
     pieces: dict[str, torch.Tensor] = {}
     for key, target, layer in layout.plan.teacher_keys():
         window = layout.plan.teacher_windows.get(layer) if target.windowed else None
-        pieces.update(target.flatten(key, targets[key], layout.stores.get(target.name), mask, layout.plan.relation_heads,
-                                     window))
+        pieces.update(
+            target.flatten(key, targets[key], layout.stores.get(target.name), mask, layout.plan.relation_heads, window)
+        )
     pieces = {name: value.float().cpu().numpy() for name, value in pieces.items()}  # one copy to the host per batch
     records = []
     for row, n in enumerate(lengths):
         parts = []
-        for name, shape in ([] if row in empty_rows else layout.fields(n)):
+        for name, shape in [] if row in empty_rows else layout.fields(n):
             value = pieces[name][row]
             value = value[:, :n, :n] if len(shape) == 3 else value[:n]
             parts.append(value.reshape(-1).astype(dtype))
@@ -190,17 +222,25 @@ class TeacherCache:
         index = json.loads((self.folder / "index.json").read_text())
         layout = index["layout"]
         if "terms" not in layout:
-            raise CacheError(f"Teacher cache {self.folder} was written by an older capture stage (no 'terms' in its "
-                             "index). Rerun the same command with --from capture to recompute it.")
-        plan = TargetPlan(pairs=layout["pairs"], relation_heads=layout["relation_heads"], terms=layout["terms"],
-                          teacher_windows=layout.get("teacher_windows"))
+            raise CacheError(
+                f"Teacher cache {self.folder} was written by an older capture stage (no 'terms' in its "
+                "index). Rerun the same command with --from capture to recompute it."
+            )
+        plan = TargetPlan(
+            pairs=layout["pairs"],
+            relation_heads=layout["relation_heads"],
+            terms=layout["terms"],
+            teacher_windows=layout.get("teacher_windows"),
+        )
         self.layout = CacheLayout(plan, layout["num_labels"], layout["hidden"], layout["stores"], layout["dtype"])
         self.shards = []
         firsts = []
         for shard in range(index["num_shards"]):
             path = self.folder / f"shard-{shard:05d}.bin"
             meta = json.loads((self.folder / f"shard-{shard:05d}.json").read_text())
-            if verify and (not path.is_file() or path.stat().st_size != meta["bytes"] or sha256_file(path) != meta["sha256"]):
+            if verify and (
+                not path.is_file() or path.stat().st_size != meta["bytes"] or sha256_file(path) != meta["sha256"]
+            ):
                 raise CacheError(
                     f"Teacher cache shard {path} is corrupted (its checksum does not match the index). "
                     "Delete that file and rerun the same command with --from capture to recompute the cache."
@@ -227,11 +267,13 @@ class TeacherCache:
             n = int(meta["lengths"][position])
             start = int(meta["offsets"][position])
             logits.append(meta["logits"][position])
-            if meta.get("logits_only") or meta["bare"][position]:  # logits only: the objective skips their relation terms
+            if (
+                meta.get("logits_only") or meta["bare"][position]
+            ):  # logits only: the objective skips their relation terms
                 continue
             for name, shape in self.layout.fields(n):
                 size = int(np.prod(shape))
-                value = torch.from_numpy(np.array(data[start:start + size], dtype=np.float32)).view(shape)
+                value = torch.from_numpy(np.array(data[start : start + size], dtype=np.float32)).view(shape)
                 start += size
                 if name not in fields:
                     full = (B, shape[0], N, N) if len(shape) == 3 else (B, N, shape[1])

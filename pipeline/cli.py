@@ -74,36 +74,76 @@ def build_parser() -> argparse.ArgumentParser:
     from .runner import STAGES
 
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline", description="Attention distillation pipeline for BERT-style classifiers.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m pipeline",
+        description="Attention distillation pipeline for BERT-style classifiers.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("config", help="config name in configs/ (e.g. bert_small, tiny) or a path to a .yaml file")
-    common.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. distill.epochs=1 seed=3")
-    common.add_argument("--runs-dir", default=os.environ.get("RUNS_DIR", "runs"), help="root of run folders (default: runs, or $RUNS_DIR)")
+    common.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. distill.epochs=1 seed=3"
+    )
+    common.add_argument(
+        "--runs-dir",
+        default=os.environ.get("RUNS_DIR", "runs"),
+        help="root of run folders (default: runs, or $RUNS_DIR)",
+    )
     common.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
-    run = sub.add_parser("run", parents=[common], help="run the pipeline (skips stages that are complete and current)",
-                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run the pipeline (skips stages that are complete and current)",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     # append, then checked once in _dispatch: a stage option given twice is an error, never "the last one wins"
-    run.add_argument("--from", dest="from_stage", choices=STAGES, action="append", help="rerun this stage and all later ones")
-    run.add_argument("--only", choices=STAGES, action="append", help="run only this stage (its inputs must be complete)")
-    run.add_argument("--to", dest="to_stage", choices=STAGES, action="append",
-                     help="stop after this stage (e.g. --to evaluate skips export)")
+    run.add_argument(
+        "--from", dest="from_stage", choices=STAGES, action="append", help="rerun this stage and all later ones"
+    )
+    run.add_argument(
+        "--only", choices=STAGES, action="append", help="run only this stage (its inputs must be complete)"
+    )
+    run.add_argument(
+        "--to",
+        dest="to_stage",
+        choices=STAGES,
+        action="append",
+        help="stop after this stage (e.g. --to evaluate skips export)",
+    )
     run.add_argument("--force", action="store_true", help="rerun stages even when their outputs are current")
     sweep = sub.add_parser(
-        "sweep", help="run a sweep's variants (shared stages once), compare them, pick the one to ship",
-        description=SWEEP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "sweep",
+        help="run a sweep's variants (shared stages once), compare them, pick the one to ship",
+        description=SWEEP_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sweep.add_argument("config", help="config name in configs/ (e.g. bert_small, tiny) or a path to a .yaml file")
     sweep.add_argument("sweep", help="sweep file (YAML), e.g. configs/sweeps/depth.yaml")
-    sweep.add_argument("overrides", nargs="*", metavar="key=value",
-                       help="config overrides for every variant (applied after the sweep file's)")
-    sweep.add_argument("--pick", help="constraint for the variant to ship, e.g. 'retention>=0.98', 'latency_ms<=5', "
-                                      "'mb<=10' (several: comma-separated); default: the sweep file's pick, if any")
-    sweep.add_argument("--to", dest="to_stage", choices=STAGES,
-                       help="stop every variant after this stage (e.g. --to evaluate: no export, so no latency, size "
-                            "or registered version to pick by)")
-    sweep.add_argument("--runs-dir", default=os.environ.get("RUNS_DIR", "runs"), help="root of run folders (default: runs, or $RUNS_DIR)")
+    sweep.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides for every variant (applied after the sweep file's)",
+    )
+    sweep.add_argument(
+        "--pick",
+        help="constraint for the variant to ship, e.g. 'retention>=0.98', 'latency_ms<=5', "
+        "'mb<=10' (several: comma-separated); default: the sweep file's pick, if any",
+    )
+    sweep.add_argument(
+        "--to",
+        dest="to_stage",
+        choices=STAGES,
+        help="stop every variant after this stage (e.g. --to evaluate: no export, so no latency, size "
+        "or registered version to pick by)",
+    )
+    sweep.add_argument(
+        "--runs-dir",
+        default=os.environ.get("RUNS_DIR", "runs"),
+        help="root of run folders (default: runs, or $RUNS_DIR)",
+    )
     sweep.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
     sub.add_parser("status", parents=[common], help="show done / stale / pending for each stage")
     sub.add_parser("validate", parents=[common], help="validate the config (and the model shapes) and print it")
@@ -180,9 +220,13 @@ def parse(argv: list[str] | None):
         given.setdefault(key.strip(), []).append(value.strip())
     clashes = {key: values for key, values in given.items() if len(set(values)) > 1}
     if clashes:  # the same value twice (composed scripts) is harmless; two values would silently keep the last
-        parser.error("; ".join(f"{key} is given {len(v)} times on the command line with different values "
-                               f"({', '.join(v)})" for key, v in sorted(clashes.items()))
-                     + ": give each key once (a section given as {...} merges into the config's section)")
+        parser.error(
+            "; ".join(
+                f"{key} is given {len(v)} times on the command line with different values ({', '.join(v)})"
+                for key, v in sorted(clashes.items())
+            )
+            + ": give each key once (a section given as {...} merges into the config's section)"
+        )
     return args
 
 
@@ -191,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(args.debug, rank)
     # Schedulers and containers stop jobs with SIGTERM: treat it as Ctrl-C (checkpoint, clear message, exit 130).
-    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    previous = (
+        signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
@@ -226,22 +272,28 @@ def explain(exc: BaseException, runs_dir) -> PipelineError:
     if full is not None:
         return full
     chain = exception_chain(exc)
-    denied = next((e for e in chain if isinstance(e, PermissionError) or
-                   (isinstance(e, OSError) and e.errno == errno.EROFS)), None)
+    denied = next(
+        (e for e in chain if isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno == errno.EROFS)),
+        None,
+    )
     if denied is not None:
         return PipelineError(
             f"Permission denied: {doing} cannot write {denied.filename or runs_dir} ({os.strerror(denied.errno or 13)}). "
-            f"Make the runs folder writable or point --runs-dir at a folder you own. {kept}")
+            f"Make the runs folder writable or point --runs-dir at a folder you own. {kept}"
+        )
     if any(type(e).__module__.split(".")[0] in ("mlflow", "sqlalchemy", "sqlite3") for e in chain):
         from .tracking import store_error, tracking_uri  # MLflow's store code: loaded only when it failed
 
         store = store_error(exc, tracking_uri(runs_dir), before_work=False)
         return PipelineError(f"{doing.capitalize()} failed talking to MLflow: {store} {kept}")
-    if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
-           for e in chain):  # torch's OutOfMemoryError is a RuntimeError
+    if any(
+        isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+        for e in chain
+    ):  # torch's OutOfMemoryError is a RuntimeError
         return PipelineError(
             f"Out of memory in {doing}. Lower the batch sizes (teacher.batch_size, distill.batch_size, capture.batch_size, "
-            f"evaluate.batch_size) or data.max_length. {kept}")
+            f"evaluate.batch_size) or data.max_length. {kept}"
+        )
     lost = lost_peer(chain)
     if lost is not None:
         from .runner import DIST_TIMEOUT_VAR, dist_timeout_seconds
@@ -251,23 +303,30 @@ def explain(exc: BaseException, runs_dir) -> PipelineError:
             f"node (or on this one) stopped, was killed or became unreachable; one that stops answering is given up on "
             f"after {DIST_TIMEOUT_VAR} seconds ({dist_timeout_seconds():g} here). The first error is in the log of the "
             f"node that stopped. Complete stages are kept; once every node is back, start the same command on every node "
-            "to continue.")
+            "to continue."
+        )
     missing = next((e for e in chain if isinstance(e, ModuleNotFoundError)), None)
     if missing is not None:
-        return PipelineError(f"{doing.capitalize()} needs the Python module '{missing.name}', which is not installed. "
-                             f"Run 'make venv' (or pip install it). {kept}")
+        return PipelineError(
+            f"{doing.capitalize()} needs the Python module '{missing.name}', which is not installed. "
+            f"Run 'make venv' (or pip install it). {kept}"
+        )
     text = str(exc)
     text = text if len(text) <= 300 else text[:300] + "..."
     return PipelineError(
         f"Unexpected error in {doing}: {type(exc).__name__}: {text}. The pipeline has no explanation for this one, "
-        f"so it is most likely a bug: rerun with --debug for the traceback and report it with the config. {kept}")
+        f"so it is most likely a bug: rerun with --debug for the traceback and report it with the config. {kept}"
+    )
 
 
 # What a collective says when a peer is gone or silent, raised by torch as RuntimeError or DistBackendError: gloo's
 # "Connection reset/closed by peer" and "Timed out waiting ... for recv" (tests/test_multinode.py); NCCL's watchdog
 # timeouts and aborts (not run here: no two GPUs).
-PEER_LOST = re.compile(r"Connection (closed|reset) by peer|timed out|communicator was aborted|Broken pipe|"
-                       r"Socket Timeout", re.IGNORECASE)
+PEER_LOST = re.compile(
+    r"Connection (closed|reset) by peer|timed out|communicator was aborted|Broken pipe|"
+    r"Socket Timeout",
+    re.IGNORECASE,
+)
 
 
 def lost_peer(chain) -> str | None:
@@ -298,14 +357,18 @@ def stage_range(args) -> None:
     for option, dest in (("--from", "from_stage"), ("--only", "only"), ("--to", "to_stage")):
         given = getattr(args, dest) or []
         if len(given) > 1:
-            raise ConfigError(f"{option} was given {len(given)} times ({', '.join(given)}); give it once. For several "
-                              "stages use a range: --from FIRST --to LAST")
+            raise ConfigError(
+                f"{option} was given {len(given)} times ({', '.join(given)}); give it once. For several "
+                "stages use a range: --from FIRST --to LAST"
+            )
         setattr(args, dest, given[0] if given else None)
     if args.only and (args.from_stage or args.to_stage):
         raise ConfigError(f"--only {args.only} cannot be combined with --from/--to: --only runs exactly one stage")
     if args.from_stage and args.to_stage and STAGES.index(args.from_stage) > STAGES.index(args.to_stage):
-        raise ConfigError(f"--from {args.from_stage} comes after --to {args.to_stage}, so the range holds no stage; the "
-                          f"stages run in the order {', '.join(STAGES)}")
+        raise ConfigError(
+            f"--from {args.from_stage} comes after --to {args.to_stage}, so the range holds no stage; the "
+            f"stages run in the order {', '.join(STAGES)}"
+        )
 
 
 def _interrupt(signum, frame):
@@ -317,8 +380,10 @@ def _dispatch(args) -> int:
 
     runs_dir = Path(args.runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
-        raise ConfigError(f"--runs-dir {runs_dir} is a file, not a folder. Give a folder (it is created if missing), "
-                          "e.g. --runs-dir runs.")
+        raise ConfigError(
+            f"--runs-dir {runs_dir} is a file, not a folder. Give a folder (it is created if missing), "
+            "e.g. --runs-dir runs."
+        )
     if args.command == "sweep":
         return _sweep(args)
     if args.command == "run":
@@ -332,8 +397,14 @@ def _dispatch(args) -> int:
         return 0
     from .runner import run_pipeline
 
-    result = run_pipeline(config, Path(args.runs_dir), force=args.force, from_stage=args.from_stage, only=args.only,
-                          to_stage=args.to_stage)
+    result = run_pipeline(
+        config,
+        Path(args.runs_dir),
+        force=args.force,
+        from_stage=args.from_stage,
+        only=args.only,
+        to_stage=args.to_stage,
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         from .summary import print_summary
 
@@ -372,8 +443,13 @@ def print_status(config, runs_dir: Path) -> None:
     print(f"{'stage':<10} {'state':<20} {'completed':<20} {'seconds':>8}  key figure")
     for row in rows:
         m = row["manifest"] or {}
-        figure = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in list((m.get("summary") or {}).items())[:2] if not isinstance(v, (dict, list)))
-        print(f"{row['stage']:<10} {row['state']:<20} {m.get('completed_at', '-'):<20} {m.get('duration_s', '-'):>8}  {figure}")
+        figure = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in list((m.get("summary") or {}).items())[:2]
+            if not isinstance(v, (dict, list))
+        )
+        print(
+            f"{row['stage']:<10} {row['state']:<20} {m.get('completed_at', '-'):<20} {m.get('duration_s', '-'):>8}  {figure}"
+        )
         for problem in row["problems"][:5]:
             print(f"{'':<10} ! {problem} (the next run reruns this stage and what depends on it)")

@@ -17,8 +17,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
 from .terms import TERMS
@@ -58,8 +66,10 @@ class Section(BaseModel):
         """Lax mode turns true/false (also YAML's yes/no/on/off) into 1/0 for a number; refuse that."""
         field = cls.model_fields.get(info.field_name)
         if field is not None and _holds_bool(value) and not _accepts_bool(field.annotation):
-            raise ValueError(f"got the boolean {json.dumps(value)}, which is not accepted here (YAML reads unquoted "
-                             "true/false/yes/no/on/off as booleans: quote text, write numbers as digits)")
+            raise ValueError(
+                f"got the boolean {json.dumps(value)}, which is not accepted here (YAML reads unquoted "
+                "true/false/yes/no/on/off as booleans: quote text, write numbers as digits)"
+            )
         return value
 
 
@@ -88,9 +98,7 @@ class RandomBert(Section):
     @model_validator(mode="after")
     def _heads_divide_hidden(self):
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
-            )
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         return self
 
 
@@ -109,16 +117,23 @@ class TrainSettings(Section):
     group_by_length: bool = Field(True, description="batch examples of similar length together (less padding)")
     checkpoint_every: int = Field(200, ge=1, description="optimizer steps between mid-epoch checkpoints")
     keep_checkpoints: int = Field(2, ge=1, le=1000)
-    fused_adamw: bool = Field(True, description="AdamW's fused kernel (one pass over every parameter per step) instead "
-                                                "of torch's multi-tensor one: the same update, less memory traffic")
+    fused_adamw: bool = Field(
+        True,
+        description="AdamW's fused kernel (one pass over every parameter per step) instead "
+        "of torch's multi-tensor one: the same update, less memory traffic",
+    )
 
 
 class AugmentConfig(Section):
     """Teacher-labelled augmentation of the training sentences (pipeline/augment.py), made and labelled by capture."""
 
-    copies: int = Field(0, ge=0, le=100, description="augmented variants per training sentence; 0 turns augmentation off")
+    copies: int = Field(
+        0, ge=0, le=100, description="augmented variants per training sentence; 0 turns augmentation off"
+    )
     mask_prob: float = Field(0.1, ge=0, le=1, description="chance a word becomes [MASK]")
-    replace_prob: float = Field(0.1, ge=0, le=1, description="chance a one-piece word becomes an embedding-table neighbour")
+    replace_prob: float = Field(
+        0.1, ge=0, le=1, description="chance a one-piece word becomes an embedding-table neighbour"
+    )
     neighbours: int = Field(15, ge=0, le=1000, description="nearest words a replacement is drawn from")
     ngram_prob: float = Field(0.25, ge=0, le=1, description="chance a variant is cut to a random span of 1-5 words")
 
@@ -132,8 +147,11 @@ class AugmentConfig(Section):
 class DataConfig(Section):
     source: Literal["rotten_tomatoes", "csv", "jsonl", "parquet", "hub"] = "rotten_tomatoes"
     path: str | None = Field(None, description="one local file, split here (seeded, grouped)")
-    train: str | None = Field(None, description="given splits: a local file (csv/jsonl/parquet) or a hub split name; "
-                              "used as given. validation / test not given are carved from train")
+    train: str | None = Field(
+        None,
+        description="given splits: a local file (csv/jsonl/parquet) or a hub split name; "
+        "used as given. validation / test not given are carved from train",
+    )
     validation: str | None = None
     test: str | None = None
     hub_name: str | None = None
@@ -151,26 +169,36 @@ class DataConfig(Section):
     missing_labels: list[str] = Field(
         ["", "na", "n/a", "nan", "null", "none", "-", "?"],
         description="label values that mean 'no label' (compared case-insensitively, stripped): "
-                    "rows carrying them are dropped and counted, never made a class")
+        "rows carrying them are dropped and counted, never made a class",
+    )
     max_text_chars: int | None = Field(
-        None, ge=16, description="characters of a text kept before tokenization (a huge cell never reaches the "
-                                 "tokenizer); None: 20 x max_length")
+        None,
+        ge=16,
+        description="characters of a text kept before tokenization (a huge cell never reaches the "
+        "tokenizer); None: 20 x max_length",
+    )
     unlabeled_text: bool = False
 
     @model_validator(mode="after")
     def _source_needs(self):
         given = [s for s in ("train", "validation", "test") if getattr(self, s)]
         if given and not self.train:
-            raise ValueError(f"data.{given[0]} is given without data.train; give data.train too (splits not given "
-                             "are carved from train)")
+            raise ValueError(
+                f"data.{given[0]} is given without data.train; give data.train too (splits not given "
+                "are carved from train)"
+            )
         if given and self.source == "rotten_tomatoes":
             raise ValueError("data.train / validation / test need data.source csv, jsonl, parquet or hub")
         if self.train and self.path:
-            raise ValueError("give either data.path (one file, split here) or data.train / validation / test "
-                             "(splits used as given), not both")
+            raise ValueError(
+                "give either data.path (one file, split here) or data.train / validation / test "
+                "(splits used as given), not both"
+            )
         if self.source in ("csv", "jsonl", "parquet") and not (self.path or self.train):
-            raise ValueError(f"data.source '{self.source}' needs data.path (a local file) or data.train "
-                             "(+ validation, test: given splits)")
+            raise ValueError(
+                f"data.source '{self.source}' needs data.path (a local file) or data.train "
+                "(+ validation, test: given splits)"
+            )
         if self.source == "hub" and not self.hub_name:
             raise ValueError("data.source 'hub' needs data.hub_name (for example 'glue')")
         if self.validation_fraction + self.test_fraction >= 0.9:
@@ -188,47 +216,65 @@ class TeacherConfig(TrainSettings):
     # Off by default, as fused_adamw here: both are ~55 s faster on bert_small, but they moved its teacher by one
     # test sentence (float rounding) to 0.83496, under the 0.835 floor the default's teacher must keep.
     used_embedding_rows: bool = Field(
-        False, description="fine-tune only the word-embedding rows of the token ids the train and validation splits use "
-                           "(as distill.used_embedding_rows: the other rows get no gradient either way; they skip only "
-                           "weight decay)")
-    fused_adamw: bool = Field(False, description="as TrainSettings.fused_adamw (off for the teacher by default: see "
-                                                 "docs/configs.md)")
+        False,
+        description="fine-tune only the word-embedding rows of the token ids the train and validation splits use "
+        "(as distill.used_embedding_rows: the other rows get no gradient either way; they skip only "
+        "weight decay)",
+    )
+    fused_adamw: bool = Field(
+        False, description="as TrainSettings.fused_adamw (off for the teacher by default: see docs/configs.md)"
+    )
 
 
 class StaticStudent(Section):
     """The static student (student.kind: static): token vectors, weighted mean, linear head (pipeline/static_model.py)."""
 
     dim: int = Field(256, ge=2, le=4096, description="width of the token vectors (PCA of the teacher's outputs)")
-    context: bool = Field(True, description="tokens of the training text start from the mean of the teacher's outputs "
-                          "for them in context (else every token from its output on its own, as model2vec does)")
+    context: bool = Field(
+        True,
+        description="tokens of the training text start from the mean of the teacher's outputs "
+        "for them in context (else every token from its output on its own, as model2vec does)",
+    )
 
 
 class StudentConfig(Section):
     kind: Literal["transformer", "static"] = Field(
-        "transformer", description="transformer: layers of the teacher's family (init below); static: one vector per "
-                                   "token, weighted mean, linear head, the fastest class (student.static)")
+        "transformer",
+        description="transformer: layers of the teacher's family (init below); static: one vector per "
+        "token, weighted mean, linear head, the fastest class (student.static)",
+    )
     static: StaticStudent = StaticStudent()
     init: Literal["teacher_layers", "pretrained", "random"] = "teacher_layers"
     teacher_layers: list[LayerIndex] = [0, 5]
     pretrained: str | None = None
-    num_layers: int | None = Field(None, ge=1, description="not supported (cutting a pretrained student's layers is "
-                                   "not implemented); must stay null")
+    num_layers: int | None = Field(
+        None,
+        ge=1,
+        description="not supported (cutting a pretrained student's layers is not implemented); must stay null",
+    )
     random: RandomBert | None = None
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     dropout: float | None = Field(None, ge=0, lt=1, description="hidden dropout; None keeps the teacher's")
-    ffn_size: int | None = Field(None, ge=1, description="feed-forward neurons kept per layer (init teacher_layers), "
-                                 "chosen by the teacher's Taylor importance; None keeps all")
-    ffn_importance_examples: int = Field(512, ge=1, le=1_000_000, description="training examples scored for FFN importance")
+    ffn_size: int | None = Field(
+        None,
+        ge=1,
+        description="feed-forward neurons kept per layer (init teacher_layers), "
+        "chosen by the teacher's Taylor importance; None keeps all",
+    )
+    ffn_importance_examples: int = Field(
+        512, ge=1, le=1_000_000, description="training examples scored for FFN importance"
+    )
 
     @field_validator("num_layers")
     @classmethod
     def _no_num_layers(cls, value, info):
         if value is not None:
-            how = {"pretrained": "a pretrained student keeps all its layers (cutting them is not implemented); "
-                                 "choose a pretrained model of the depth you want, or student.init 'teacher_layers' "
-                                 "with the teacher layers to copy",
-                   "random": "a random student's depth is student.random.num_layers",
-                   }.get(info.data.get("init"), "the student's depth is the length of student.teacher_layers")
+            how = {
+                "pretrained": "a pretrained student keeps all its layers (cutting them is not implemented); "
+                "choose a pretrained model of the depth you want, or student.init 'teacher_layers' "
+                "with the teacher layers to copy",
+                "random": "a random student's depth is student.random.num_layers",
+            }.get(info.data.get("init"), "the student's depth is the length of student.teacher_layers")
             raise ValueError(f"not supported: {how}. Remove student.num_layers")
         return value
 
@@ -239,8 +285,10 @@ class _LossWeights(Section):
     @model_validator(mode="after")
     def _something_to_learn(self):
         if not any(getattr(self, name) > 0 for name in type(self).model_fields):
-            raise ValueError("every loss weight is 0, so the student would learn nothing (the first step fails); "
-                             f"set at least one of {', '.join(type(self).model_fields)} above 0")
+            raise ValueError(
+                "every loss weight is 0, so the student would learn nothing (the first step fails); "
+                f"set at least one of {', '.join(type(self).model_fields)} above 0"
+            )
         return self
 
     def learns_from_teacher(self) -> bool:
@@ -250,14 +298,22 @@ class _LossWeights(Section):
 
 # One field per registered term (distill.loss.<term>: weight, default as the term declares).
 LossWeights = create_model(
-    "LossWeights", __base__=_LossWeights, __module__=__name__, __doc__=_LossWeights.__doc__,
+    "LossWeights",
+    __base__=_LossWeights,
+    __module__=__name__,
+    __doc__=_LossWeights.__doc__,
     **{name: (float, Field(term.default, ge=0, le=1e6, description=term.summary)) for name, term in TERMS.items()},
 )
 
 
 class DistillConfig(TrainSettings):
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seed of the student's training only (init sample, data order, "
-                             "dropout); None uses the top-level seed. Vary it to measure seed noise with the teacher fixed")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_SEED,
+        description="seed of the student's training only (init sample, data order, "
+        "dropout); None uses the top-level seed. Vary it to measure seed noise with the teacher fixed",
+    )
     temperature: float = Field(2.0, gt=0, le=100)
     loss: LossWeights = LossWeights()
     layer_map: Literal["last", "uniform"] | list[tuple[int, int]] = "last"
@@ -265,9 +321,11 @@ class DistillConfig(TrainSettings):
     attention_chunk: int | None = Field(128, ge=1)
     lr: float = Field(1e-4, gt=0, le=1.0)
     used_embedding_rows: bool = Field(
-        True, description="train only the word-embedding rows of the token ids the training and validation data use "
-                          "(a smaller gradient and AdamW state; the saved student has the full table, the other rows as "
-                          "they started)")
+        True,
+        description="train only the word-embedding rows of the token ids the training and validation data use "
+        "(a smaller gradient and AdamW state; the saved student has the full table, the other rows as "
+        "they started)",
+    )
 
     @field_validator("layer_map", mode="before")
     @classmethod
@@ -276,13 +334,20 @@ class DistillConfig(TrainSettings):
         if not isinstance(value, list):
             return value
         if not value:
-            raise ValueError("an empty list distils no layer; list [student layer, teacher layer] pairs "
-                             "such as [[0, 5]], or use 'last' or 'uniform'")
+            raise ValueError(
+                "an empty list distils no layer; list [student layer, teacher layer] pairs "
+                "such as [[0, 5]], or use 'last' or 'uniform'"
+            )
         for pair in value:
-            if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-                    or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= 1023 for i in pair)):
-                raise ValueError(f"{json.dumps(pair, default=str)} is not a [student layer, teacher layer] pair of "
-                                 "layer numbers (0 or more), as in [[0, 5], [1, 11]]")
+            if (
+                not isinstance(pair, (list, tuple))
+                or len(pair) != 2
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= 1023 for i in pair)
+            ):
+                raise ValueError(
+                    f"{json.dumps(pair, default=str)} is not a [student layer, teacher layer] pair of "
+                    "layer numbers (0 or more), as in [[0, 5], [1, 11]]"
+                )
         return value
 
 
@@ -291,8 +356,12 @@ class CaptureConfig(Section):
     store: Literal["auto", "probs", "vectors"] = "auto"
     max_cache_gb: float = Field(4.0, gt=0)
     min_relation_fraction: float = Field(
-        0.1, ge=0, le=1, description="above max_cache_gb: logits for every example plus relation targets for as many "
-                                     "as fit, if that is at least this fraction of them; else the stage stops (1: always stop)")
+        0.1,
+        ge=0,
+        le=1,
+        description="above max_cache_gb: logits for every example plus relation targets for as many "
+        "as fit, if that is at least this fraction of them; else the stage stops (1: always stop)",
+    )
     shard_size: int = Field(2048, ge=1, le=1_000_000)
     batch_size: BatchSize = 64
     dtype: Literal["float16", "float32"] = "float16"
@@ -315,8 +384,9 @@ class BaselinesConfig(Section):
 
     enabled: bool = True
     peers: list[Literal["tfidf", "fasttext", "static"]] = Field(["tfidf", "fasttext", "static"], min_length=1)
-    tfidf_c: list[Annotated[float, Field(gt=0)]] = Field([1.0, 4.0, 16.0, 32.0, 64.0], min_length=1,
-                                                          description="logistic regression C values tried on validation")
+    tfidf_c: list[Annotated[float, Field(gt=0)]] = Field(
+        [1.0, 4.0, 16.0, 32.0, 64.0], min_length=1, description="logistic regression C values tried on validation"
+    )
     fasttext: FastTextGrid = FastTextGrid()
     static_dim: int = Field(256, ge=2, le=4096, description="PCA width of the static-embedding peer")
     static_c: list[Annotated[float, Field(gt=0)]] = Field([0.1, 1.0, 10.0, 100.0], min_length=1)
@@ -346,30 +416,60 @@ class ExportConfig(Section):
     opset: int = Field(18, description=f"ONNX opset of the shipped graphs, {OPSETS[0]}..{OPSETS[-1]}")
     parity_tolerance: float = Field(1e-3, gt=0)
     quantize: bool = True
-    max_int8_drop: float = Field(0.5, ge=0, description="most test-accuracy points (one text per call) an int8 variant may lose against fp32")
-    static_int8: bool = Field(True, description="also build static QDQ int8 (activation scales calibrated on training "
-                                                "text): the same answer whatever the batch, the form NNAPI and CoreML take")
-    calibration_examples: int = Field(256, ge=1, le=100_000, description="seeded training texts that calibrate static int8")
+    max_int8_drop: float = Field(
+        0.5, ge=0, description="most test-accuracy points (one text per call) an int8 variant may lose against fp32"
+    )
+    static_int8: bool = Field(
+        True,
+        description="also build static QDQ int8 (activation scales calibrated on training "
+        "text): the same answer whatever the batch, the form NNAPI and CoreML take",
+    )
+    calibration_examples: int = Field(
+        256, ge=1, le=100_000, description="seeded training texts that calibrate static int8"
+    )
     executorch: Literal["auto", "on", "off"] = Field(
-        "auto", description="model.pte (ExecuTorch, XNNPACK; fp32 and int8 linears): auto builds it when the executorch "
-                            "package is installed (make venv installs it) and records why not otherwise; on requires it")
-    latency_runs: int = Field(50, ge=1, le=100_000, description="calls per model on a fixed-length input, spread over latency_rounds")
+        "auto",
+        description="model.pte (ExecuTorch, XNNPACK; fp32 and int8 linears): auto builds it when the executorch "
+        "package is installed (make venv installs it) and records why not otherwise; on requires it",
+    )
+    latency_runs: int = Field(
+        50, ge=1, le=100_000, description="calls per model on a fixed-length input, spread over latency_rounds"
+    )
     latency_lengths: list[Annotated[int, Field(ge=2, le=8192)]] = Field(
-        [32, 128], min_length=1, description="token counts timed ([CLS] ... [SEP], so at least 2); lengths above "
-                                             "the models' position embeddings are skipped")
+        [32, 128],
+        min_length=1,
+        description="token counts timed ([CLS] ... [SEP], so at least 2); lengths above "
+        "the models' position embeddings are skipped",
+    )
     latency_threads: list[Annotated[int, Field(ge=1, le=1024)]] = Field(
-        [1], min_length=1, description="torch / ONNX Runtime / XNNPACK threads timed; the headline takes the fewest "
-                                       "(phones run one model per core). More than 1 only where the machine has cores to "
-                                       "spare: on 2 cores, 2-thread rounds never settled (bench/results/default_run_bert_small.md)")
+        [1],
+        min_length=1,
+        description="torch / ONNX Runtime / XNNPACK threads timed; the headline takes the fewest "
+        "(phones run one model per core). More than 1 only where the machine has cores to "
+        "spare: on 2 cores, 2-thread rounds never settled (bench/results/default_run_bert_small.md)",
+    )
     latency_warmup: int = Field(5, ge=0, le=10_000, description="untimed runs before each latency measurement")
-    latency_rounds: int = Field(8, ge=1, le=1000, description="interleaved rounds at least: every model is timed once per round")
-    latency_max_rounds: int = Field(40, ge=1, le=10_000, description="rounds are added up to this many until every "
-                                                                     "speed-up's 95% interval is within latency_max_spread")
-    latency_max_spread: float = Field(0.10, gt=0, description="widest 95% interval of a speed-up, as a fraction of its median")
-    latency_sentences: int = Field(100, ge=0, le=100_000, description="real test sentences timed one by one at batch 1 (0: off)")
+    latency_rounds: int = Field(
+        8, ge=1, le=1000, description="interleaved rounds at least: every model is timed once per round"
+    )
+    latency_max_rounds: int = Field(
+        40,
+        ge=1,
+        le=10_000,
+        description="rounds are added up to this many until every speed-up's 95% interval is within latency_max_spread",
+    )
+    latency_max_spread: float = Field(
+        0.10, gt=0, description="widest 95% interval of a speed-up, as a fraction of its median"
+    )
+    latency_sentences: int = Field(
+        100, ge=0, le=100_000, description="real test sentences timed one by one at batch 1 (0: off)"
+    )
     targets: ExportTargets = ExportTargets()
     ort_target_platform: Literal["arm", "amd64"] = Field("arm", description="device the .ort files are optimized for")
-    trim_vocab: bool = Field(True, description="ship a vocabulary cut to the tokens train/validation/unlabeled text use (WordPiece, BPE, Unigram; smaller embeddings; unseen words become shorter pieces or [UNK])")
+    trim_vocab: bool = Field(
+        True,
+        description="ship a vocabulary cut to the tokens train/validation/unlabeled text use (WordPiece, BPE, Unigram; smaller embeddings; unseen words become shorter pieces or [UNK])",
+    )
     register_model: bool = True
 
     @field_validator("executorch", mode="before")
@@ -386,7 +486,8 @@ class ExportConfig(Section):
                 f"opset {value} is not supported: torch's exporter writes opsets {OPSETS[0]}..{OPSETS[-1]}; below 18 it "
                 "converts its opset-18 graph down, which fails for BERT graphs at 14-16 (LayerNormalization has no "
                 "earlier version; the file would silently stay at 18) and at 17 loses the layer names the int8 "
-                f"quantization relies on. Use {OPSETS[0]}..{OPSETS[-1]}")
+                f"quantization relies on. Use {OPSETS[0]}..{OPSETS[-1]}"
+            )
         return value
 
     @field_validator("latency_lengths", "latency_threads")
@@ -399,8 +500,10 @@ class ExportConfig(Section):
     @model_validator(mode="after")
     def _rounds_in_order(self):
         if self.latency_max_rounds < self.latency_rounds:
-            raise ValueError(f"latency_max_rounds={self.latency_max_rounds} is below latency_rounds={self.latency_rounds}: "
-                             "it is the most rounds, latency_rounds the fewest; give latency_max_rounds >= latency_rounds")
+            raise ValueError(
+                f"latency_max_rounds={self.latency_max_rounds} is below latency_rounds={self.latency_rounds}: "
+                "it is the most rounds, latency_rounds the fewest; give latency_max_rounds >= latency_rounds"
+            )
         return self
 
 
@@ -412,10 +515,16 @@ class TrackingConfig(Section):
     @classmethod
     def _experiment_name(cls, value):
         # An MLflow experiment name (and the '<experiment>-pipeline' run name); never a path here.
-        if value is not None and (not value.strip() or value != value.strip() or len(value) > 200
-                                  or any(ord(c) < 32 or ord(c) == 127 for c in value)):
-            raise ValueError(f"{json.dumps(value)[:80]} is not a usable MLflow experiment name: use 1-200 printable "
-                             "characters without leading or trailing spaces (or leave it unset to use the run name)")
+        if value is not None and (
+            not value.strip()
+            or value != value.strip()
+            or len(value) > 200
+            or any(ord(c) < 32 or ord(c) == 127 for c in value)
+        ):
+            raise ValueError(
+                f"{json.dumps(value)[:80]} is not a usable MLflow experiment name: use 1-200 printable "
+                "characters without leading or trailing spaces (or leave it unset to use the run name)"
+            )
         return value
 
 
@@ -433,21 +542,31 @@ class ConfigProblems(ValueError):
 # another value, they are refused instead of being silently ignored.
 NO_MEANING = {
     "static": {
-        "student.init": ("chooses how a transformer student starts; a static student always starts from the "
-                         "teacher's token vectors (student.static)", ...),
-        "student.teacher_layers": ("lists the teacher layers a transformer student copies; a static student has no "
-                                   "layers", ...),
+        "student.init": (
+            "chooses how a transformer student starts; a static student always starts from the "
+            "teacher's token vectors (student.static)",
+            ...,
+        ),
+        "student.teacher_layers": (
+            "lists the teacher layers a transformer student copies; a static student has no layers",
+            ...,
+        ),
         "student.pretrained": ("names a pretrained transformer student; a static student has no layers", None),
         "student.random": ("shapes a random transformer student; a static student has no layers", None),
         "student.attn_implementation": ("chooses the attention kernel; a static student has no attention", ...),
         "student.ffn_size": ("prunes transformer layers; a static student has none", None),
-        "student.ffn_importance_examples": ("scores the feed-forward neurons student.ffn_size keeps; a static student "
-                                            "has none", ...),
+        "student.ffn_importance_examples": (
+            "scores the feed-forward neurons student.ffn_size keeps; a static student has none",
+            ...,
+        ),
         "distill.layer_map": ("pairs student layers with teacher layers; a static student has no layers", ...),
         "distill.relation_heads": ("splits attention into relation heads; a static student has no attention", None),
         "distill.attention_chunk": ("sizes the attention-loss chunks; a static student has no attention", None),
-        "distill.used_embedding_rows": ("trains only the used rows of a transformer student's word embeddings; a "
-                                        "static student's token table is trained whole", ...),
+        "distill.used_embedding_rows": (
+            "trains only the used rows of a transformer student's word embeddings; a "
+            "static student's token table is trained whole",
+            ...,
+        ),
     },
     "transformer": {
         "student.static": ("shapes a static student (student.kind: static); this student is a transformer", ...),
@@ -464,8 +583,13 @@ def meaningless_keys(kind: str, explicit: set[str], values: dict[str, Any]) -> l
             continue
         shown = ", ".join(f"{k}={json.dumps(values.get(k), default=str)}" for k in given)
         fix = f"set {prefix}: null or remove it" if unset is None else f"remove {'them' if len(given) > 1 else 'it'}"
-        problems.append(((given[0], "student.kind"), f"means nothing for a {kind} student (student.kind: {kind}), so "
-                                                     f"it would be ignored: {prefix} {why}. Given: {shown}; {fix}"))
+        problems.append(
+            (
+                (given[0], "student.kind"),
+                f"means nothing for a {kind} student (student.kind: {kind}), so "
+                f"it would be ignored: {prefix} {why}. Given: {shown}; {fix}",
+            )
+        )
     return problems
 
 
@@ -494,7 +618,8 @@ class PipelineConfig(Section):
             raise ValueError(
                 f"{json.dumps(value)[:80]} is not a usable run name: it names the run folder under --runs-dir, the "
                 f"MLflow experiment and the registered model 'attention-distill-<name>'. Use {RUN_NAME_RULE} "
-                "(without 'name:' the config file's name is used; set name: to choose another)")
+                "(without 'name:' the config file's name is used; set name: to choose another)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -506,44 +631,88 @@ class PipelineConfig(Section):
         if explicit is not None:
             problems += meaningless_keys(s.kind, explicit, self.flat())
         if s.kind == "static":
-            layered = [name for name, term in TERMS.items() if set(term.needs) - {"logits"} and getattr(self.distill.loss, name) > 0]
+            layered = [
+                name
+                for name, term in TERMS.items()
+                if set(term.needs) - {"logits"} and getattr(self.distill.loss, name) > 0
+            ]
             if layered:
-                problems.append(((*(f"distill.loss.{n}" for n in layered), "student.kind"),
-                    f"a static student (student.kind: static) has no layers or attention, so it learns from the teacher's "
-                    f"logits only (ce, kd); distill.loss {', '.join(f'{n}={getattr(self.distill.loss, n)}' for n in layered)} "
-                    f"needs layers: set {', '.join(f'distill.loss.{n}=0' for n in layered)}"))
+                problems.append(
+                    (
+                        (*(f"distill.loss.{n}" for n in layered), "student.kind"),
+                        f"a static student (student.kind: static) has no layers or attention, so it learns from the teacher's "
+                        f"logits only (ce, kd); distill.loss {', '.join(f'{n}={getattr(self.distill.loss, n)}' for n in layered)} "
+                        f"needs layers: set {', '.join(f'distill.loss.{n}=0' for n in layered)}",
+                    )
+                )
             reported = {keys[0] for keys, _ in problems}
             if s.ffn_size is not None and "student.ffn_size" not in reported:
-                problems.append((("student.ffn_size", "student.kind"), "student.ffn_size prunes transformer layers; a "
-                                 "static student has none: set student.ffn_size: null"))
+                problems.append(
+                    (
+                        ("student.ffn_size", "student.kind"),
+                        "student.ffn_size prunes transformer layers; a "
+                        "static student has none: set student.ffn_size: null",
+                    )
+                )
             if s.init != "teacher_layers" and "student.init" not in reported:
-                problems.append((("student.init", "student.kind"), "student.init chooses how a transformer student "
-                                 "starts; a static student always starts from the teacher's token vectors "
-                                 "(student.static): leave student.init unset"))
+                problems.append(
+                    (
+                        ("student.init", "student.kind"),
+                        "student.init chooses how a transformer student "
+                        "starts; a static student always starts from the teacher's token vectors "
+                        "(student.static): leave student.init unset",
+                    )
+                )
         else:
             if s.init == "teacher_layers" and not s.teacher_layers:
-                problems.append((("student.teacher_layers",), "student.teacher_layers must list at least one teacher layer"))
+                problems.append(
+                    (("student.teacher_layers",), "student.teacher_layers must list at least one teacher layer")
+                )
             if s.init == "teacher_layers" and len(set(s.teacher_layers)) != len(s.teacher_layers):
-                problems.append((("student.teacher_layers",), f"student.teacher_layers {s.teacher_layers} repeats a layer"))
+                problems.append(
+                    (("student.teacher_layers",), f"student.teacher_layers {s.teacher_layers} repeats a layer")
+                )
             if s.ffn_size is not None and s.init != "teacher_layers":
-                problems.append((("student.ffn_size", "student.init"),
-                                 "student.ffn_size prunes teacher layers: it needs student.init 'teacher_layers'"))
+                problems.append(
+                    (
+                        ("student.ffn_size", "student.init"),
+                        "student.ffn_size prunes teacher layers: it needs student.init 'teacher_layers'",
+                    )
+                )
             if s.init == "random" and s.random is None:
-                problems.append((("student.random", "student.init"),
-                                 "student.init 'random' needs a student.random section (num_layers, hidden_size, ...)"))
+                problems.append(
+                    (
+                        ("student.random", "student.init"),
+                        "student.init 'random' needs a student.random section (num_layers, hidden_size, ...)",
+                    )
+                )
             if s.init == "pretrained" and not s.pretrained:
-                problems.append((("student.pretrained", "student.init"),
-                                 "student.init 'pretrained' needs student.pretrained (a model folder or name)"))
+                problems.append(
+                    (
+                        ("student.pretrained", "student.init"),
+                        "student.init 'pretrained' needs student.pretrained (a model folder or name)",
+                    )
+                )
             loss = self.distill.loss
             if self.data.unlabeled_text and not loss.learns_from_teacher():
-                problems.append((("data.unlabeled_text", "distill.loss"),
-                                 "data.unlabeled_text rows have no label, so they train only through the teacher: "
-                                 "set a distill.loss weight other than ce above 0"))
+                problems.append(
+                    (
+                        ("data.unlabeled_text", "distill.loss"),
+                        "data.unlabeled_text rows have no label, so they train only through the teacher: "
+                        "set a distill.loss weight other than ce above 0",
+                    )
+                )
             if self.capture.augment.copies and self.data.text_pair_column:
-                problems.append((("capture.augment.copies", "data.text_pair_column"),
-                                 "capture.augment works on single sentences; set capture.augment.copies: 0 for text pairs"))
+                problems.append(
+                    (
+                        ("capture.augment.copies", "data.text_pair_column"),
+                        "capture.augment works on single sentences; set capture.augment.copies: 0 for text pairs",
+                    )
+                )
         if self.teacher.model == "random" and self.teacher.random is None:
-            problems.append((("teacher.random", "teacher.model"), "teacher.model 'random' needs a teacher.random section"))
+            problems.append(
+                (("teacher.random", "teacher.model"), "teacher.model 'random' needs a teacher.random section")
+            )
         if problems:
             raise ConfigProblems(problems)
         return self
@@ -645,8 +814,10 @@ class ConfigLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
-                raise YamlLimitError(f"more than {MAX_ALIASES} YAML aliases (*name); a config needs none: "
-                                     "write the values out", self.peek_event().start_mark)
+                raise YamlLimitError(
+                    f"more than {MAX_ALIASES} YAML aliases (*name); a config needs none: write the values out",
+                    self.peek_event().start_mark,
+                )
             return super().compose_node(parent, index)
         self._depth += 1
         try:
@@ -671,15 +842,23 @@ class ConfigLoader(yaml.SafeLoader):
                 continue  # the base class reports unhashable keys
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"the key '{key}' is given twice (first on line {seen[key].line + 1}); give each key "
-                    "once (merge the two entries)", key_node.start_mark)
+                    None,
+                    None,
+                    f"the key '{key}' is given twice (first on line {seen[key].line + 1}); give each key "
+                    "once (merge the two entries)",
+                    key_node.start_mark,
+                )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep)
 
     def construct_refused(self, node):
         raise yaml.constructor.ConstructorError(
-            None, None, f"the YAML type {node.tag} is not allowed in a config (only text, numbers, booleans, null, "
-            "lists and mappings)", node.start_mark)
+            None,
+            None,
+            f"the YAML type {node.tag} is not allowed in a config (only text, numbers, booleans, null, "
+            "lists and mappings)",
+            node.start_mark,
+        )
 
 
 ConfigLoader.add_constructor(_TIMESTAMP, ConfigLoader.construct_text)  # an explicit !!timestamp stays text too
@@ -695,25 +874,34 @@ def _check_expansion(root) -> None:
     while stack:
         node, leaving = stack.pop()
         key = id(node)
-        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
-                    else node.value if isinstance(node, yaml.SequenceNode) else [])
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else node.value
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         if leaving:
             on_path.discard(key)
             size = 1 + sum(done[id(c)][0] for c in children)
             depth = 1 + max((done[id(c)][1] for c in children), default=0)
             if size > MAX_VALUES:
-                raise YamlLimitError(f"more than {MAX_VALUES} values once its aliases (*name) are expanded",
-                                     node.start_mark)
+                raise YamlLimitError(
+                    f"more than {MAX_VALUES} values once its aliases (*name) are expanded", node.start_mark
+                )
             if depth > MAX_DEPTH:
-                raise YamlLimitError(f"values nested more than {MAX_DEPTH} levels deep once its aliases (*name) "
-                                     "are expanded", node.start_mark)
+                raise YamlLimitError(
+                    f"values nested more than {MAX_DEPTH} levels deep once its aliases (*name) are expanded",
+                    node.start_mark,
+                )
             done[key] = (size, depth)
             continue
         if key in done:
             continue
         if key in on_path:
-            raise YamlLimitError("an alias (*name) inside the value it names (the value would contain itself)",
-                                 node.start_mark)
+            raise YamlLimitError(
+                "an alias (*name) inside the value it names (the value would contain itself)", node.start_mark
+            )
         on_path.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in children if id(c) not in done)
@@ -747,8 +935,10 @@ def read_yaml(path: Path) -> dict:
     except OSError as exc:
         raise ConfigError(f"Config file {path} cannot be read ({exc.strerror or exc}).") from exc
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"Config file {path} is {max(size, len(raw)):,} bytes; a config file may hold at most "
-                          f"{MAX_CONFIG_BYTES:,} bytes (1 MiB). Is it the right file?")
+        raise ConfigError(
+            f"Config file {path} is {max(size, len(raw)):,} bytes; a config file may hold at most "
+            f"{MAX_CONFIG_BYTES:,} bytes (1 MiB). Is it the right file?"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -759,16 +949,21 @@ def read_yaml(path: Path) -> dict:
         raise ConfigError(f"Config file {_where(path, exc)} holds {exc.problem}.") from exc
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"Config file {_where(path, exc)} is not valid YAML: {problem}. Fix the syntax there and rerun.") from exc
+        raise ConfigError(
+            f"Config file {_where(path, exc)} is not valid YAML: {problem}. Fix the syntax there and rerun."
+        ) from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"Config file {path} must hold a mapping of keys (like 'seed: 42'), not a {type(data).__name__}.")
+        raise ConfigError(
+            f"Config file {path} must hold a mapping of keys (like 'seed: 42'), not a {type(data).__name__}."
+        )
     return data
 
 
-def load_raw(name_or_path: str, configs_dir: Path = CONFIGS_DIR, _chain: tuple[str, ...] = (),
-             _layers: list | None = None) -> dict:
+def load_raw(
+    name_or_path: str, configs_dir: Path = CONFIGS_DIR, _chain: tuple[str, ...] = (), _layers: list | None = None
+) -> dict:
     """Read a config file and the chain of files it extends, merged (``_layers``: each file's own keys are appended
     to it, base first)."""
     path = config_path(name_or_path, configs_dir)
@@ -794,8 +989,10 @@ def load_raw(name_or_path: str, configs_dir: Path = CONFIGS_DIR, _chain: tuple[s
     if not isinstance(parent, str):
         raise ConfigError(f"'extends' in {path} must be a config name, got {parent!r}.")
     if len(_chain) >= MAX_EXTENDS:
-        raise ConfigError(f"Config '{Path(_chain[0]).stem}' extends more than {MAX_EXTENDS} files in a chain "
-                          f"(at {path}); shorten the 'extends' chain.")
+        raise ConfigError(
+            f"Config '{Path(_chain[0]).stem}' extends more than {MAX_EXTENDS} files in a chain "
+            f"(at {path}); shorten the 'extends' chain."
+        )
     merged = deep_merge(load_raw(parent, configs_dir, (*_chain, key), _layers), data)
     if _layers is not None:
         _layers.append(data)
@@ -804,9 +1001,7 @@ def load_raw(name_or_path: str, configs_dir: Path = CONFIGS_DIR, _chain: tuple[s
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise ConfigError(
-            f"Override '{item}' is not of the form key=value (for example distill.epochs=1 or seed=3)."
-        )
+        raise ConfigError(f"Override '{item}' is not of the form key=value (for example distill.epochs=1 or seed=3).")
     key, _, raw = item.partition("=")
     key = key.strip()
     parts = key.split(".")
@@ -870,8 +1065,9 @@ def validation_problems(exc: ValidationError) -> list[tuple[str, tuple[str, ...]
             hint = f"did you mean '{'.'.join(map(str, loc[:-1] + (near[0],)))}'?" if near else ""
             problems.append((f"  - {path}: unknown key. {hint} Valid keys here: {', '.join(valid)}.", keys))
         elif err["type"] == "value_error" and isinstance((err.get("ctx") or {}).get("error"), ConfigProblems):
-            problems += [(f"  - {involved[0]}: {message}", involved)
-                         for involved, message in err["ctx"]["error"].problems]
+            problems += [
+                (f"  - {involved[0]}: {message}", involved) for involved, message in err["ctx"]["error"].problems
+            ]
         elif err["type"] == "value_error":
             problems.append((f"  - {path}: {err['msg'].removeprefix('Value error, ')}", keys))
         else:
@@ -918,7 +1114,9 @@ def _without_failed_values(raw: dict, exc: ValidationError) -> tuple[dict, set[s
     return trimmed, removed
 
 
-def load_config(name_or_path: str, overrides: list[str] | None = None, configs_dir: Path = CONFIGS_DIR) -> PipelineConfig:
+def load_config(
+    name_or_path: str, overrides: list[str] | None = None, configs_dir: Path = CONFIGS_DIR
+) -> PipelineConfig:
     layers: list[dict] = []
     raw = load_raw(name_or_path, Path(configs_dir), _layers=layers)
     raw = apply_overrides(raw, overrides or [])
@@ -936,8 +1134,12 @@ def load_config(name_or_path: str, overrides: list[str] | None = None, configs_d
             try:
                 PipelineConfig.model_validate(trimmed, context={"explicit": context["explicit"] - removed})
             except ValidationError as again:
-                lines += [line for line, keys in validation_problems(again) if line not in lines and not any(
-                    k == r or k.startswith(r + ".") or r.startswith(k + ".") for k in keys for r in removed)]
+                lines += [
+                    line
+                    for line, keys in validation_problems(again)
+                    if line not in lines
+                    and not any(k == r or k.startswith(r + ".") or r.startswith(k + ".") for k in keys for r in removed)
+                ]
         raise ConfigError(_problem_message(lines, name_or_path)) from None
     return config
 

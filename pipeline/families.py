@@ -79,7 +79,9 @@ class Family:
     ffn_size_key: str  # config key of the feed-forward width
     hidden_sized: tuple[str, ...]  # config keys a random student sets to its own hidden size
     position_offset: bool  # position ids start after pad_token_id (RoBERTa-style): pad_token_id + 1 positions are lost
-    token_type_ids: bool  # the family has segment embeddings (sentence pairs feed token_type_ids; data.uses_segment_ids decides)
+    token_type_ids: (
+        bool  # the family has segment embeddings (sentence pairs feed token_type_ids; data.uses_segment_ids decides)
+    )
     sdpa: bool  # transformers has an SDPA kernel for it; otherwise eager runs
     attention_is_exact: bool  # softmax(QK^T/sqrt(d)+mask) is the model's attention (else: content relation)
     tokenizer_kind: str  # the tokenizer its checkpoints ship (documentation; trimming is WordPiece only)
@@ -101,56 +103,183 @@ class Family:
         return getattr(self, kind)
 
 
-_BERT_LIKE = dict(layers="encoder.layer", attention="attention.self", query="query", key="key", value="value",
-                  attention_dropout="dropout", attention_dropout_key="attention_probs_dropout_prob",
-                  hidden_dropout_key="hidden_dropout_prob", ffn_in="intermediate.dense", ffn_out="output.dense",
-                  ffn_size_key="intermediate_size", sdpa=True, attention_is_exact=True)
+_BERT_LIKE = dict(
+    layers="encoder.layer",
+    attention="attention.self",
+    query="query",
+    key="key",
+    value="value",
+    attention_dropout="dropout",
+    attention_dropout_key="attention_probs_dropout_prob",
+    hidden_dropout_key="hidden_dropout_prob",
+    ffn_in="intermediate.dense",
+    ffn_out="output.dense",
+    ffn_size_key="intermediate_size",
+    sdpa=True,
+    attention_is_exact=True,
+)
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("BERT", "bert", **_BERT_LIKE, hidden_sized=(), position_offset=False, token_type_ids=True,
-           tokenizer_kind="WordPiece"),
-    Family("RoBERTa", "roberta", **_BERT_LIKE, hidden_sized=(), position_offset=True, token_type_ids=False,
-           tokenizer_kind="byte-level BPE"),
-    Family("XLM-RoBERTa", "xlm-roberta", **_BERT_LIKE, hidden_sized=(), position_offset=True, token_type_ids=False,
-           tokenizer_kind="Unigram (SentencePiece)"),
-    # embedding_size != hidden_size adds embeddings_project before the layers (outside the layer list).
-    Family("ELECTRA", "electra", **_BERT_LIKE, hidden_sized=("embedding_size",), position_offset=False,
-           token_type_ids=True, tokenizer_kind="WordPiece"),
-    Family("DistilBERT", "distilbert", layers="transformer.layer", attention="attention", query="q_lin", key="k_lin",
-           value="v_lin", attention_dropout="dropout", attention_dropout_key="attention_dropout",
-           hidden_dropout_key="dropout", ffn_in="ffn.lin1", ffn_out="ffn.lin2", ffn_size_key="hidden_dim",
-           hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True, attention_is_exact=True,
-           tokenizer_kind="WordPiece"),
-    Family("ModernBERT", "modernbert", layers="layers", attention="attn", query="Wqkv", key="Wqkv", value="Wqkv",
-           attention_dropout="attention_dropout", attention_dropout_key="attention_dropout",
-           hidden_dropout_key="mlp_dropout", ffn_in="mlp.Wi", ffn_out="mlp.Wo", ffn_size_key="intermediate_size",
-           hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True, attention_is_exact=True,
-           tokenizer_kind="byte-level BPE (mmBERT: Gemma 2's SentencePiece BPE)", fused_qkv=True, rotary=True,
-           ffn_fused_glu=True, sliding_window_key="sliding_window", layer_zero_differs=True),
-    Family("EuroBERT", "eurobert", layers="layers", attention="self_attn", query="q_proj", key="k_proj", value="v_proj",
-           attention_dropout="attention_dropout", attention_dropout_key="attention_dropout",
-           hidden_dropout_key=None, ffn_in="mlp.up_proj", ffn_out="mlp.down_proj",
-           ffn_size_key="intermediate_size", hidden_sized=(), position_offset=False, token_type_ids=False, sdpa=True,
-           attention_is_exact=True, tokenizer_kind="byte-level BPE (Llama 3)", rotary=True, ffn_gate="mlp.gate_proj",
-           heads_sized=("num_key_value_heads",), rotary_casts_back=False),
-    Family("DeBERTa-v2/v3", "deberta-v2", layers="encoder.layer", attention="attention.self", query="query_proj",
-           key="key_proj", value="value_proj", attention_dropout="dropout",
-           attention_dropout_key="attention_probs_dropout_prob", hidden_dropout_key="hidden_dropout_prob",
-           ffn_in="intermediate.dense", ffn_out="output.dense", ffn_size_key="intermediate_size",
-           hidden_sized=("pooler_hidden_size",), position_offset=False, token_type_ids=False, sdpa=False,
-           attention_is_exact=False, tokenizer_kind="Unigram (SentencePiece)"),
-    # position ids start after the pad id (1), as in RoBERTa; <s> text </s> around a lower-casing WordPiece.
-    Family("MPNet", "mpnet", layers="encoder.layer", attention="attention.attn", query="q", key="k", value="v",
-           attention_dropout="dropout", attention_dropout_key="attention_probs_dropout_prob",
-           hidden_dropout_key="hidden_dropout_prob", ffn_in="intermediate.dense", ffn_out="output.dense",
-           ffn_size_key="intermediate_size", hidden_sized=(), position_offset=True, token_type_ids=False, sdpa=False,
-           attention_is_exact=False, tokenizer_kind="WordPiece (RoBERTa-style <s> ... </s>)"),
-)}
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family(
+            "BERT",
+            "bert",
+            **_BERT_LIKE,
+            hidden_sized=(),
+            position_offset=False,
+            token_type_ids=True,
+            tokenizer_kind="WordPiece",
+        ),
+        Family(
+            "RoBERTa",
+            "roberta",
+            **_BERT_LIKE,
+            hidden_sized=(),
+            position_offset=True,
+            token_type_ids=False,
+            tokenizer_kind="byte-level BPE",
+        ),
+        Family(
+            "XLM-RoBERTa",
+            "xlm-roberta",
+            **_BERT_LIKE,
+            hidden_sized=(),
+            position_offset=True,
+            token_type_ids=False,
+            tokenizer_kind="Unigram (SentencePiece)",
+        ),
+        # embedding_size != hidden_size adds embeddings_project before the layers (outside the layer list).
+        Family(
+            "ELECTRA",
+            "electra",
+            **_BERT_LIKE,
+            hidden_sized=("embedding_size",),
+            position_offset=False,
+            token_type_ids=True,
+            tokenizer_kind="WordPiece",
+        ),
+        Family(
+            "DistilBERT",
+            "distilbert",
+            layers="transformer.layer",
+            attention="attention",
+            query="q_lin",
+            key="k_lin",
+            value="v_lin",
+            attention_dropout="dropout",
+            attention_dropout_key="attention_dropout",
+            hidden_dropout_key="dropout",
+            ffn_in="ffn.lin1",
+            ffn_out="ffn.lin2",
+            ffn_size_key="hidden_dim",
+            hidden_sized=(),
+            position_offset=False,
+            token_type_ids=False,
+            sdpa=True,
+            attention_is_exact=True,
+            tokenizer_kind="WordPiece",
+        ),
+        Family(
+            "ModernBERT",
+            "modernbert",
+            layers="layers",
+            attention="attn",
+            query="Wqkv",
+            key="Wqkv",
+            value="Wqkv",
+            attention_dropout="attention_dropout",
+            attention_dropout_key="attention_dropout",
+            hidden_dropout_key="mlp_dropout",
+            ffn_in="mlp.Wi",
+            ffn_out="mlp.Wo",
+            ffn_size_key="intermediate_size",
+            hidden_sized=(),
+            position_offset=False,
+            token_type_ids=False,
+            sdpa=True,
+            attention_is_exact=True,
+            tokenizer_kind="byte-level BPE (mmBERT: Gemma 2's SentencePiece BPE)",
+            fused_qkv=True,
+            rotary=True,
+            ffn_fused_glu=True,
+            sliding_window_key="sliding_window",
+            layer_zero_differs=True,
+        ),
+        Family(
+            "EuroBERT",
+            "eurobert",
+            layers="layers",
+            attention="self_attn",
+            query="q_proj",
+            key="k_proj",
+            value="v_proj",
+            attention_dropout="attention_dropout",
+            attention_dropout_key="attention_dropout",
+            hidden_dropout_key=None,
+            ffn_in="mlp.up_proj",
+            ffn_out="mlp.down_proj",
+            ffn_size_key="intermediate_size",
+            hidden_sized=(),
+            position_offset=False,
+            token_type_ids=False,
+            sdpa=True,
+            attention_is_exact=True,
+            tokenizer_kind="byte-level BPE (Llama 3)",
+            rotary=True,
+            ffn_gate="mlp.gate_proj",
+            heads_sized=("num_key_value_heads",),
+            rotary_casts_back=False,
+        ),
+        Family(
+            "DeBERTa-v2/v3",
+            "deberta-v2",
+            layers="encoder.layer",
+            attention="attention.self",
+            query="query_proj",
+            key="key_proj",
+            value="value_proj",
+            attention_dropout="dropout",
+            attention_dropout_key="attention_probs_dropout_prob",
+            hidden_dropout_key="hidden_dropout_prob",
+            ffn_in="intermediate.dense",
+            ffn_out="output.dense",
+            ffn_size_key="intermediate_size",
+            hidden_sized=("pooler_hidden_size",),
+            position_offset=False,
+            token_type_ids=False,
+            sdpa=False,
+            attention_is_exact=False,
+            tokenizer_kind="Unigram (SentencePiece)",
+        ),
+        # position ids start after the pad id (1), as in RoBERTa; <s> text </s> around a lower-casing WordPiece.
+        Family(
+            "MPNet",
+            "mpnet",
+            layers="encoder.layer",
+            attention="attention.attn",
+            query="q",
+            key="k",
+            value="v",
+            attention_dropout="dropout",
+            attention_dropout_key="attention_probs_dropout_prob",
+            hidden_dropout_key="hidden_dropout_prob",
+            ffn_in="intermediate.dense",
+            ffn_out="output.dense",
+            ffn_size_key="intermediate_size",
+            hidden_sized=(),
+            position_offset=True,
+            token_type_ids=False,
+            sdpa=False,
+            attention_is_exact=False,
+            tokenizer_kind="WordPiece (RoBERTa-style <s> ... </s>)",
+        ),
+    )
+}
 
 # Module scope of encoder layer N in a graph from torch's dynamo exporter, for every family
 # (e.g. "bert.encoder.layer.3.attention.self.query", "distilbert.transformer.layer.0.ffn.lin1").
-LAYER_SCOPE = re.compile(
-    r"(?:%s)\.(\d+)(?:\.|$)" % "|".join(sorted({re.escape(f.layers) for f in FAMILIES.values()})))
+LAYER_SCOPE = re.compile(r"(?:%s)\.(\d+)(?:\.|$)" % "|".join(sorted({re.escape(f.layers) for f in FAMILIES.values()})))
 
 
 def supported() -> str:
@@ -170,7 +299,8 @@ def family_of(config_or_model, what: str = "model") -> Family:
             f"The {what} is a '{model_type}' model ({architectures}), which is not a supported encoder family. "
             f"Supported families (config.json model_type): {supported()}. The pipeline must know where a family keeps "
             "its layers and query/key/value projections (pipeline/families.py) before it can capture attention, "
-            "build students or export; use a model of a supported family.")
+            "build students or export; use a model of a supported family."
+        )
     return family
 
 
@@ -225,8 +355,10 @@ def family_of_layer(layer: nn.Module, family: Family | None = None) -> Family:
         except AttributeError:
             continue
         return f
-    raise ModelError(f"{type(layer).__name__} has no feed-forward Linears where "
-                     f"{family.name if family else 'any supported family'} keeps them; supported: {supported()}.")
+    raise ModelError(
+        f"{type(layer).__name__} has no feed-forward Linears where "
+        f"{family.name if family else 'any supported family'} keeps them; supported: {supported()}."
+    )
 
 
 def ffn_paths(layer: nn.Module, family: Family | None = None) -> tuple[str, str]:
@@ -270,10 +402,12 @@ def attention_window(config, layer: int) -> int | None:
 def teacher_layers_problem(family: Family, teacher_layers: list[int]) -> str | None:
     """Why these teacher layers cannot be copied into a student of ``family``, or None."""
     if family.layer_zero_differs and (teacher_layers[0] != 0 or 0 in teacher_layers[1:]):
-        return (f"student.teacher_layers: {list(teacher_layers)} does not start with teacher layer 0 (or uses it again "
-                f"later). A {family.name} model builds its first layer without the attention LayerNorm the others "
-                "have (the embeddings' norm serves it), so a copied layer keeps its weights only in its own position "
-                "kind: list teacher layer 0 first and only there, e.g. [0, 3, 5].")
+        return (
+            f"student.teacher_layers: {list(teacher_layers)} does not start with teacher layer 0 (or uses it again "
+            f"later). A {family.name} model builds its first layer without the attention LayerNorm the others "
+            "have (the embeddings' norm serves it), so a copied layer keeps its weights only in its own position "
+            "kind: list teacher layer 0 first and only there, e.g. [0, 3, 5]."
+        )
     return None
 
 
@@ -287,7 +421,8 @@ def check_layer_windows(pairs, student_config, teacher_config) -> None:
                 f"with teacher layer {t} ({'global attention' if t_window is None else f'a window of {t_window}'}): "
                 "the student cannot put attention where the teacher does, so the attention KL would be infinite. Map "
                 "that student layer to a teacher layer of its kind (config.json layer_types of both models), or give "
-                "the student a global layer there.")
+                "the student a global layer there."
+            )
 
 
 def usable_positions(config) -> int | None:
@@ -312,10 +447,32 @@ def attn_implementation(config, requested: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _say_eager(family: str, requested: str) -> None:
-    log.info("%s has no %s attention in transformers; it runs eager attention (the losses recompute attention "
-             "from Q/K either way)", family, requested)
+    log.info(
+        "%s has no %s attention in transformers; it runs eager attention (the losses recompute attention "
+        "from Q/K either way)",
+        family,
+        requested,
+    )
 
 
-__all__ = ["FAMILIES", "Family", "LAYER_SCOPE", "attention_window", "attn_implementation", "check_layer_windows",
-           "encoder_layers", "layer_types", "family_of", "family_of_layer", "ffn_linears", "ffn_paths",
-           "layer_prefix", "projection", "self_attention", "supported", "unwrap_model", "usable_positions", "zero_attention_dropout"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "LAYER_SCOPE",
+    "attention_window",
+    "attn_implementation",
+    "check_layer_windows",
+    "encoder_layers",
+    "layer_types",
+    "family_of",
+    "family_of_layer",
+    "ffn_linears",
+    "ffn_paths",
+    "layer_prefix",
+    "projection",
+    "self_attention",
+    "supported",
+    "unwrap_model",
+    "usable_positions",
+    "zero_attention_dropout",
+]

@@ -35,15 +35,18 @@ def end_with_parent(parent: int) -> None:
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
     if not armed:
+
         def watch():
             while os.getppid() == parent:
                 time.sleep(1.0)
             os._exit(1)
+
         threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
 
 
-def fit(train_file: str, validation_file: str, setting: dict, buckets: int, target: str,
-        quantize_cutoff: int | None = None) -> dict:
+def fit(
+    train_file: str, validation_file: str, setting: dict, buckets: int, target: str, quantize_cutoff: int | None = None
+) -> dict:
     """Train on ``train_file`` (one thread: deterministic), optionally quantize (retraining), save to ``target``;
     the validation accuracy of what was saved."""
     import fasttext

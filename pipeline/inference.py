@@ -35,7 +35,9 @@ def has_padding(mask: torch.Tensor) -> bool:
     return bool((mask == 0).any())
 
 
-RELATION_ROWS = "relation_rows.npy"  # capture's choice under capture.max_cache_gb: which relational rows have relation targets
+RELATION_ROWS = (
+    "relation_rows.npy"  # capture's choice under capture.max_cache_gb: which relational rows have relation targets
+)
 
 
 class TokenIds(Sequence):
@@ -50,20 +52,24 @@ class TokenIds(Sequence):
         self._values = [chunk.values.to_numpy(zero_copy_only=False) for chunk in column.chunks]
         self._offsets = [chunk.offsets.to_numpy() for chunk in column.chunks]
         self._starts = np.cumsum([0] + [len(chunk) for chunk in column.chunks])
-        self.lengths = (np.concatenate([np.diff(o) for o in self._offsets]) if self._offsets else np.zeros(0)).astype(np.int64)
+        self.lengths = (np.concatenate([np.diff(o) for o in self._offsets]) if self._offsets else np.zeros(0)).astype(
+            np.int64
+        )
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
     def distinct(self) -> np.ndarray:
         """Every token id the split uses, once, sorted."""
-        parts = [values[offsets[0]:offsets[-1]] for values, offsets in zip(self._values, self._offsets) if len(offsets) > 1]
+        parts = [
+            values[offsets[0] : offsets[-1]] for values, offsets in zip(self._values, self._offsets) if len(offsets) > 1
+        ]
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
     def _array(self, index: int) -> np.ndarray:
         chunk = int(np.searchsorted(self._starts, index, side="right")) - 1
         offsets, row = self._offsets[chunk], index - self._starts[chunk]
-        return self._values[chunk][offsets[row]:offsets[row + 1]]
+        return self._values[chunk][offsets[row] : offsets[row + 1]]
 
     def arrays(self, indices) -> list[np.ndarray]:
         """The ids of these examples (non-negative indices) as numpy views, in order."""
@@ -80,7 +86,7 @@ class TokenIds(Sequence):
     def __iter__(self):
         for values, offsets in zip(self._values, self._offsets):
             for row in range(len(offsets) - 1):
-                yield values[offsets[row]:offsets[row + 1]].tolist()
+                yield values[offsets[row] : offsets[row + 1]].tolist()
 
 
 def used_token_ids(splits, always) -> np.ndarray:
@@ -102,7 +108,9 @@ class TokenizedSplit:
         import datasets
 
         self.dataset = datasets.load_from_disk(str(folder or Path(prepare_dir) / "tokenized" / split))
-        table = self.dataset.with_format("arrow")[:]  # zero-copy: the mapped table (save_to_disk leaves no index mapping)
+        table = self.dataset.with_format("arrow")[
+            :
+        ]  # zero-copy: the mapped table (save_to_disk leaves no index mapping)
         self.input_ids = TokenIds(table.column("input_ids"))
         self.labels = table.column("label").to_numpy().astype(np.int64, copy=False)
         self.lengths = self.input_ids.lengths
@@ -155,13 +163,17 @@ class TrainingData:
         if chosen is not None and chosen.is_file():
             kept = np.load(chosen)
             if kept.shape != (self.relational,):
-                raise CacheError(f"{chosen} marks {kept.shape[0]} examples but the training data has {self.relational} "
-                                 "with relation targets; it belongs to another run. Rerun with --from capture.")
+                raise CacheError(
+                    f"{chosen} marks {kept.shape[0]} examples but the training data has {self.relational} "
+                    "with relation targets; it belongs to another run. Rerun with --from capture."
+                )
             self.has_relations[: self.relational] = kept
         with_types = [p.token_type_ids is not None for p in self.parts]
         if any(with_types) and not all(with_types):
-            raise CacheError(f"The training data parts {self.names} do not all carry token_type_ids ({with_types}); "
-                             "they come from different prepare runs. Rerun with --from prepare.")
+            raise CacheError(
+                f"The training data parts {self.names} do not all carry token_type_ids ({with_types}); "
+                "they come from different prepare runs. Rerun with --from prepare."
+            )
         self.segments = all(with_types)
 
     def __len__(self):
@@ -173,9 +185,14 @@ class TrainingData:
         ids = [self.parts[w].input_ids.arrays([i - self.offsets[w]])[0] for w, i in zip(which, indices)]
         input_ids, mask = pad_batch(ids, pad)
         # relation_rows stays on the host: the objective picks rows with it without a device sync.
-        batch = {"input_ids": to_device(input_ids, device), "attention_mask": to_device(mask, device),
-                 "padded": has_padding(mask), "labels": to_device(torch.as_tensor(self.labels[indices]), device),
-                 "indices": indices, "relation_rows": torch.as_tensor(self.has_relations[indices])}
+        batch = {
+            "input_ids": to_device(input_ids, device),
+            "attention_mask": to_device(mask, device),
+            "padded": has_padding(mask),
+            "labels": to_device(torch.as_tensor(self.labels[indices]), device),
+            "indices": indices,
+            "relation_rows": torch.as_tensor(self.has_relations[indices]),
+        }
         if self.segments:
             types = [self.parts[w].token_type_ids.arrays([i - self.offsets[w]])[0] for w, i in zip(which, indices)]
             batch["token_type_ids"] = to_device(pad_segments(types, input_ids.shape[1]), device)
@@ -202,10 +219,10 @@ def predict_logits(model, split: TokenizedSplit, batch_size: int, dist, pad: int
     """
     model.eval()
     order = np.argsort(split.lengths, kind="stable")
-    mine = order[dist.rank::dist.world]
+    mine = order[dist.rank :: dist.world]
     outputs = []
     for start in range(0, len(mine), batch_size):
-        indices = mine[start:start + batch_size]
+        indices = mine[start : start + batch_size]
         batch = split.batch(indices, pad, dist.device)
         with dist.autocast():
             logits = model(**model_inputs(batch)).logits

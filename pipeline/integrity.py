@@ -96,8 +96,11 @@ def output_listing(folder: Path) -> dict[str, dict]:
     listing = {}
     for file in _files(folder):
         stat = file.stat()
-        listing[file.relative_to(folder).as_posix()] = {"bytes": stat.st_size, "sha256": sha256_file(file),
-                                                       "mtime_ns": stat.st_mtime_ns}
+        listing[file.relative_to(folder).as_posix()] = {
+            "bytes": stat.st_size,
+            "sha256": sha256_file(file),
+            "mtime_ns": stat.st_mtime_ns,
+        }
     return listing
 
 

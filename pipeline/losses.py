@@ -153,9 +153,11 @@ def relation_kl(
     t_a_h, t_b_h = (split_heads(x.detach(), num_heads).to(dtype) for x in (t_a, t_b))
     s_a_h, s_b_h = (split_heads(x, num_heads).to(dtype) for x in (s_a, s_b))
     total = _chunked_sum(
-        _kl_chunk_from_vectors, chunk_size,
+        _kl_chunk_from_vectors,
+        chunk_size,
         sliced=(t_a_h, s_a_h, _windowed(key_valid, teacher_window), _windowed(key_valid, student_window)),
-        shared=(t_b_h, s_b_h), row_w=row_w,
+        shared=(t_b_h, s_b_h),
+        row_w=row_w,
         use_ckpt=_needs_ckpt(s_a, s_b),
     )
     return total / (num_heads * row_w.sum().clamp_min(1.0))
@@ -188,8 +190,11 @@ def relation_kl_from_probs(
     key_valid, row_w = _masks(attention_mask, b, n, s_a.device, dtype)
     s_a_h, s_b_h = (split_heads(x, num_heads).to(dtype) for x in (s_a, s_b))
     total = _chunked_sum(
-        _kl_chunk_from_probs, chunk_size,
-        sliced=(t_probs.detach(), s_a_h, _windowed(key_valid, student_window)), shared=(s_b_h,), row_w=row_w,
+        _kl_chunk_from_probs,
+        chunk_size,
+        sliced=(t_probs.detach(), s_a_h, _windowed(key_valid, student_window)),
+        shared=(s_b_h,),
+        row_w=row_w,
         use_ckpt=_needs_ckpt(s_a, s_b),
     )
     return total / (num_heads * row_w.sum().clamp_min(1.0))

@@ -21,10 +21,19 @@ def classification_report(labels: np.ndarray, predictions: np.ndarray, names: li
         precision = tp / matrix[:, i].sum() if matrix[:, i].sum() else 0.0
         recall = tp / matrix[i].sum() if matrix[i].sum() else 0.0
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        per_class[name] = {"precision": float(precision), "recall": float(recall), "f1": float(f1), "support": int(matrix[i].sum())}
+        per_class[name] = {
+            "precision": float(precision),
+            "recall": float(recall),
+            "f1": float(f1),
+            "support": int(matrix[i].sum()),
+        }
         f1s.append(f1)
-    return {"accuracy": float((labels == predictions).mean()), "macro_f1": float(np.mean(f1s)),
-            "per_class": per_class, "confusion_matrix": matrix.tolist()}
+    return {
+        "accuracy": float((labels == predictions).mean()),
+        "macro_f1": float(np.mean(f1s)),
+        "per_class": per_class,
+        "confusion_matrix": matrix.tolist(),
+    }
 
 
 def attention_health(probs: torch.Tensor, mask: torch.Tensor, head_outputs: torch.Tensor | None = None) -> dict:

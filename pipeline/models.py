@@ -19,15 +19,32 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+)
 
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
 from .errors import ConfigError, ModelError
+from .families import (
+    attn_implementation,
+    check_layer_windows,
+    encoder_layers,
+    family_of,
+    layer_prefix,
+    layer_types,
+    teacher_layers_problem,
+    usable_positions,
+    zero_attention_dropout,
+)
 from .model_packages import SPLIT_PACKAGES, split_package_folder
-from .families import (attn_implementation, check_layer_windows, encoder_layers, family_of, layer_prefix, layer_types,
-                       teacher_layers_problem, usable_positions, zero_attention_dropout)
 from .pruning import prune_ffn, top_neurons
-from .static_model import MODEL_TYPE as STATIC_MODEL_TYPE  # importing it registers the static student with the Auto classes
+from .static_model import (
+    MODEL_TYPE as STATIC_MODEL_TYPE,
+)  # importing it registers the static student with the Auto classes
 from .terms import TERMS, uses_model_attention
 
 log = logging.getLogger("pipeline")
@@ -65,7 +82,9 @@ def resolve_reference(reference: str, tokenizer_only: bool = False) -> str:
     looks_local = reference.startswith((".", "/", "~")) or path.exists()
     if looks_local:
         if not path.exists():
-            raise ModelError(f"Model folder '{reference}' does not exist. Give an existing folder written by save_pretrained, a 'package:' reference, or a hub name.")
+            raise ModelError(
+                f"Model folder '{reference}' does not exist. Give an existing folder written by save_pretrained, a 'package:' reference, or a hub name."
+            )
         if tokenizer_only and any((path / name).is_file() for name in TOKENIZER_FILES):
             return str(path.resolve())
         if not (path / "config.json").is_file():
@@ -146,18 +165,28 @@ def check_against_models(config: PipelineConfig) -> None:
     positions = usable_positions(teacher_cfg)
     student = config.student
     if student.kind == "static" and student.static.dim > hidden:
-        problems.append(f"student.static.dim: {student.static.dim} is above the teacher's width {hidden}; the token "
-                        f"vectors are a PCA of the teacher's outputs, so use at most {hidden}.")
+        problems.append(
+            f"student.static.dim: {student.static.dim} is above the teacher's width {hidden}; the token "
+            f"vectors are a PCA of the teacher's outputs, so use at most {hidden}."
+        )
     if student.init == "teacher_layers":
         bad = [i for i in student.teacher_layers if not 0 <= i < depth]
         if bad:
-            problems.append(f"student.teacher_layers: layer(s) {bad} do not exist; the teacher has {depth} layers (0..{depth - 1}).")
+            problems.append(
+                f"student.teacher_layers: layer(s) {bad} do not exist; the teacher has {depth} layers (0..{depth - 1})."
+            )
         elif (problem := teacher_layers_problem(family, student.teacher_layers)) is not None:
             problems.append(problem)
         ffn = getattr(teacher_cfg, family.ffn_size_key, None)
         if student.ffn_size is not None and ffn is not None and student.ffn_size > ffn:
-            problems.append(f"student.ffn_size: {student.ffn_size} is above the teacher's {ffn} feed-forward neurons per layer.")
-    if not config.teacher.finetune and config.data.label_names and teacher_cfg.num_labels == len(config.data.label_names):
+            problems.append(
+                f"student.ffn_size: {student.ffn_size} is above the teacher's {ffn} feed-forward neurons per layer."
+            )
+    if (
+        not config.teacher.finetune
+        and config.data.label_names
+        and teacher_cfg.num_labels == len(config.data.label_names)
+    ):
         try:  # the data's order is known only when data.label_names gives it; otherwise the teacher stage checks
             check_teacher_labels(teacher_cfg, config.data.label_names, config.teacher.model)
         except ModelError as exc:
@@ -182,29 +211,40 @@ def check_against_models(config: PipelineConfig) -> None:
             problems.append(
                 f"distill.layer_map: '{config.distill.layer_map}' needs a student as deep as the teacher, and the "
                 f"pretrained student has {student_depth} layers, the teacher {depth}; list the pairs instead, "
-                f"e.g. distill.layer_map=[[{student_depth - 1},{depth - 1}]].")
+                f"e.g. distill.layer_map=[[{student_depth - 1},{depth - 1}]]."
+            )
     if isinstance(config.distill.layer_map, list):
         for s, t in config.distill.layer_map:
             if not 0 <= t < depth:
-                problems.append(f"distill.layer_map: teacher layer {t} does not exist (teacher has {depth} layers, 0..{depth - 1}).")
+                problems.append(
+                    f"distill.layer_map: teacher layer {t} does not exist (teacher has {depth} layers, 0..{depth - 1})."
+                )
             if not 0 <= s < student_depth:
-                problems.append(f"distill.layer_map: student layer {s} does not exist (student has {student_depth} layers).")
+                problems.append(
+                    f"distill.layer_map: student layer {s} does not exist (student has {student_depth} layers)."
+                )
     if positions and config.data.max_length > positions:
-        problems.append(f"data.max_length: {config.data.max_length} is above the teacher's {positions} position embeddings.")
+        problems.append(
+            f"data.max_length: {config.data.max_length} is above the teacher's {positions} position embeddings."
+        )
     s_hidden, s_heads = hidden, heads
     if pretrained_cfg is not None:
         s_hidden, s_heads = pretrained_cfg.hidden_size, pretrained_cfg.num_attention_heads
         s_positions = usable_positions(pretrained_cfg)
         if s_positions and config.data.max_length > s_positions:
-            problems.append(f"data.max_length: {config.data.max_length} is above the pretrained student's {s_positions} position embeddings.")
+            problems.append(
+                f"data.max_length: {config.data.max_length} is above the pretrained student's {s_positions} position embeddings."
+            )
     if student.init == "random":
         s_hidden, s_heads = student.random.hidden_size, student.random.num_heads
         s_positions = usable_positions(random_student_config(teacher_cfg, student.random))
         if config.data.max_length > s_positions:
             lost = student.random.max_position_embeddings - s_positions
-            problems.append(f"data.max_length: {config.data.max_length} is above student.random.max_position_embeddings "
-                            f"{student.random.max_position_embeddings}" + (f" less the {lost} positions a {family.name} model "
-                                                                             "reserves (pad_token_id + 1)." if lost else "."))
+            problems.append(
+                f"data.max_length: {config.data.max_length} is above student.random.max_position_embeddings "
+                f"{student.random.max_position_embeddings}"
+                + (f" less the {lost} positions a {family.name} model reserves (pad_token_id + 1)." if lost else ".")
+            )
     if not problems and uses_model_attention(config.distill.loss) and student.kind != "static":
         # ModernBERT: a sliding-window student layer must learn from a teacher layer whose keys it can see
         student_cfg = pretrained_cfg
@@ -215,8 +255,9 @@ def check_against_models(config: PipelineConfig) -> None:
             check_layer_windows(layer_map(config, depth), student_cfg, teacher_cfg)
         except ModelError as exc:
             problems.append(str(exc))
-    uses_relations = any(getattr(config.distill.loss, name) > 0 and any(t.relation for t in term.targets)
-                         for name, term in TERMS.items())
+    uses_relations = any(
+        getattr(config.distill.loss, name) > 0 and any(t.relation for t in term.targets) for name, term in TERMS.items()
+    )
     relation_heads = config.distill.relation_heads
     if uses_relations:
         if relation_heads is None and s_heads != heads:
@@ -229,7 +270,9 @@ def check_against_models(config: PipelineConfig) -> None:
             if width % r:
                 problems.append(f"distill.relation_heads: {r} does not divide the {who} width {width}.")
     if problems:
-        raise ConfigError(f"Config '{config.name}' does not fit the models:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise ConfigError(
+            f"Config '{config.name}' does not fit the models:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
 
 
 def label_maps(label_names: list[str]) -> tuple[dict[int, str], dict[str, int]]:
@@ -259,15 +302,22 @@ def check_teacher_labels(model_config, label_names: list[str], reference: str) -
         raise ModelError(
             f"Teacher '{reference}' numbers its labels {teacher}, the data {data}: the same labels in another order, so "
             f"every teacher prediction would be read as the wrong label. Set data.label_names: [{', '.join(names)}] "
-            "(the teacher's order) so the data uses the teacher's ids.")
+            "(the teacher's order) so the data uses the teacher's ids."
+        )
     raise ModelError(
         f"Teacher '{reference}' was fine-tuned on the labels {{{teacher}}} but the data has {{{data}}}. With "
         "teacher.finetune: false the teacher's labels are used as they are: give data whose label column holds the "
-        "teacher's label names, or set teacher.finetune: true to train a new head on these labels.")
+        "teacher's label names, or set teacher.finetune: true to train a new head on these labels."
+    )
 
 
-def load_classifier(reference: str, label_names: list[str] | None = None, trust_remote_code: bool = False,
-                    attn_implementation: str = "sdpa", require_labels: bool = False):
+def load_classifier(
+    reference: str,
+    label_names: list[str] | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str = "sdpa",
+    require_labels: bool = False,
+):
     """Load a sequence classifier from a folder or hub name.
 
     With ``require_labels`` the checkpoint must already be a task model whose
@@ -299,9 +349,11 @@ def load_classifier(reference: str, label_names: list[str] | None = None, trust_
     except SafetensorError as exc:  # a truncated or overwritten weights file
         weights = sorted(Path(reference).glob("*.safetensors")) if Path(reference).is_dir() else []
         named = ", ".join(str(w) for w in weights) or f"the .safetensors weights of '{reference}'"
-        raise ModelError(f"The weights file {named} is damaged ({exc}): it is shorter or other than what was saved "
-                         "(an interrupted copy or download?). Copy or download it again; for a stage's own output, "
-                         "rerun that stage with --from.") from exc
+        raise ModelError(
+            f"The weights file {named} is damaged ({exc}): it is shorter or other than what was saved "
+            "(an interrupted copy or download?). Copy or download it again; for a stage's own output, "
+            "rerun that stage with --from."
+        ) from exc
     return model
 
 
@@ -313,8 +365,13 @@ def build_teacher_for_finetune(config: PipelineConfig, label_names: list[str], v
         model = BertForSequenceClassification(cfg)
         model.set_attn_implementation(teacher.attn_implementation)
         return model
-    return load_classifier(resolve_reference(teacher.model), label_names, teacher.trust_remote_code,
-                           teacher.attn_implementation, require_labels=not teacher.finetune)
+    return load_classifier(
+        resolve_reference(teacher.model),
+        label_names,
+        teacher.trust_remote_code,
+        teacher.attn_implementation,
+        require_labels=not teacher.finetune,
+    )
 
 
 def _kernel(model_config, requested: str) -> str:
@@ -348,24 +405,29 @@ def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = Non
         for key in target:
             src_key = key
             if key.startswith(prefix):
-                index, rest = key[len(prefix):].split(".", 1)
+                index, rest = key[len(prefix) :].split(".", 1)
                 src_key = f"{prefix}{student.teacher_layers[int(index)]}.{rest}"
             target[key] = source[src_key].clone()
         model.load_state_dict(target)
         if student.ffn_size is not None and student.ffn_size < getattr(cfg, family.ffn_size_key):
             if ffn_scores is None:
-                raise ModelError("student.ffn_size needs FFN importance scores from the teacher (pipeline.pruning.ffn_importance)")
+                raise ModelError(
+                    "student.ffn_size needs FFN importance scores from the teacher (pipeline.pruning.ffn_importance)"
+                )
             for layer, source_index in zip(encoder_layers(model), student.teacher_layers):
                 prune_ffn(layer, top_neurons(ffn_scores[source_index], student.ffn_size), family)
             setattr(model.config, family.ffn_size_key, student.ffn_size)
     elif student.init == "pretrained":  # any supported family with the teacher's tokenizer (checked with the config)
-        model = load_classifier(resolve_reference(student.pretrained), _labels(teacher), attn_implementation=student.attn_implementation)
+        model = load_classifier(
+            resolve_reference(student.pretrained), _labels(teacher), attn_implementation=student.attn_implementation
+        )
         if student.num_layers:
             encoder_layers(model)[:] = encoder_layers(model)[: student.num_layers]
             model.config.num_hidden_layers = student.num_layers
     else:  # random weights, the teacher's family, student.random's shape
-        model = type(teacher)(random_student_config(teacher.config, student.random,
-                                                    student_layer_types(config, teacher.config)))
+        model = type(teacher)(
+            random_student_config(teacher.config, student.random, student_layer_types(config, teacher.config))
+        )
     # Attention dropout 0 in the student: eager attention returns weights after
     # dropout (rows stop summing to 1) and the KL target must be a distribution.
     zero_attention_dropout(model)
@@ -385,8 +447,10 @@ def student_layer_types(config: PipelineConfig, teacher_config) -> list[str] | N
     learns_from = {}
     for s, t in layer_map(config, teacher_config.num_hidden_layers):
         learns_from.setdefault(s, t)
-    return [types[learns_from[s]] if s in learns_from and 0 <= learns_from[s] < len(types) else "full_attention"
-            for s in range(config.student.random.num_layers)]
+    return [
+        types[learns_from[s]] if s in learns_from and 0 <= learns_from[s] < len(types) else "full_attention"
+        for s in range(config.student.random.num_layers)
+    ]
 
 
 def random_student_config(teacher_config, shape: RandomBert, kinds: list[str] | None = None):
@@ -394,7 +458,11 @@ def random_student_config(teacher_config, shape: RandomBert, kinds: list[str] | 
     ``kinds``: ModernBERT's per-layer attention kinds (student_layer_types)."""
     family = family_of(teacher_config, "teacher")
     cfg = copy.deepcopy(teacher_config)  # never share a config object between two models
-    cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads = shape.hidden_size, shape.num_layers, shape.num_heads
+    cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads = (
+        shape.hidden_size,
+        shape.num_layers,
+        shape.num_heads,
+    )
     cfg.max_position_embeddings = shape.max_position_embeddings
     setattr(cfg, family.ffn_size_key, shape.intermediate_size)
     if family.hidden_dropout_key is not None:
@@ -425,8 +493,10 @@ def tokenizer_difference(teacher_tokenizer, student_tokenizer) -> str | None:
     if a != b:
         shared = a.keys() & b.keys()
         moved = sum(a[t] != b[t] for t in shared)
-        return (f"the vocabularies differ (teacher {len(a)} tokens, student {len(b)}; {len(a.keys() - shared)} only in "
-                f"the teacher's, {len(b.keys() - shared)} only in the student's, {moved} shared tokens with another id)")
+        return (
+            f"the vocabularies differ (teacher {len(a)} tokens, student {len(b)}; {len(a.keys() - shared)} only in "
+            f"the teacher's, {len(b.keys() - shared)} only in the student's, {moved} shared tokens with another id)"
+        )
     ta, tb = _tokenizer_parts(teacher_tokenizer), _tokenizer_parts(student_tokenizer)
     differing = [part for part in ta.keys() | tb.keys() if ta.get(part) != tb.get(part)]
     if differing:
@@ -447,17 +517,25 @@ def student_tokenizer_problem(config: PipelineConfig) -> str | None:
             return None
         rows = getattr(AutoConfig.from_pretrained(folder), "vocab_size", None)
         if rows is not None and rows != len(ours):
-            return (f"'{student}' has no tokenizer files and an embedding table of {rows} rows, while the teacher's "
-                    f"tokenizer has {len(ours)} tokens: it cannot read the teacher's token ids. Choose a pretrained "
-                    "student trained with the teacher's tokenizer (saved with it), or use student.init 'teacher_layers' or 'random'.")
-        log.warning("student.pretrained '%s' has no tokenizer files: only its vocabulary size (%s) could be checked "
-                    "against the teacher's tokenizer", student, rows)
+            return (
+                f"'{student}' has no tokenizer files and an embedding table of {rows} rows, while the teacher's "
+                f"tokenizer has {len(ours)} tokens: it cannot read the teacher's token ids. Choose a pretrained "
+                "student trained with the teacher's tokenizer (saved with it), or use student.init 'teacher_layers' or 'random'."
+            )
+        log.warning(
+            "student.pretrained '%s' has no tokenizer files: only its vocabulary size (%s) could be checked "
+            "against the teacher's tokenizer",
+            student,
+            rows,
+        )
         return None
     try:
         theirs = load_tokenizer(str(folder))
     except ModelError as exc:
-        return (f"'{student}' has no tokenizer to compare with the teacher's ({exc}). Save the student's tokenizer "
-                "with it: the student reads the teacher's token ids, so the pipeline checks that they tokenize alike.")
+        return (
+            f"'{student}' has no tokenizer to compare with the teacher's ({exc}). Save the student's tokenizer "
+            "with it: the student reads the teacher's token ids, so the pipeline checks that they tokenize alike."
+        )
     try:
         ours = load_tokenizer(tokenizer_reference(config), config.teacher.trust_remote_code)
     except ModelError:
@@ -465,9 +543,11 @@ def student_tokenizer_problem(config: PipelineConfig) -> str | None:
     difference = tokenizer_difference(ours, theirs)
     if difference is None:
         return None
-    return (f"the tokenizer of '{student}' is not the teacher's: {difference}. The student is trained on the "
-            "teacher's token ids, so it must use the same tokenizer (same vocabulary and rules). Choose a pretrained "
-            "student trained with the teacher's tokenizer, or use student.init 'teacher_layers' or 'random'.")
+    return (
+        f"the tokenizer of '{student}' is not the teacher's: {difference}. The student is trained on the "
+        "teacher's token ids, so it must use the same tokenizer (same vocabulary and rules). Choose a pretrained "
+        "student trained with the teacher's tokenizer, or use student.init 'teacher_layers' or 'random'."
+    )
 
 
 def _labels(model) -> list[str]:
@@ -501,8 +581,13 @@ class UsedRowsEmbedding(torch.nn.Module):
         row_of[used] = torch.arange(len(used))
         self.register_buffer("row_of", row_of, persistent=False)
         self.weight = torch.nn.Parameter(full.weight.detach()[used].clone())
-        self.padding_row = None if full.padding_idx is None or row_of[full.padding_idx] < 0 else int(row_of[full.padding_idx])
-        self.num_embeddings, self.embedding_dim = full.num_embeddings, full.embedding_dim  # what callers read of a table
+        self.padding_row = (
+            None if full.padding_idx is None or row_of[full.padding_idx] < 0 else int(row_of[full.padding_idx])
+        )
+        self.num_embeddings, self.embedding_dim = (
+            full.num_embeddings,
+            full.embedding_dim,
+        )  # what callers read of a table
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(self.row_of[input_ids], self.weight, self.padding_row)

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import attention_probs, capture_projections
-from .families import attention_window, unwrap_model
 from .data import to_device
+from .families import attention_window, unwrap_model
 from .inference import model_inputs
 from .terms import TARGETS, TERMS, Target, TermInputs, active_terms
 
@@ -62,8 +62,12 @@ class TargetPlan:
     @classmethod
     def from_config(cls, config, pairs, relation_heads, teacher_windows=None):
         w = config.distill.loss
-        return cls(pairs, relation_heads, terms=[name for name in TERMS if getattr(w, name) > 0],
-                   teacher_windows=teacher_windows)
+        return cls(
+            pairs,
+            relation_heads,
+            terms=[name for name in TERMS if getattr(w, name) > 0],
+            teacher_windows=teacher_windows,
+        )
 
     def uses(self, term: str) -> bool:
         return term in self.terms
@@ -100,17 +104,23 @@ class TargetPlan:
     def needed(self) -> dict:
         """What is asked of the teacher (not the weights, not the student layers): the capture fingerprint."""
         targets = self.targets
-        needed = {"targets": [t.name for t in targets],
-                  "teacher_layers": self.teacher_layers if any(t.per_layer for t in targets) else [],
-                  "relation_heads": self.relation_heads if any(t.relation for t in targets) else None}
+        needed = {
+            "targets": [t.name for t in targets],
+            "teacher_layers": self.teacher_layers if any(t.per_layer for t in targets) else [],
+            "relation_heads": self.relation_heads if any(t.relation for t in targets) else None,
+        }
         if self.teacher_windows and any(t.windowed for t in targets):  # absent otherwise: older fingerprints stay valid
             needed["teacher_windows"] = self.teacher_windows
         return needed
 
     def logits_only(self) -> "TargetPlan":
         """The same plan without the targets that logits-only (augmented) rows lack."""
-        return TargetPlan(pairs=[], relation_heads=self.relation_heads,
-                          terms=[name for name in self.terms if TERMS[name].every_row], teacher_windows=self.teacher_windows)
+        return TargetPlan(
+            pairs=[],
+            relation_heads=self.relation_heads,
+            terms=[name for name in self.terms if TERMS[name].every_row],
+            teacher_windows=self.teacher_windows,
+        )
 
 
 def target_plan(config, teacher_config=None) -> TargetPlan:
@@ -164,7 +174,7 @@ class DistillObjective(torch.nn.Module):
             for name in plan.terms:
                 term = TERMS[name]
                 if term.projected:
-                    for s, t in (plan.pairs if term.per_pair else [(None, None)]):
+                    for s, t in plan.pairs if term.per_pair else [(None, None)]:
                         self.projections[term.projection_name(s, t)] = torch.nn.Linear(student_hidden, teacher_hidden)
 
     def trained_modules(self, student) -> dict:
@@ -174,12 +184,14 @@ class DistillObjective(torch.nn.Module):
     def loss_fn(self, *, cache=None, teacher=None):
         """fit's ``loss_fn(batch, prepared)``: teacher targets read from the capture stage's ``cache``, or,
         without one, computed by ``teacher`` inside the step (capture.mode: online)."""
+
         def loss(batch: dict, prepared: dict):
             if cache is not None:
                 targets = cache.batch(batch["indices"], batch["input_ids"].shape[1], batch["input_ids"].device)
             else:
                 targets = teacher_targets(teacher, batch, self.plan)
             return self(prepared["model"], batch, targets)
+
         return loss
 
     def forward(self, student, batch: dict, targets: dict) -> tuple[torch.Tensor, dict]:
@@ -201,12 +213,17 @@ class DistillObjective(torch.nn.Module):
                 inputs = TermInputs(
                     student={n: on_rows(read(n, s)) for n in term.needs},
                     teacher={n: on_rows(targets[TARGETS[n].key(t)]) for n in term.needs},
-                    mask=on_rows(batch["attention_mask"]), labels=on_rows(batch["labels"]),
+                    mask=on_rows(batch["attention_mask"]),
+                    labels=on_rows(batch["labels"]),
                     logits=on_rows(read("logits", None)),
                     projection=self.projections[projection] if projection in self.projections else None,
-                    heads=plan.relation_heads, chunk=self.chunk, temperature=self.temperature,
-                    windows=(None, None) if s is None else (attention_window(student_config, s),
-                                                            plan.teacher_windows.get(t)))
+                    heads=plan.relation_heads,
+                    chunk=self.chunk,
+                    temperature=self.temperature,
+                    windows=(None, None)
+                    if s is None
+                    else (attention_window(student_config, s), plan.teacher_windows.get(t)),
+                )
                 if (value := term.compute(inputs)) is not None:
                     values.append(value)
             if values:

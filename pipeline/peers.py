@@ -31,11 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .static_model import sif_weights, pca
+from .static_model import pca, sif_weights
 
 PEERS = ("tfidf", "fasttext", "static")
-TITLES = {"tfidf": "TF-IDF 1-2 grams + logistic regression", "fasttext": "fastText supervised (quantized .ftz)",
-          "static": "static embeddings from the teacher + logistic regression"}
+TITLES = {
+    "tfidf": "TF-IDF 1-2 grams + logistic regression",
+    "fasttext": "fastText supervised (quantized .ftz)",
+    "static": "static embeddings from the teacher + logistic regression",
+}
 FILES = {"tfidf": "tfidf.npz", "fasttext": "fasttext.ftz", "static": "static.npz"}
 _WORDS = re.compile(r"\w+|[^\w\s]")
 
@@ -82,13 +85,19 @@ class TfidfPeer:
         try:
             features, val_features = vectorizer.fit_transform(texts), vectorizer.transform(val_texts)
         except ValueError as exc:  # "empty vocabulary; perhaps the documents only contain stop words"
-            raise PeerUnfit(f"TF-IDF found no word to count in the {len(texts)} training texts (scikit-learn: {exc}); "
-                            "it counts words of two or more letters or digits, and texts of only emoji, punctuation "
-                            "or single characters have none") from None
+            raise PeerUnfit(
+                f"TF-IDF found no word to count in the {len(texts)} training texts (scikit-learn: {exc}); "
+                "it counts words of two or more letters or digits, and texts of only emoji, punctuation "
+                "or single characters have none"
+            ) from None
         accuracy, c, classifier = _fit_logistic(cs, features, labels, val_features, val_labels, seed, "TF-IDF")
         coef, bias = _class_scores(classifier)
-        return cls(vectorizer, coef, bias), {"C": c, "ngram_range": [1, 2], "validation_accuracy": accuracy,
-                                             "features": len(vectorizer.vocabulary_)}
+        return cls(vectorizer, coef, bias), {
+            "C": c,
+            "ngram_range": [1, 2],
+            "validation_accuracy": accuracy,
+            "features": len(vectorizer.vocabulary_),
+        }
 
     def predict(self, texts) -> np.ndarray:
         return np.asarray((self.vectorizer.transform(texts) @ self.coef + self.bias).argmax(1)).ravel()
@@ -108,7 +117,9 @@ class TfidfPeer:
         from sklearn.feature_extraction.text import TfidfVectorizer
 
         data = np.load(path, allow_pickle=False)
-        vectorizer = TfidfVectorizer(vocabulary=json.loads(data["vocabulary"].tobytes().decode("utf-8")), **cls.SETTINGS)
+        vectorizer = TfidfVectorizer(
+            vocabulary=json.loads(data["vocabulary"].tobytes().decode("utf-8")), **cls.SETTINGS
+        )
         vectorizer.idf_ = data["idf"]
         return cls(vectorizer, data["coef"], data["bias"])
 
@@ -120,11 +131,15 @@ def _fit_logistic(cs, features, labels, val_features, val_labels, seed, what: st
 
     try:
         return _best_on_validation(
-            cs, lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed).fit(features, labels),
-            lambda m: float((m.predict(val_features) == val_labels).mean()))
+            cs,
+            lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed).fit(features, labels),
+            lambda m: float((m.predict(val_features) == val_labels).mean()),
+        )
     except ValueError as exc:
-        raise PeerUnfit(f"the logistic regression of the {what} peer cannot be fit on the {len(labels)} training "
-                        f"texts (scikit-learn: {exc})") from None
+        raise PeerUnfit(
+            f"the logistic regression of the {what} peer cannot be fit on the {len(labels)} training "
+            f"texts (scikit-learn: {exc})"
+        ) from None
 
 
 def _class_scores(classifier) -> tuple[np.ndarray, np.ndarray]:
@@ -169,8 +184,11 @@ class FastTextPeer:
         train_file, validation_file = work / "fasttext.train.txt", work / "fasttext.validation.txt"
         cls._write(train_file, texts, labels)
         cls._write(validation_file, val_texts, val_labels)
-        settings = [{"epoch": e, "wordNgrams": n, "lr": grid["lr"], "dim": grid["dim"]}
-                    for e in grid["epochs"] for n in grid["word_ngrams"]]
+        settings = [
+            {"epoch": e, "wordNgrams": n, "lr": grid["lr"], "dim": grid["dim"]}
+            for e in grid["epochs"]
+            for n in grid["word_ngrams"]
+        ]
         names = [f"epochs {s['epoch']}, word n-grams {s['wordNgrams']}" for s in settings]
 
         def run(setting, target, cutoff=None):  # a fresh process per fit (see pipeline/fasttext_worker.py)
@@ -179,20 +197,24 @@ class FastTextPeer:
                 if narrow is not None and narrow >= width:
                     continue
                 setting["lr"], setting["dim"] = base * factor, narrow or width  # the one used is recorded
-                with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=end_with_parent,
-                                         initargs=(os.getpid(),)) as pool:
+                with ProcessPoolExecutor(
+                    max_workers=1, mp_context=get_context("spawn"), initializer=end_with_parent, initargs=(os.getpid(),)
+                ) as pool:
                     try:
-                        return pool.submit(fit, str(train_file), str(validation_file), setting, grid["buckets"],
-                                           str(target), cutoff).result()
+                        return pool.submit(
+                            fit, str(train_file), str(validation_file), setting, grid["buckets"], str(target), cutoff
+                        ).result()
                     except RuntimeError as exc:
                         if "NaN" not in str(exc):
                             raise PeerUnfit(f"fastText refused the training texts ({exc})") from None
                         tried.append(f"lr {setting['lr']:g} dim {setting['dim']}")
                     except (ValueError, BrokenProcessPool, OSError) as exc:  # "Empty vocabulary", a crashed worker
                         raise PeerUnfit(f"fastText refused the training texts ({type(exc).__name__}: {exc})") from None
-            raise PeerUnfit(f"fastText reported \"Encountered NaN\" at every setting tried ({', '.join(tried)}; "
-                            f"epochs {setting['epoch']}, word n-grams {setting['wordNgrams']}): the "
-                            f"{len(texts)} training texts are too few or their vocabulary too small for it")
+            raise PeerUnfit(
+                f'fastText reported "Encountered NaN" at every setting tried ({", ".join(tried)}; '
+                f"epochs {setting['epoch']}, word n-grams {setting['wordNgrams']}): the "
+                f"{len(texts)} training texts are too few or their vocabulary too small for it"
+            )
 
         failed = {}
 
@@ -218,20 +240,30 @@ class FastTextPeer:
         else:
             raise PeerUnfit(f"no fastText model of the grid could be quantized to .ftz: {failed[trained[0]]}")
         peer = cls.load(work / "fasttext.ftz")
-        narrowed = {names[i]: (f"trained at width {settings[i]['dim']} (lr {settings[i]['lr']:g}): fastText said "
-                               f"\"Encountered NaN\" at width {grid['dim']} at every learning rate tried")
-                    for i in trained if settings[i]["dim"] != grid["dim"]}
-        return peer, {**settings[best], "quantized": True, "cutoff": grid["cutoff"], "validation_accuracy": scores[best],
-                      "validation_accuracy_quantized": final["validation_accuracy"],
-                      **({"narrowed": narrowed} if narrowed else {}),
-                      **({"not_trained": {names[i]: why for i, why in sorted(failed.items())}} if failed else {})}
+        narrowed = {
+            names[i]: (
+                f"trained at width {settings[i]['dim']} (lr {settings[i]['lr']:g}): fastText said "
+                f'"Encountered NaN" at width {grid["dim"]} at every learning rate tried'
+            )
+            for i in trained
+            if settings[i]["dim"] != grid["dim"]
+        }
+        return peer, {
+            **settings[best],
+            "quantized": True,
+            "cutoff": grid["cutoff"],
+            "validation_accuracy": scores[best],
+            "validation_accuracy_quantized": final["validation_accuracy"],
+            **({"narrowed": narrowed} if narrowed else {}),
+            **({"not_trained": {names[i]: why for i, why in sorted(failed.items())}} if failed else {}),
+        }
 
     def predict(self, texts) -> np.ndarray:
         return np.array([self.predict_one(t) for t in texts], dtype=np.int64)
 
     def predict_one(self, text: str) -> int:
         labels, _ = self.model.predict(fasttext_line(text), k=1)
-        return int(labels[0][len("__label__"):])
+        return int(labels[0][len("__label__") :])
 
     def save(self, path: Path) -> None:
         self.model.save_model(str(path))
@@ -251,7 +283,9 @@ class StaticPeer:
 
     name = "static"
 
-    def __init__(self, tokenizer_json: Path, vectors: np.ndarray, weights: np.ndarray, coef: np.ndarray, bias: np.ndarray):
+    def __init__(
+        self, tokenizer_json: Path, vectors: np.ndarray, weights: np.ndarray, coef: np.ndarray, bias: np.ndarray
+    ):
         from tokenizers import Tokenizer
 
         self.tokenizer_json = Path(tokenizer_json)
@@ -272,11 +306,17 @@ class StaticPeer:
         vectors = pca(isolated.astype(np.float64), dim).astype(np.float32)
         weights = sif_weights(counts).astype(np.float32)
         features, val_features = cls.features(vectors, weights, train_ids), cls.features(vectors, weights, val_ids)
-        accuracy, c, classifier = _fit_logistic(cs, features, labels, val_features, val_labels, seed, "static-embedding")
+        accuracy, c, classifier = _fit_logistic(
+            cs, features, labels, val_features, val_labels, seed, "static-embedding"
+        )
         peer = cls(tokenizer_json, vectors, weights, *_class_scores(classifier))
-        return peer, {"C": c, "dim": dim, "weights": "SIF a=1e-3 from training-text token counts",
-                      "vectors": "each token alone through the teacher's encoder ([CLS] token [SEP]), PCA",
-                      "validation_accuracy": accuracy}
+        return peer, {
+            "C": c,
+            "dim": dim,
+            "weights": "SIF a=1e-3 from training-text token counts",
+            "vectors": "each token alone through the teacher's encoder ([CLS] token [SEP]), PCA",
+            "validation_accuracy": accuracy,
+        }
 
     def predict(self, texts) -> np.ndarray:
         return np.array([self.predict_one(t) for t in texts], dtype=np.int64)
@@ -290,8 +330,14 @@ class StaticPeer:
     def save(self, path: Path) -> None:
         # fp16 vectors: what an app would ship (the classifier was fit on them in fp32; checked in the tests)
         with open(path, "wb") as fh:
-            np.savez(fh, vectors=self.vectors.astype(np.float16), weights=self.weights.astype(np.float16),
-                     coef=self.coef, bias=self.bias, tokenizer=self.tokenizer_json.read_text(encoding="utf-8"))
+            np.savez(
+                fh,
+                vectors=self.vectors.astype(np.float16),
+                weights=self.weights.astype(np.float16),
+                coef=self.coef,
+                bias=self.bias,
+                tokenizer=self.tokenizer_json.read_text(encoding="utf-8"),
+            )
 
     @classmethod
     def load(cls, path: Path):
@@ -299,8 +345,13 @@ class StaticPeer:
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer = Path(tmp) / "tokenizer.json"
             tokenizer.write_text(str(data["tokenizer"]), encoding="utf-8")
-            return cls(tokenizer, data["vectors"].astype(np.float32), data["weights"].astype(np.float32),
-                       data["coef"], data["bias"])
+            return cls(
+                tokenizer,
+                data["vectors"].astype(np.float32),
+                data["weights"].astype(np.float32),
+                data["coef"],
+                data["bias"],
+            )
 
 
 LOADERS = {"tfidf": TfidfPeer, "fasttext": FastTextPeer, "static": StaticPeer}

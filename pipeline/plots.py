@@ -7,8 +7,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # headless: never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402 (after matplotlib.use, as matplotlib requires)
+import numpy as np  # noqa: E402 (grouped with the plotting imports)
 
 
 def plot_history(history: list[dict], path: Path, title: str) -> None:
@@ -34,8 +34,14 @@ def plot_confusion(matrix: np.ndarray, labels: list[str], path: Path, title: str
     ax.set_ylabel("true")
     for i in range(len(labels)):
         for j in range(len(labels)):
-            ax.text(j, i, str(int(matrix[i, j])), ha="center", va="center",
-                    color="white" if matrix[i, j] > matrix.max() / 2 else "black")
+            ax.text(
+                j,
+                i,
+                str(int(matrix[i, j])),
+                ha="center",
+                va="center",
+                color="white" if matrix[i, j] > matrix.max() / 2 else "black",
+            )
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

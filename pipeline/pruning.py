@@ -53,7 +53,9 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
             def on_grad(grad):
                 contribution = (activation.detach() * grad).abs() * mask_holder["mask"]
                 scores[index] += contribution.sum(dim=(0, 1)).float().cpu()
+
             activation.register_hook(on_grad)
+
         return hook
 
     for index, out in enumerate(outs):

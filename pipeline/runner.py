@@ -114,8 +114,11 @@ def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cac
     payload = {
         "stage": name,
         "version": module.VERSION,
-        "reads": (module.fingerprint_inputs(config) if hasattr(module, "fingerprint_inputs")
-                  else {key: config.section(key) for key in module.READS}),
+        "reads": (
+            module.fingerprint_inputs(config)
+            if hasattr(module, "fingerprint_inputs")
+            else {key: config.section(key) for key in module.READS}
+        ),
         "after": {dep: upstream[dep] for dep in module.AFTER},
     }
     files = local_inputs(config, getattr(module, "FILE_READS", module.READS))
@@ -140,7 +143,7 @@ def fingerprints(config: PipelineConfig, runs_dir: Path | None = None, save: boo
 def dependents(name: str) -> list[str]:
     """Stages that read ``name``'s output, directly or through others."""
     found: list[str] = []
-    for later in STAGES[STAGES.index(name) + 1:]:
+    for later in STAGES[STAGES.index(name) + 1 :]:
         if set(stage_module(later).AFTER) & {name, *found}:
             found.append(later)
     return found
@@ -181,6 +184,8 @@ class _ProgressLines:
 
     def flush(self) -> None:
         pass
+
+
 # How long a rank other than 0 keeps looking for an earlier stage's output that rank 0 has completed (NFS clients
 # cache directory attributes: acdirmin/acdirmax in nfs(5)).
 SHARED_FOLDER_PATIENCE_S = 90
@@ -211,7 +216,8 @@ class StageContext:
             raise PipelineError(
                 f"Stage '{self.name}' reads the output of '{stage}', which its AFTER list "
                 f"({', '.join(stage_module(self.name).AFTER) or 'empty'}) does not name: its fingerprint would not "
-                f"change when '{stage}' reruns. Add '{stage}' to AFTER in stages/{self.name}.py.")
+                f"change when '{stage}' reruns. Add '{stage}' to AFTER in stages/{self.name}.py."
+            )
         folder = self.run_dir / stage
         # The other ranks, maybe on other machines: rank 0 completed this stage before the barrier they passed, but a
         # network filesystem can show another machine a stale view of the folder for a while (attribute caching).
@@ -226,10 +232,14 @@ class StageContext:
                 os.listdir(folder.parent)  # opening a directory makes an NFS client revalidate it
             time.sleep(1)
         if manifest is None:
-            raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is not complete. Run without --only first.")
+            raise PipelineError(
+                f"Stage '{self.name}' needs the output of '{stage}', which is not complete. Run without --only first."
+            )
         if problems:
-            raise PipelineError(f"Stage '{self.name}' needs the output of '{stage}', which is damaged ({'; '.join(problems[:3])}). "
-                                f"Run without --only: {stage} reruns first.")
+            raise PipelineError(
+                f"Stage '{self.name}' needs the output of '{stage}', which is damaged ({'; '.join(problems[:3])}). "
+                f"Run without --only: {stage} reruns first."
+            )
         return folder
 
     @property
@@ -275,9 +285,20 @@ class StageContext:
         from tqdm.auto import tqdm
 
         if SHOW_BARS or not self.is_main:
-            return tqdm(total=total, initial=initial, desc=desc, disable=not self.is_main, dynamic_ncols=True, leave=False)
-        return tqdm(total=total, initial=initial, desc=f"[{self.name}] {desc}", file=_ProgressLines(), ncols=110,
-                    mininterval=PROGRESS_LOG_INTERVAL_S, maxinterval=PROGRESS_LOG_INTERVAL_S, ascii=True, leave=False)
+            return tqdm(
+                total=total, initial=initial, desc=desc, disable=not self.is_main, dynamic_ncols=True, leave=False
+            )
+        return tqdm(
+            total=total,
+            initial=initial,
+            desc=f"[{self.name}] {desc}",
+            file=_ProgressLines(),
+            ncols=110,
+            mininterval=PROGRESS_LOG_INTERVAL_S,
+            maxinterval=PROGRESS_LOG_INTERVAL_S,
+            ascii=True,
+            leave=False,
+        )
 
     # -------------------------------------------------------------- tracking (no-ops when MLflow is off)
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
@@ -297,8 +318,12 @@ class StageContext:
         None when tracking is off."""
         if not (self.tracker.enabled and self.tracker.stage_id):
             return None
-        return {"tracking_uri": redact_uri(self.tracker.uri), "experiment": self.tracker.experiment,
-                "parent_run_id": self.tracker.parent_id, "stage_run_id": self.tracker.stage_id}
+        return {
+            "tracking_uri": redact_uri(self.tracker.uri),
+            "experiment": self.tracker.experiment,
+            "parent_run_id": self.tracker.parent_id,
+            "stage_run_id": self.tracker.stage_id,
+        }
 
 
 def native_bf16() -> bool:
@@ -339,9 +364,11 @@ def dist_timeout_seconds() -> float:
     except ValueError:
         value = -1
     if not value > 0 or value != value:
-        raise ConfigError(f"{DIST_TIMEOUT_VAR}={raw!r} is not a positive number of seconds. It is how long a rank "
-                          f"waits for the others in one collective step before the run fails (default "
-                          f"{DEFAULT_DIST_TIMEOUT_S}); set e.g. {DIST_TIMEOUT_VAR}=600, or unset it.")
+        raise ConfigError(
+            f"{DIST_TIMEOUT_VAR}={raw!r} is not a positive number of seconds. It is how long a rank "
+            f"waits for the others in one collective step before the run fails (default "
+            f"{DEFAULT_DIST_TIMEOUT_S}); set e.g. {DIST_TIMEOUT_VAR}=600, or unset it."
+        )
     return value
 
 
@@ -361,8 +388,7 @@ class Distributed:
                 )
         # fit() sets find_unused_parameters per training job on this handler.
         self.timeout_s = dist_timeout_seconds()
-        kwargs = [DistributedDataParallelKwargs(),
-                  InitProcessGroupKwargs(timeout=dt.timedelta(seconds=self.timeout_s))]
+        kwargs = [DistributedDataParallelKwargs(), InitProcessGroupKwargs(timeout=dt.timedelta(seconds=self.timeout_s))]
         mp = "no" if self.precision == "fp32" else self.precision
         # Without CUDA, Accelerate only forms a process group (gloo, MULTI_CPU)
         # when told cpu=True; otherwise every launched process silently trains
@@ -399,8 +425,10 @@ class Distributed:
         from accelerate.utils import broadcast_object_list, gather_object
 
         path = run_dir / ".shared-folder-check"
-        token = [f"{socket.gethostname()} pid {os.getpid()} {time.time_ns()}" if self.is_main else None,
-                 str(path.resolve()) if self.is_main else None]
+        token = [
+            f"{socket.gethostname()} pid {os.getpid()} {time.time_ns()}" if self.is_main else None,
+            str(path.resolve()) if self.is_main else None,
+        ]
         broadcast_object_list(token, from_process=0)
         if self.is_main:
             write_json(path, token[0])
@@ -423,7 +451,8 @@ class Distributed:
                 f"The run folder {run_dir} is not shared between the machines of this job: "
                 f"{', '.join(blind)} cannot see the file {token[1]} that rank 0 ({seen[0][1]}) wrote. Every node must "
                 "see the same runs folder (a shared filesystem such as NFS, mounted at the same path, and the same "
-                "--runs-dir / RUNS_DIR on every node): rank 0 writes each stage's output and the other ranks read it.")
+                "--runs-dir / RUNS_DIR on every node): rank 0 writes each stage's output and the other ranks read it."
+            )
 
 
 @contextlib.contextmanager
@@ -494,8 +523,15 @@ def stage_status(config: PipelineConfig, runs_dir: Path) -> list[dict]:
     return rows
 
 
-def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | None, only: str | None,
-         to_stage: str | None = None, current: dict[str, str] | None = None) -> dict[str, bool]:
+def plan(
+    config: PipelineConfig,
+    run_dir: Path,
+    force: bool,
+    from_stage: str | None,
+    only: str | None,
+    to_stage: str | None = None,
+    current: dict[str, str] | None = None,
+) -> dict[str, bool]:
     """Which stages must run (True) and which are complete and current (False).
 
     A stage whose outputs were damaged on disk reruns, and so does everything that read them.
@@ -508,8 +544,9 @@ def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | N
         to_run[name] = to_run[name] or forced or state != "done"
         if state == "damaged":  # what read the damaged output reruns too, though its inputs' fingerprints did not move
             after = dependents(name)
-            log.warning("[%s] output damaged (%s); rerunning %s", name, "; ".join(problems[:3]),
-                        ", ".join([name, *after]))
+            log.warning(
+                "[%s] output damaged (%s); rerunning %s", name, "; ".join(problems[:3]), ", ".join([name, *after])
+            )
             to_run.update({later: True for later in after})
     if only:
         to_run = {name: name == only for name in STAGES}  # --only always runs that one stage
@@ -518,9 +555,17 @@ def plan(config: PipelineConfig, run_dir: Path, force: bool, from_stage: str | N
     return to_run
 
 
-def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, from_stage: str | None = None,
-                 only: str | None = None, to_stage: str | None = None, run_dir: Path | None = None,
-                 sweep_run_id: str | None = None, run_name: str | None = None) -> dict:
+def run_pipeline(
+    config: PipelineConfig,
+    runs_dir: Path,
+    force: bool = False,
+    from_stage: str | None = None,
+    only: str | None = None,
+    to_stage: str | None = None,
+    run_dir: Path | None = None,
+    sweep_run_id: str | None = None,
+    run_name: str | None = None,
+) -> dict:
     """Run the stages that are not complete and current.
 
     ``run_dir`` defaults to ``runs_dir/<config name>``; a sweep gives each variant its own folder
@@ -534,8 +579,14 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
         dist.barrier()
         dist.check_shared_folder(run_dir)
         config_yaml = to_yaml(config)
-        tracker = Tracker(runs_dir, run_dir, config.tracking.experiment or config.name,
-                          enabled=dist.is_main and config.tracking.enabled, sweep_run_id=sweep_run_id, run_name=run_name)
+        tracker = Tracker(
+            runs_dir,
+            run_dir,
+            config.tracking.experiment or config.name,
+            enabled=dist.is_main and config.tracking.enabled,
+            sweep_run_id=sweep_run_id,
+            run_name=run_name,
+        )
         if dist.is_main:
             (run_dir / "config.yaml").write_text(config_yaml)
         current = fingerprints(config, runs_dir, save=dist.is_main)  # one writer of the shared digest memory
@@ -555,13 +606,19 @@ def run_pipeline(config: PipelineConfig, runs_dir: Path, force: bool = False, fr
                     if dist.is_main and check_stage(run_dir, name, current[name])[0] == "done":
                         log.info("[%s] up to date (fingerprint %s), skipped", name, current[name])
                     elif dist.is_main:  # left out by --only / --to: say so, never "up to date"
-                        log.info("[%s] not run: outside the stages asked for (--only / --to); its output is not current",
-                                 name)
+                        log.info(
+                            "[%s] not run: outside the stages asked for (--only / --to); its output is not current",
+                            name,
+                        )
                     continue
                 try:
                     _run_stage(config, name, run_dir, current[name], tracker, dist)
                 except Exception as exc:  # a full disk surfaces as many exception types
-                    full = None if isinstance(exc, PipelineError) else disk_full_error(exc, run_dir / f"{name}.partial", f"the {name} stage")
+                    full = (
+                        None
+                        if isinstance(exc, PipelineError)
+                        else disk_full_error(exc, run_dir / f"{name}.partial", f"the {name} stage")
+                    )
                     if full is None:
                         with contextlib.suppress(AttributeError):
                             exc.pipeline_stage = name  # for the CLI's one-paragraph error
@@ -603,9 +660,13 @@ def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracke
         if dist.is_main:
             tracker.log_metrics({"stage_seconds": duration})
             manifest = {
-                "stage": name, "fingerprint": fp, "version": module.VERSION,
+                "stage": name,
+                "fingerprint": fp,
+                "version": module.VERSION,
                 "completed_at": dt.datetime.now().isoformat(timespec="seconds"),
-                "duration_s": round(duration, 2), "summary": summary, "mlflow_run_id": stage_run_id,
+                "duration_s": round(duration, 2),
+                "summary": summary,
+                "mlflow_run_id": stage_run_id,
                 "outputs": output_listing(partial),
                 "upstream": {before: output_identity(read_manifest(run_dir / before) or {}) for before in module.AFTER},
             }
@@ -617,5 +678,9 @@ def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracke
 
 
 def _short(summary: dict) -> str:
-    items = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items() if not isinstance(v, (dict, list))]
+    items = [
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in summary.items()
+        if not isinstance(v, (dict, list))
+    ]
     return "(" + ", ".join(items[:4]) + ")" if items else ""

@@ -35,8 +35,14 @@ SIF_A = 1e-3  # Arora et al. 2017's smoothing constant for the token weights
 class StaticEmbeddingConfig(PretrainedConfig):
     model_type = MODEL_TYPE
 
-    def __init__(self, vocab_size: int = 30522, hidden_size: int = 256, pad_token_id: int = 0,
-                 max_position_embeddings: int = 512, **kwargs):
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        hidden_size: int = 256,
+        pad_token_id: int = 0,
+        max_position_embeddings: int = 512,
+        **kwargs,
+    ):
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -94,14 +100,23 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
         total = (weights.unsqueeze(-1) * self.embeddings(input_ids)).sum(1)
         return total / weights.sum(1, keepdim=True).clamp_min(1e-9)
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        labels=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
         # token_type_ids: a static model reads a pair as one bag of tokens
         pooled = self.pooled(input_ids, attention_mask)
         logits = self.classifier(pooled)
         loss = torch.nn.functional.cross_entropy(logits, labels) if labels is not None else None
-        return SequenceClassifierOutput(loss=loss, logits=logits,
-                                        hidden_states=(pooled.unsqueeze(1),) if output_hidden_states else None)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=(pooled.unsqueeze(1),) if output_hidden_states else None
+        )
 
 
 AutoConfig.register(MODEL_TYPE, StaticEmbeddingConfig)
@@ -153,7 +168,9 @@ def context_vectors(encoder, batches, vocab_size: int, hidden: int) -> tuple[np.
 def pca(vectors: np.ndarray, dim: int) -> np.ndarray:
     """Project centred ``vectors`` on their ``dim`` leading principal axes (SVD; deterministic signs)."""
     if not 1 <= dim <= min(vectors.shape):
-        raise ValueError(f"PCA width {dim} must be between 1 and {min(vectors.shape)} for vectors of shape {vectors.shape}")
+        raise ValueError(
+            f"PCA width {dim} must be between 1 and {min(vectors.shape)} for vectors of shape {vectors.shape}"
+        )
     centred = vectors - vectors.mean(0, keepdims=True)
     _, _, vt = np.linalg.svd(centred, full_matrices=False)
     axes = vt[:dim]
@@ -167,7 +184,9 @@ def sif_weights(counts: np.ndarray, a: float = SIF_A) -> np.ndarray:
     return a / (a + p)
 
 
-def static_table(isolated: np.ndarray, context_sums: np.ndarray | None, counts: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+def static_table(
+    isolated: np.ndarray, context_sums: np.ndarray | None, counts: np.ndarray, dim: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The initial (vectors [V, dim], log pooling weights [V]) of a static model.
 
     Tokens seen in the training text take the mean of their in-context outputs, the others their isolated
@@ -182,13 +201,19 @@ def static_table(isolated: np.ndarray, context_sums: np.ndarray | None, counts: 
     return reduced.astype(np.float32), np.log(sif_weights(counts)).astype(np.float32)
 
 
-def build_static_student(teacher_config, dim: int, vectors: np.ndarray, log_weights: np.ndarray,
-                         max_positions: int = 512) -> StaticEmbeddingForSequenceClassification:
+def build_static_student(
+    teacher_config, dim: int, vectors: np.ndarray, log_weights: np.ndarray, max_positions: int = 512
+) -> StaticEmbeddingForSequenceClassification:
     """A static student with the teacher's labels and vocabulary, its tables set from ``static_table``."""
-    cfg = StaticEmbeddingConfig(vocab_size=vectors.shape[0], hidden_size=dim,
-                                pad_token_id=teacher_config.pad_token_id or 0, max_position_embeddings=max_positions,
-                                num_labels=teacher_config.num_labels, id2label=dict(teacher_config.id2label),
-                                label2id=dict(teacher_config.label2id))
+    cfg = StaticEmbeddingConfig(
+        vocab_size=vectors.shape[0],
+        hidden_size=dim,
+        pad_token_id=teacher_config.pad_token_id or 0,
+        max_position_embeddings=max_positions,
+        num_labels=teacher_config.num_labels,
+        id2label=dict(teacher_config.id2label),
+        label2id=dict(teacher_config.label2id),
+    )
     model = StaticEmbeddingForSequenceClassification(cfg)
     with torch.no_grad():
         model.embeddings.weight.copy_(torch.from_numpy(vectors))

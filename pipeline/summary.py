@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .export.from_text import lines as from_text_lines, markdown as from_text_markdown
+from .export.from_text import lines as from_text_lines
+from .export.from_text import markdown as from_text_markdown
 from .export.latency import comparison_lines
 from .export.variants import latency_name
 
 # (row label, latency model name in export's latency table)
-LATENCY_NAMES = {"teacher (PyTorch)": "teacher PyTorch fp32", "student (PyTorch)": "student PyTorch fp32",
-                 "teacher ONNX int8 (baseline)": "teacher ONNX int8",
-                 "student ONNX fp32": "student ONNX fp32", "student ONNX int8": "student ONNX int8",
-                 "student ONNX int8 static": "student ONNX int8 static"}
+LATENCY_NAMES = {
+    "teacher (PyTorch)": "teacher PyTorch fp32",
+    "student (PyTorch)": "student PyTorch fp32",
+    "teacher ONNX int8 (baseline)": "teacher ONNX int8",
+    "student ONNX fp32": "student ONNX fp32",
+    "student ONNX int8": "student ONNX int8",
+    "student ONNX int8 static": "student ONNX int8 static",
+}
 
 
 def _read(path: Path) -> dict | None:
@@ -37,7 +42,9 @@ def latency_setting(rows: list[dict]) -> tuple[str, int] | None:
     return min(settings, key=lambda s: (s[1] != 1, abs(int(s[0][2:]) - 128), s))
 
 
-def summary_rows(run_dir: Path, current: set[str] | None = None) -> tuple[list[dict], tuple[int, int] | None, dict, dict]:
+def summary_rows(
+    run_dir: Path, current: set[str] | None = None
+) -> tuple[list[dict], tuple[int, int] | None, dict, dict]:
     """One dict per model (name, accuracy, macro_f1, parameters, size_mb, latency_ms), plus the latency setting.
 
     ``current``: the stages whose outputs are current; figures of the others are left out, never shown as today's.
@@ -46,24 +53,50 @@ def summary_rows(run_dir: Path, current: set[str] | None = None) -> tuple[list[d
     evaluate = (_read(run_dir / "evaluate" / "metrics.json") or {}) if current is None or "evaluate" in current else {}
     export = (_read(run_dir / "export" / "metrics.json") or {}) if current is None or "export" in current else {}
     rows = []
-    sizes = {"teacher": _mb(run_dir / "teacher" / "model" / "model.safetensors"),
-             "student": _mb(run_dir / "distill" / "student" / "model.safetensors")}
+    sizes = {
+        "teacher": _mb(run_dir / "teacher" / "model" / "model.safetensors"),
+        "student": _mb(run_dir / "distill" / "student" / "model.safetensors"),
+    }
     for who in ("teacher", "student"):
         if who in evaluate:
             m = evaluate[who]
-            rows.append({"name": f"{who} (PyTorch)", "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
-                         "parameters": m.get("parameters"), "size_mb": sizes[who]})
+            rows.append(
+                {
+                    "name": f"{who} (PyTorch)",
+                    "accuracy": m["accuracy"],
+                    "macro_f1": m["macro_f1"],
+                    "parameters": m.get("parameters"),
+                    "size_mb": sizes[who],
+                }
+            )
     baseline = (export.get("versus_int8_teacher") or {}).get("baseline")
     if baseline:
-        rows.append({"name": "teacher ONNX int8 (baseline)", "accuracy": baseline["accuracy"], "macro_f1": baseline["macro_f1"],
-                     "parameters": None, "size_mb": baseline["file_mb"]})
-    for key, label in (("onnx_fp32", "student ONNX fp32"), ("onnx_int8", "student ONNX int8"),
-                       ("onnx_int8_static", "student ONNX int8 static")):
+        rows.append(
+            {
+                "name": "teacher ONNX int8 (baseline)",
+                "accuracy": baseline["accuracy"],
+                "macro_f1": baseline["macro_f1"],
+                "parameters": None,
+                "size_mb": baseline["file_mb"],
+            }
+        )
+    for key, label in (
+        ("onnx_fp32", "student ONNX fp32"),
+        ("onnx_int8", "student ONNX int8"),
+        ("onnx_int8_static", "student ONNX int8 static"),
+    ):
         if key in export:
             m = export[key]
-            rows.append({"name": label, "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
-                         "parameters": m.get("parameters"), "size_mb": m.get("file_mb"),
-                         "recommended": export.get("recommended") == key.removeprefix("onnx_")})
+            rows.append(
+                {
+                    "name": label,
+                    "accuracy": m["accuracy"],
+                    "macro_f1": m["macro_f1"],
+                    "parameters": m.get("parameters"),
+                    "size_mb": m.get("file_mb"),
+                    "recommended": export.get("recommended") == key.removeprefix("onnx_"),
+                }
+            )
     latency = export.get("latency") or []
     setting = latency_setting(latency)
     if setting:
@@ -81,14 +114,18 @@ def print_summary(run_dir: Path, ran: list[str], states: dict[str, str] | None =
     current = None if states is None else {stage for stage, state in states.items() if state == "done"}
     for stage in ("evaluate", "export"):
         if states is not None and states.get(stage) not in ("done", "pending"):
-            print(f"note: {stage} figures are left out: its output is {states[stage]} (older than its inputs or changed "
-                  f"on disk). Run without --to/--only to bring it up to date.")
+            print(
+                f"note: {stage} figures are left out: its output is {states[stage]} (older than its inputs or changed "
+                f"on disk). Run without --to/--only to bring it up to date."
+            )
     rows, setting, evaluate, export = summary_rows(run_dir, current)
     for stage in ("evaluate", "export"):  # never drop rows silently: say which file could not be read
         path = run_dir / stage / "metrics.json"
         if (current is None or stage in current) and path.exists() and _read(path) is None:
-            print(f"warning: {path} is unreadable (damaged?); its rows are missing. "
-                  "The next run notices the damage and reruns that stage.")
+            print(
+                f"warning: {path} is unreadable (damaged?); its rows are missing. "
+                "The next run notices the damage and reruns that stage."
+            )
     if not rows:
         return
     latency_head = f"ms b1/{setting[0]}/{setting[1]}t" if setting else "latency ms"
@@ -96,18 +133,27 @@ def print_summary(run_dir: Path, ran: list[str], states: dict[str, str] | None =
     for row in rows:
         size, ms, params = row.get("size_mb"), row.get("latency_ms"), row.get("parameters")
         name = row["name"] + (" *" if row.get("recommended") else "")
-        print(f"{name:<30} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} "
-              f"{(f'{params:,}' if params else '-'):>12} {(f'{size:.1f}' if size else '-'):>9} "
-              f"{(f'{ms:.2f}' if ms is not None else '-'):>15}")
+        print(
+            f"{name:<30} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} "
+            f"{(f'{params:,}' if params else '-'):>12} {(f'{size:.1f}' if size else '-'):>9} "
+            f"{(f'{ms:.2f}' if ms is not None else '-'):>15}"
+        )
     if "retention" in evaluate:
-        print(f"retention (student / teacher accuracy): {evaluate['retention']:.4f}   "
-              f"agreement: {evaluate.get('agreement', float('nan')):.4f}")
+        print(
+            f"retention (student / teacher accuracy): {evaluate['retention']:.4f}   "
+            f"agreement: {evaluate.get('agreement', float('nan')):.4f}"
+        )
     if export:
-        verdict = (f"{export['recommended'].replace('_', ' ')} recommended" if export.get("int8_recommended")
-                   else "fp32 recommended (int8 over the accuracy budget)")
+        verdict = (
+            f"{export['recommended'].replace('_', ' ')} recommended"
+            if export.get("int8_recommended")
+            else "fp32 recommended (int8 over the accuracy budget)"
+        )
         if "onnx_int8" not in export:
             verdict = "fp32 (int8 off)"
-        print(f"* shipped variant: {verdict}; ONNX parity max |diff| {export.get('parity_max_abs_diff', float('nan')):.1e}")
+        print(
+            f"* shipped variant: {verdict}; ONNX parity max |diff| {export.get('parity_max_abs_diff', float('nan')):.1e}"
+        )
     comparison = export.get("versus_int8_teacher")
     if comparison:
         print("against the int8 teacher (what a user ships without distillation):")
@@ -179,17 +225,23 @@ def markdown_results(rows: list[dict], setting, evaluate: dict, export: dict) ->
     for row in rows:
         size, ms, params = row.get("size_mb"), row.get("latency_ms"), row.get("parameters")
         name = row["name"] + (" **(shipped)**" if row.get("recommended") else "")
-        lines.append(f"| {name} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | {f'{params:,}' if params else '-'} | "
-                     f"{f'{size:.1f}' if size else '-'} | {f'{ms:.2f}' if ms is not None else '-'} |")
+        lines.append(
+            f"| {name} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | {f'{params:,}' if params else '-'} | "
+            f"{f'{size:.1f}' if size else '-'} | {f'{ms:.2f}' if ms is not None else '-'} |"
+        )
     notes = []
     if "retention" in evaluate:
-        notes.append(f"retention (student / teacher accuracy): {evaluate['retention']:.4f}; "
-                     f"agreement: {evaluate.get('agreement', float('nan')):.4f}")
+        notes.append(
+            f"retention (student / teacher accuracy): {evaluate['retention']:.4f}; "
+            f"agreement: {evaluate.get('agreement', float('nan')):.4f}"
+        )
     comparison = export.get("versus_int8_teacher")
     if comparison:
         notes += comparison_lines(comparison)
     text = "\n".join(lines) + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
     from_text = export.get("from_text") or {}
     if from_text.get("measured"):
-        text += "\n\nFrom raw text, one text per call, beside what mobile teams ship instead:\n\n" + from_text_markdown(from_text)
+        text += "\n\nFrom raw text, one text per call, beside what mobile teams ship instead:\n\n" + from_text_markdown(
+            from_text
+        )
     return text

@@ -278,8 +278,9 @@ def relation_term(x: TermInputs, name: str):
     s_window, t_window = x.windows if TARGETS[name].windowed else (None, None)
     if form == "probs":  # cached teacher probabilities already carry the teacher layer's window
         return losses().relation_kl_from_probs(target, s_a, s_b, x.mask, x.heads, x.chunk, student_window=s_window)
-    return losses().relation_kl(*target, s_a, s_b, x.mask, x.heads, x.chunk, teacher_window=t_window,
-                                student_window=s_window)
+    return losses().relation_kl(
+        *target, s_a, s_b, x.mask, x.heads, x.chunk, teacher_window=t_window, student_window=s_window
+    )
 
 
 @register_term

@@ -23,7 +23,7 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     n = len(ordered)
     tail, k, cumulative = (1 - confidence) / 2, 0, 0.0
     while k < n // 2:
-        cumulative += math.comb(n, k) / 2 ** n  # P(B = k): P(B < k + 1) after adding
+        cumulative += math.comb(n, k) / 2**n  # P(B = k): P(B < k + 1) after adding
         if cumulative > tail:
             break
         k += 1
@@ -45,9 +45,18 @@ def spread_of(ratios: list[float]) -> dict:
     return {"speedup": middle, "low": low, "high": high, "spread": (high - low) / middle if middle else math.inf}
 
 
-def interleaved(runners: dict, inputs: dict, *, repeat: int = 1, warmup: int = 1, min_rounds: int = 8,
-                max_rounds: int = 40, reference: str | None = None, max_spread: float = 0.10,
-                watch: list[str] | None = None) -> dict:
+def interleaved(
+    runners: dict,
+    inputs: dict,
+    *,
+    repeat: int = 1,
+    warmup: int = 1,
+    min_rounds: int = 8,
+    max_rounds: int = 40,
+    reference: str | None = None,
+    max_spread: float = 0.10,
+    watch: list[str] | None = None,
+) -> dict:
     """Batch-1 latency of several models measured side by side.
 
     ``runners[name]`` runs one input; ``inputs[name]`` is that model's list of inputs (one fixed-length
@@ -68,7 +77,7 @@ def interleaved(runners: dict, inputs: dict, *, repeat: int = 1, warmup: int = 1
     calls = {name: [] for name in names}
     while True:
         index = len(rounds[names[0]])
-        for name in names[index % len(names):] + names[: index % len(names)]:
+        for name in names[index % len(names) :] + names[: index % len(names)]:
             run, total, count = runners[name], 0.0, 0
             for item in inputs[name]:
                 for _ in range(repeat):
@@ -79,18 +88,33 @@ def interleaved(runners: dict, inputs: dict, *, repeat: int = 1, warmup: int = 1
                     total, count = total + elapsed, count + 1
             rounds[name].append(total / count)
         done = index + 1
-        if done >= max_rounds or (done >= min_rounds and (reference is None or _narrow(rounds, reference, max_spread, watch))):
+        if done >= max_rounds or (
+            done >= min_rounds and (reference is None or _narrow(rounds, reference, max_spread, watch))
+        ):
             break
     results = {}
     for name in names:
         ordered = sorted(calls[name])
-        results[name] = {"median_ms": statistics.median(rounds[name]), "min_ms": min(rounds[name]),
-                         "max_ms": max(rounds[name]), "p25_ms": _quantile(ordered, 0.25), "p75_ms": _quantile(ordered, 0.75),
-                         "rounds": done, "calls_per_round": len(inputs[name]) * repeat, "warmup": warmup}
+        results[name] = {
+            "median_ms": statistics.median(rounds[name]),
+            "min_ms": min(rounds[name]),
+            "max_ms": max(rounds[name]),
+            "p25_ms": _quantile(ordered, 0.25),
+            "p75_ms": _quantile(ordered, 0.75),
+            "rounds": done,
+            "calls_per_round": len(inputs[name]) * repeat,
+            "warmup": warmup,
+        }
         if reference is not None:
             s = spread_of(_ratios(rounds, reference, name))
-            results[name].update({"speedup": s["speedup"], "speedup_low": s["low"], "speedup_high": s["high"],
-                                  "speedup_spread": s["spread"]})
+            results[name].update(
+                {
+                    "speedup": s["speedup"],
+                    "speedup_low": s["low"],
+                    "speedup_high": s["high"],
+                    "speedup_spread": s["spread"],
+                }
+            )
     if reference is not None:
         widest = max(results[name]["speedup_spread"] for name in (watch or names))
         for name in names:
@@ -103,8 +127,11 @@ def _ratios(rounds: dict, reference: str, name: str) -> list[float]:
 
 
 def _narrow(rounds: dict, reference: str, max_spread: float, watch: list[str] | None) -> bool:
-    return all(spread_of(_ratios(rounds, reference, name))["spread"] <= max_spread
-               for name in (watch or rounds) if name != reference)
+    return all(
+        spread_of(_ratios(rounds, reference, name))["spread"] <= max_spread
+        for name in (watch or rounds)
+        if name != reference
+    )
 
 
 class Laps:

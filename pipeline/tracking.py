@@ -87,34 +87,51 @@ def store_error(exc: BaseException, uri: str, before_work: bool = True) -> Pipel
     where = uri.removeprefix("sqlite:///") if local else shown
     if "unsupported uri" in text or "scheme" in text and "supported" in text:
         scheme = uri.split(":", 1)[0]
-        cause = (f"has a scheme, '{scheme}', that MLflow does not know. Use http(s)://host:port for a tracking server, "
-                 "postgresql:// or mysql:// for a database, sqlite:///path or a folder")
+        cause = (
+            f"has a scheme, '{scheme}', that MLflow does not know. Use http(s)://host:port for a tracking server, "
+            "postgresql:// or mysql:// for a database, sqlite:///path or a folder"
+        )
     elif isinstance(exc, ModuleNotFoundError) or "no module named" in text:
         module = getattr(exc, "name", None) or text.split("no module named", 1)[1].strip(" '\"")
         driver = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "pymysql": "pymysql"}.get(module, module)
         cause = f"needs a Python driver that is not installed (module '{module}'). Install it: .venv/bin/pip install {driver}"
     elif "file is not a database" in text or "malformed" in text:
-        cause = (f"is not a readable sqlite database ({where} is damaged or not a database). Move it aside "
-                 f"(mv {where} {where}.bad) to start a fresh store; stage outputs under the runs folder are not affected")
+        cause = (
+            f"is not a readable sqlite database ({where} is damaged or not a database). Move it aside "
+            f"(mv {where} {where}.bad) to start a fresh store; stage outputs under the runs folder are not affected"
+        )
     elif "database is locked" in text:
         cause = "is locked by another process (an MLflow UI or pipeline in the middle of a write). Wait and rerun"
     elif "unable to open database" in text or "readonly database" in text or "permission denied" in text:
-        cause = (f"cannot be opened for writing ({where}: permissions or a read-only folder). Make it writable "
-                 "or point --runs-dir at a writable folder")
+        cause = (
+            f"cannot be opened for writing ({where}: permissions or a read-only folder). Make it writable "
+            "or point --runs-dir at a writable folder"
+        )
     elif local:
         brief = redact(str(exc)).splitlines()[0][:200] if str(exc) else ""
-        cause = (f"refused the request ({type(exc).__name__}: {brief}). If the store was written by another MLflow "
-                 f"version or edited by hand, move {where} aside to start a fresh one")
+        cause = (
+            f"refused the request ({type(exc).__name__}: {brief}). If the store was written by another MLflow "
+            f"version or edited by hand, move {where} aside to start a fresh one"
+        )
     else:
-        cause = (f"is unreachable or refused the request ({type(exc).__name__}). Start the server (make server) or "
-                 "unset MLFLOW_TRACKING_URI to use the local sqlite store under the runs folder")
-    return PipelineError(f"MLflow tracking store {shown} {cause}. Or set tracking.enabled=false "
-                         f"to run without MLflow.{' Nothing was run.' if before_work else ''}")
+        cause = (
+            f"is unreachable or refused the request ({type(exc).__name__}). Start the server (make server) or "
+            "unset MLFLOW_TRACKING_URI to use the local sqlite store under the runs folder"
+        )
+    return PipelineError(
+        f"MLflow tracking store {shown} {cause}. Or set tracking.enabled=false "
+        f"to run without MLflow.{' Nothing was run.' if before_work else ''}"
+    )
 
 
 # Columns of MLflow's sqlite schema that hold artifact locations (MLflow 3.x).
-ARTIFACT_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("logged_models", "artifact_location"),
-                    ("model_versions", "source"), ("model_versions", "storage_location"))
+ARTIFACT_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "source"),
+    ("model_versions", "storage_location"),
+)
 
 
 def relocate_artifacts(runs_dir: Path) -> None:
@@ -135,8 +152,11 @@ def relocate_artifacts(runs_dir: Path) -> None:
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if "experiments" not in tables:
                 return
-            olds = {row[0] for row in conn.execute("SELECT artifact_location FROM experiments") if row[0]
-                    and row[0].startswith("file://") and row[0].endswith("/mlartifacts") and row[0] != here}
+            olds = {
+                row[0]
+                for row in conn.execute("SELECT artifact_location FROM experiments")
+                if row[0] and row[0].startswith("file://") and row[0].endswith("/mlartifacts") and row[0] != here
+            }
         except sqlite3.DatabaseError:
             return  # a damaged store is reported by the first real MLflow call
         for old in olds:
@@ -144,9 +164,11 @@ def relocate_artifacts(runs_dir: Path) -> None:
                 for table, column in ARTIFACT_COLUMNS:
                     if table in tables:
                         # substr, not LIKE: sqlite's LIKE ignores case, a path does not
-                        conn.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {column} = ? "
-                                     f"OR substr({column}, 1, ?) = ?",
-                                     (here, len(old) + 1, old, len(old) + 1, old + "/"))
+                        conn.execute(
+                            f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {column} = ? "
+                            f"OR substr({column}, 1, ?) = ?",
+                            (here, len(old) + 1, old, len(old) + 1, old + "/"),
+                        )
             log.info("MLflow: the runs folder moved; artifact locations %s -> %s", old, here)
 
 
@@ -157,8 +179,15 @@ def tracking_uri(runs_dir: Path) -> str:
 class Tracker:
     """Thin wrapper over the mlflow client API; disabled on non-main ranks."""
 
-    def __init__(self, runs_dir: Path, run_dir: Path, experiment: str, enabled: bool = True,
-                 sweep_run_id: str | None = None, run_name: str | None = None):
+    def __init__(
+        self,
+        runs_dir: Path,
+        run_dir: Path,
+        experiment: str,
+        enabled: bool = True,
+        sweep_run_id: str | None = None,
+        run_name: str | None = None,
+    ):
         self.enabled = enabled
         self.runs_dir = Path(runs_dir)
         self.run_dir = Path(run_dir)
@@ -242,17 +271,23 @@ class Tracker:
                     parent_id = run.info.run_id
         if parent_id is None:
             run = self.client.create_run(
-                experiment_id, run_name=self.run_name,
-                tags={"attention_distill.role": "pipeline", "attention_distill.config": self.experiment,
-                      RUN_FOLDER_TAG: self.run_folder,
-                      **({"mlflow.parentRunId": self.sweep_run_id} if self.sweep_run_id else {})},
+                experiment_id,
+                run_name=self.run_name,
+                tags={
+                    "attention_distill.role": "pipeline",
+                    "attention_distill.config": self.experiment,
+                    RUN_FOLDER_TAG: self.run_folder,
+                    **({"mlflow.parentRunId": self.sweep_run_id} if self.sweep_run_id else {}),
+                },
             )
             parent_id = run.info.run_id
             items = list(param_strings(flat_params).items())
             for i in range(0, len(items), 100):
-                self.client.log_batch(parent_id, params=[mlflow.entities.Param(k, v) for k, v in items[i:i + 100]])
+                self.client.log_batch(parent_id, params=[mlflow.entities.Param(k, v) for k, v in items[i : i + 100]])
             self.client.log_text(parent_id, config_yaml, "config/resolved.yaml")
-            log.info("MLflow: new parent run %s in experiment '%s' (%s)", parent_id, self.experiment, redact_uri(self.uri))
+            log.info(
+                "MLflow: new parent run %s in experiment '%s' (%s)", parent_id, self.experiment, redact_uri(self.uri)
+            )
         else:
             self.client.update_run(parent_id, status="RUNNING")
             if self.sweep_run_id:  # a variant resumed under a (new) sweep run
@@ -260,8 +295,16 @@ class Tracker:
             log.info("MLflow: re-attached to parent run %s", parent_id)
         self.parent_id = parent_id
         tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"parent_run_id": parent_id, "config_hash": config_hash,
-                                   "tracking_uri": redact_uri(self.uri), "experiment_id": experiment_id}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "parent_run_id": parent_id,
+                    "config_hash": config_hash,
+                    "tracking_uri": redact_uri(self.uri),
+                    "experiment_id": experiment_id,
+                }
+            )
+        )
         tmp.replace(record)
 
     @property
@@ -288,8 +331,11 @@ class Tracker:
         for run in runs:
             if run.data.tags.get(RUN_FOLDER_TAG) == self.run_folder:
                 self.client.set_terminated(run.info.run_id, status="KILLED")
-                log.info("MLflow: run %s (%s) was left RUNNING by a process that died; marked KILLED",
-                         run.info.run_id, run.info.run_name)
+                log.info(
+                    "MLflow: run %s (%s) was left RUNNING by a process that died; marked KILLED",
+                    run.info.run_id,
+                    run.info.run_name,
+                )
 
     def end_pipeline(self, status: str = "FINISHED") -> None:
         if self.enabled and self.parent_id:
@@ -334,8 +380,11 @@ class Tracker:
         try:
             self._record_result(config, current, done)
         except Exception as exc:
-            log.warning("MLflow: the result was not recorded on the pipeline run (%s); the stage outputs are complete "
-                        "and the next run tries again", _brief_error(exc))
+            log.warning(
+                "MLflow: the result was not recorded on the pipeline run (%s); the stage outputs are complete "
+                "and the next run tries again",
+                _brief_error(exc),
+            )
 
     def _recorded_parent(self, config) -> str | None:
         """The parent run of an earlier pipeline run of this same resolved config in this store, if still active."""
@@ -346,7 +395,9 @@ class Tracker:
             previous = json.loads(record.read_text())
         except (OSError, ValueError):
             return None
-        if previous.get("config_hash") != config_hash(to_yaml(config)) or previous.get("tracking_uri") != redact_uri(self.uri):
+        if previous.get("config_hash") != config_hash(to_yaml(config)) or previous.get("tracking_uri") != redact_uri(
+            self.uri
+        ):
             return None
         try:
             run = self.client.get_run(previous["parent_run_id"])
@@ -365,14 +416,18 @@ class Tracker:
             self._mark_experiment_kind(run.info.experiment_id)
         result = pipeline_result(config, self.run_dir, done)
         datasets = "prepare" in done
-        digest = hashlib.sha256(json.dumps([result, datasets and current.get("prepare")], sort_keys=True,
-                                           default=str).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(
+            json.dumps([result, datasets and current.get("prepare")], sort_keys=True, default=str).encode()
+        ).hexdigest()[:16]
         tags = dict(result["tags"])
         note, existing = result["note"], run.data.tags.get(NOTE_TAG, "")
         ours = run.data.tags.get(NOTE_DIGEST_TAG)
         if existing and (ours is None or ours != _text_digest(existing)):  # written or edited in the UI: kept
-            log.info("MLflow: the description of pipeline run %s was edited in the UI; kept (the results table is not "
-                     "written over it)", parent_id)
+            log.info(
+                "MLflow: the description of pipeline run %s was edited in the UI; kept (the results table is not "
+                "written over it)",
+                parent_id,
+            )
         else:
             tags.update({NOTE_TAG: note[:MAX_NOTE], NOTE_DIGEST_TAG: _text_digest(note[:MAX_NOTE])})
         if ran_now or GIT_COMMIT_TAG not in run.data.tags:  # the code that produced the outputs, not of a no-op rerun
@@ -396,11 +451,14 @@ class Tracker:
         import time
 
         now = int(time.time() * 1000)
-        entries = [self.mlflow.entities.Metric(k, float(v), now, 0) for k, v in metrics.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+        entries = [
+            self.mlflow.entities.Metric(k, float(v), now, 0)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+        ]
         run_tags = [self.mlflow.entities.RunTag(k, str(v)) for k, v in tags.items() if v is not None]
         for i in range(0, max(len(entries), len(run_tags)), 100):
-            self.client.log_batch(run_id, metrics=entries[i:i + 100], tags=run_tags[i:i + 100])
+            self.client.log_batch(run_id, metrics=entries[i : i + 100], tags=run_tags[i : i + 100])
 
     # ------------------------------------------------------------------ stages
     @contextlib.contextmanager
@@ -409,10 +467,15 @@ class Tracker:
             yield None
             return
         run = self.client.create_run(
-            self.experiment_id, run_name=name,
-            tags={"mlflow.parentRunId": self.parent_id, "attention_distill.role": "stage",
-                  "attention_distill.stage": name, "attention_distill.fingerprint": fingerprint,
-                  RUN_FOLDER_TAG: self.run_folder},
+            self.experiment_id,
+            run_name=name,
+            tags={
+                "mlflow.parentRunId": self.parent_id,
+                "attention_distill.role": "stage",
+                "attention_distill.stage": name,
+                "attention_distill.fingerprint": fingerprint,
+                RUN_FOLDER_TAG: self.run_folder,
+            },
         )
         self.stage_id = run.info.run_id
         flat = param_strings(params)
@@ -435,8 +498,11 @@ class Tracker:
         import time
 
         now = int(time.time() * 1000)
-        entries = [self.mlflow.entities.Metric(k, float(v), now, step or 0) for k, v in metrics.items()
-                   if isinstance(v, (int, float)) and v == v]
+        entries = [
+            self.mlflow.entities.Metric(k, float(v), now, step or 0)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and v == v
+        ]
         if entries:
             self.client.log_batch(self.stage_id, metrics=entries)
 
@@ -512,9 +578,16 @@ def pipeline_result(config, run_dir: Path, done: set[str]) -> dict:
     if registered:
         name, _, version = registered.rpartition("/")
         lines += [f"Registered model: [{name} version {version}](#/models/{name}/versions/{version}).", ""]
-    lines += ["**Reproduce**", "", "```sh", *reproduce_commands(config), "```", "",
-              "The exact resolved configuration is this run's artifact `config/resolved.yaml`; "
-              "`python -m pipeline run resolved.yaml` reruns it as recorded."]
+    lines += [
+        "**Reproduce**",
+        "",
+        "```sh",
+        *reproduce_commands(config),
+        "```",
+        "",
+        "The exact resolved configuration is this run's artifact `config/resolved.yaml`; "
+        "`python -m pipeline run resolved.yaml` reruns it as recorded.",
+    ]
     return {"metrics": metrics, "note": "\n".join(lines), "tags": tags}
 
 
@@ -524,8 +597,11 @@ def result_tags(config, run_dir: Path, done: set[str]) -> dict[str, str]:
     if teacher == "random" and config.teacher.random is not None:
         shape = config.teacher.random
         teacher = f"random ({shape.num_layers} layers, hidden {shape.hidden_size}, FFN {shape.intermediate_size})"
-    tags = {"attention_distill.teacher": teacher, "attention_distill.data": data_source(config),
-            "attention_distill.precision": config.precision}
+    tags = {
+        "attention_distill.teacher": teacher,
+        "attention_distill.data": data_source(config),
+        "attention_distill.precision": config.precision,
+    }
     student = _read_json(run_dir / "distill" / "student" / "config.json") if "distill" in done else {}
     layers = student.get("num_hidden_layers") or config.student_depth()
     ffn = student.get("intermediate_size") or config.student.ffn_size
@@ -615,8 +691,13 @@ def git_tags() -> dict[str, str]:
         if head.returncode != 0 or not head.stdout.strip():
             return {}
         tags = {GIT_COMMIT_TAG: head.stdout.strip()}
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                capture_output=True, text=True, timeout=30)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if status.returncode == 0:
             tags[GIT_DIRTY_TAG] = "true" if status.stdout.strip() else "false"
         return tags
@@ -639,7 +720,8 @@ def split_datasets(config, run_dir: Path) -> list:
             frame = pd.DataFrame.from_records([json.loads(line) for line in handle if line.strip()])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "source can be interpreted in multiple ways": a local file either way
-            dataset = mlflow.data.from_pandas(frame, source=str(path), targets="label" if "label" in frame else None,
-                                              name=f"{config.name}-{split}")
+            dataset = mlflow.data.from_pandas(
+                frame, source=str(path), targets="label" if "label" in frame else None, name=f"{config.name}-{split}"
+            )
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), [InputTag("mlflow.data.context", context)]))
     return inputs

@@ -81,7 +81,7 @@ def _trainable_state(modules: dict[str, torch.nn.Module], accelerator) -> dict[s
 
 def _load_trainable_state(modules: dict[str, torch.nn.Module], state: dict, accelerator) -> None:
     for prefix, module in modules.items():
-        part = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
+        part = {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + ".")}
         accelerator.unwrap_model(module).load_state_dict(part)
 
 
@@ -234,7 +234,9 @@ def configure_optimizer(modules: dict[str, torch.nn.Module], settings: TrainSett
         {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
     ]
     assert sum(len(g["params"]) for g in groups) == len(params)
-    return torch.optim.AdamW(groups, lr=settings.lr, fused=settings.fused_adamw and fused_adamw_supported(params)), params
+    return torch.optim.AdamW(
+        groups, lr=settings.lr, fused=settings.fused_adamw and fused_adamw_supported(params)
+    ), params
 
 
 def fused_adamw_supported(params) -> bool:
@@ -247,13 +249,22 @@ def configure_scheduler(optimizer, settings: TrainSettings, num_examples: int):
     batches_per_epoch = math.ceil(num_examples / settings.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / settings.grad_accum)
     total_steps = max(1, steps_per_epoch * settings.epochs)
-    return get_scheduler(settings.schedule if settings.schedule != "constant" else "constant_with_warmup",
-                         optimizer, num_warmup_steps=int(settings.warmup_ratio * total_steps),
-                         num_training_steps=total_steps)
+    return get_scheduler(
+        settings.schedule if settings.schedule != "constant" else "constant_with_warmup",
+        optimizer,
+        num_warmup_steps=int(settings.warmup_ratio * total_steps),
+        num_training_steps=total_steps,
+    )
 
 
-def build_trainer(dist, modules: dict[str, torch.nn.Module], settings: TrainSettings, num_examples: int, tag: str,
-                  find_unused_parameters: bool = False) -> Trainer:
+def build_trainer(
+    dist,
+    modules: dict[str, torch.nn.Module],
+    settings: TrainSettings,
+    num_examples: int,
+    tag: str,
+    find_unused_parameters: bool = False,
+) -> Trainer:
     """Optimizer and schedule for ``modules``, then Accelerate's prepare (device, DDP, mixed precision).
 
     ``dist``: the runner's Distributed (``ctx.dist``) or anything with its accelerator, rank, world and device.
@@ -269,12 +280,14 @@ def build_trainer(dist, modules: dict[str, torch.nn.Module], settings: TrainSett
     trainer = Trainer(dist, dict(zip(modules, prepared[:-1])), prepared[-1], scheduler, params, settings, tag)
     if settings.gradient_checkpointing:
         accelerator.unwrap_model(trainer.model).gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     return trainer
 
 
-def train_step(trainer: Trainer, batch: dict, loss_fn: Callable, *, step: int, boundary: bool = True,
-               weight: float = 1.0):
+def train_step(
+    trainer: Trainer, batch: dict, loss_fn: Callable, *, step: int, boundary: bool = True, weight: float = 1.0
+):
     """One batch of one optimizer step: forward under autocast, finiteness noted (read later, see FiniteWatch), backward, and at
     ``boundary`` (the last batch of the step's gradient accumulation) clipping, optimizer and schedule
     step, zero_grad. Returns (loss, {term: value}) as ``loss_fn(batch, trainer.modules)`` gave them.
@@ -300,8 +313,15 @@ def train_step(trainer: Trainer, batch: dict, loss_fn: Callable, *, step: int, b
     return loss, terms
 
 
-def setup(ctx, modules: dict[str, torch.nn.Module], settings: TrainSettings, num_examples: int, seed: int, tag: str,
-          find_unused_parameters: bool = False) -> tuple[Trainer, Checkpoints, Progress]:
+def setup(
+    ctx,
+    modules: dict[str, torch.nn.Module],
+    settings: TrainSettings,
+    num_examples: int,
+    seed: int,
+    tag: str,
+    find_unused_parameters: bool = False,
+) -> tuple[Trainer, Checkpoints, Progress]:
     """Seed, build the trainer, and resume from the latest complete checkpoint of ``tag`` if there is one."""
     dist = ctx.dist
     torch.manual_seed(seed + dist.rank)
@@ -312,8 +332,14 @@ def setup(ctx, modules: dict[str, torch.nn.Module], settings: TrainSettings, num
     if latest is not None:
         progress = checkpoints.load(latest, dist, trainer.modules, trainer.optimizer, trainer.scheduler)
         if dist.is_main:
-            log.info("[%s] resuming from checkpoint %s (epoch %d, batch %d, step %d)", tag, latest.name,
-                     progress.epoch, progress.batches_done, progress.global_step)
+            log.info(
+                "[%s] resuming from checkpoint %s (epoch %d, batch %d, step %d)",
+                tag,
+                latest.name,
+                progress.epoch,
+                progress.batches_done,
+                progress.global_step,
+            )
     return trainer, checkpoints, progress
 
 
@@ -343,8 +369,18 @@ def fit(
     """
     trainer, checkpoints, progress = setup(ctx, modules, settings, len(lengths), seed, tag, find_unused_parameters)
     best_path = ctx.out / f"best-{tag}.safetensors"
-    train(ctx, trainer, checkpoints, progress, lengths=lengths, make_batch=make_batch, loss_fn=loss_fn,
-          validate=validate, seed=seed, best_path=best_path)
+    train(
+        ctx,
+        trainer,
+        checkpoints,
+        progress,
+        lengths=lengths,
+        make_batch=make_batch,
+        loss_fn=loss_fn,
+        validate=validate,
+        seed=seed,
+        best_path=best_path,
+    )
     accelerator = ctx.dist.accelerator
     if settings.epochs == 0 and ctx.dist.is_main:  # nothing trained: the initial weights are "best"
         save_file(_trainable_state(trainer.modules, accelerator), best_path)
@@ -354,14 +390,30 @@ def fit(
     return progress
 
 
-def train(ctx, trainer: Trainer, checkpoints: Checkpoints, progress: Progress, *, lengths, make_batch: Callable,
-          loss_fn: Callable, validate: Callable, seed: int, best_path: Path) -> None:
+def train(
+    ctx,
+    trainer: Trainer,
+    checkpoints: Checkpoints,
+    progress: Progress,
+    *,
+    lengths,
+    make_batch: Callable,
+    loss_fn: Callable,
+    validate: Callable,
+    seed: int,
+    best_path: Path,
+) -> None:
     """The epochs from ``progress`` on: train, validate, keep the best weights, checkpoint; Ctrl-C saves and stops."""
     settings = trainer.settings
     try:
         while progress.epoch < settings.epochs:
-            batches = global_batches(len(lengths), settings.batch_size, seed, progress.epoch,
-                                     lengths=lengths if settings.group_by_length else None)
+            batches = global_batches(
+                len(lengths),
+                settings.batch_size,
+                seed,
+                progress.epoch,
+                lengths=lengths if settings.group_by_length else None,
+            )
             _train_epoch(ctx, trainer, checkpoints, progress, batches, make_batch, loss_fn)
             _end_epoch(ctx, trainer, progress, validate, best_path)
             _save(checkpoints, trainer, progress)
@@ -381,14 +433,24 @@ def _save(checkpoints: Checkpoints, trainer: Trainer, progress: Progress) -> Pat
     return checkpoints.save(trainer.dist, trainer.modules, trainer.optimizer, trainer.scheduler, progress)
 
 
-def _train_epoch(ctx, trainer: Trainer, checkpoints: Checkpoints, progress: Progress, batches: list, make_batch: Callable,
-                 loss_fn: Callable) -> None:
+def _train_epoch(
+    ctx,
+    trainer: Trainer,
+    checkpoints: Checkpoints,
+    progress: Progress,
+    batches: list,
+    make_batch: Callable,
+    loss_fn: Callable,
+) -> None:
     """The remaining batches of ``progress.epoch``: each rank takes its slice of every global batch."""
     dist, settings = trainer.dist, trainer.settings
     for m in trainer.modules.values():
         m.train()
-    bar = ctx.progress(total=len(batches), initial=progress.batches_done,
-                       desc=f"{trainer.tag} epoch {progress.epoch + 1}/{settings.epochs}")
+    bar = ctx.progress(
+        total=len(batches),
+        initial=progress.batches_done,
+        desc=f"{trainer.tag} epoch {progress.epoch + 1}/{settings.epochs}",
+    )
     window = _Window()
     for b in range(progress.batches_done, len(batches)):
         global_batch = batches[b]
@@ -397,8 +459,9 @@ def _train_epoch(ctx, trainer: Trainer, checkpoints: Checkpoints, progress: Prog
         # Per-rank mean loss re-weighted so the DDP average equals the
         # mean over the global batch even when rank slices differ in size.
         weight = len(local) * dist.world / len(global_batch)
-        loss, terms = train_step(trainer, make_batch(local), loss_fn, step=progress.global_step + 1, boundary=boundary,
-                                 weight=weight)
+        loss, terms = train_step(
+            trainer, make_batch(local), loss_fn, step=progress.global_step + 1, boundary=boundary, weight=weight
+        )
         window.samples += len(global_batch)
         if boundary:
             progress.global_step += 1
@@ -424,13 +487,20 @@ class _Window:
 def _report_step(ctx, trainer: Trainer, progress: Progress, bar, window: _Window, loss, terms) -> None:
     """Main rank, every LOG_EVERY optimizer steps: the bar's loss and samples/s, and the tracked metrics
     (one read from the device for all of them)."""
-    values = torch.stack([loss.detach().float().reshape(())]
-                         + [torch.as_tensor(v).detach().float().reshape(()).to(loss.device) for v in terms.values()]).tolist()
+    values = torch.stack(
+        [loss.detach().float().reshape(())]
+        + [torch.as_tensor(v).detach().float().reshape(()).to(loss.device) for v in terms.values()]
+    ).tolist()
     elapsed = max(time.time() - window.start, 1e-9)
     bar.set_postfix(loss=f"{values[0]:.4f}", samples_s=f"{window.samples / elapsed:.0f}")
     metrics = {f"train/{k}": v for k, v in zip(terms, values[1:])}
-    metrics.update({"train/loss": values[0], "train/lr": trainer.scheduler.get_last_lr()[0],
-                    "train/samples_per_s": window.samples / elapsed})
+    metrics.update(
+        {
+            "train/loss": values[0],
+            "train/lr": trainer.scheduler.get_last_lr()[0],
+            "train/samples_per_s": window.samples / elapsed,
+        }
+    )
     ctx.tracker.log_metrics(metrics, step=progress.global_step)
     window.start, window.samples = time.time(), 0
 
@@ -445,8 +515,13 @@ def _end_epoch(ctx, trainer: Trainer, progress: Progress, validate: Callable, be
     progress.history.append({"epoch": epoch + 1, **{f"val_{k}": v for k, v in metrics.items()}})
     if dist.is_main:
         ctx.tracker.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=progress.global_step)
-        log.info("[%s] epoch %d/%d: %s", trainer.tag, epoch + 1, trainer.settings.epochs,
-                 ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        log.info(
+            "[%s] epoch %d/%d: %s",
+            trainer.tag,
+            epoch + 1,
+            trainer.settings.epochs,
+            ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+        )
         if metrics["accuracy"] > progress.best_metric:
             tmp = best_path.with_suffix(".tmp")
             save_file(_trainable_state(trainer.modules, dist.accelerator), tmp)

@@ -51,8 +51,9 @@ def run(ctx) -> dict:
     out = ctx.out / "peers"
     out.mkdir(exist_ok=True)  # a rerun after an interruption overwrites what it left
     trainers = {
-        "tfidf": lambda: TfidfPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"],
-                                         cfg.tfidf_c, config.seed),
+        "tfidf": lambda: TfidfPeer.train(
+            texts["train"], labels["train"], texts["validation"], labels["validation"], cfg.tfidf_c, config.seed
+        ),
         "fasttext": lambda: fasttext_peer(texts, labels, cfg),
         "static": lambda: static_peer(prepare, teacher_dir, labels, cfg, config.seed),
     }
@@ -68,14 +69,41 @@ def run(ctx) -> dict:
         shipped = load_peer(out, name)  # score the file that ships, not the object in memory
         one_per_call = np.array([shipped.predict_one(t) for t in texts["test"]], dtype=np.int64)  # as an app calls it
         report = classification_report(labels["test"], one_per_call, names)
-        peers[name] = {"title": TITLES[name], "file": f"peers/{FILES[name]}", "file_mb": round(file_mb(out / FILES[name]), 3),
-                       "train_seconds": round(seconds, 2), "settings": settings, **report}
-        log.info("[baselines] %-8s test accuracy %.4f, macro-F1 %.4f, %.1f MB, trained in %.1f s (%s)", name,
-                 report["accuracy"], report["macro_f1"], peers[name]["file_mb"], seconds, _settings_line(settings))
-    ctx.write_json("baselines.json", {"enabled": True, "split": "test", "examples": int(len(labels["test"])), "peers": peers,
-                                      **({"skipped": skipped} if skipped else {})})
+        peers[name] = {
+            "title": TITLES[name],
+            "file": f"peers/{FILES[name]}",
+            "file_mb": round(file_mb(out / FILES[name]), 3),
+            "train_seconds": round(seconds, 2),
+            "settings": settings,
+            **report,
+        }
+        log.info(
+            "[baselines] %-8s test accuracy %.4f, macro-F1 %.4f, %.1f MB, trained in %.1f s (%s)",
+            name,
+            report["accuracy"],
+            report["macro_f1"],
+            peers[name]["file_mb"],
+            seconds,
+            _settings_line(settings),
+        )
+    ctx.write_json(
+        "baselines.json",
+        {
+            "enabled": True,
+            "split": "test",
+            "examples": int(len(labels["test"])),
+            "peers": peers,
+            **({"skipped": skipped} if skipped else {}),
+        },
+    )
     ctx.log_artifact(ctx.out / "baselines.json")
-    ctx.log_metrics({f"{name}/{key}": peers[name][key] for name in peers for key in ("accuracy", "macro_f1", "file_mb", "train_seconds")})
+    ctx.log_metrics(
+        {
+            f"{name}/{key}": peers[name][key]
+            for name in peers
+            for key in ("accuracy", "macro_f1", "file_mb", "train_seconds")
+        }
+    )
     best = max(peers, key=lambda n: peers[n]["accuracy"]) if peers else None
     return {"best_peer": best, "best_peer_accuracy": peers[best]["accuracy"] if best else None}
 
@@ -94,8 +122,9 @@ def read_splits(prepare, names) -> tuple[dict, dict]:
 
 def fasttext_peer(texts, labels, cfg):
     with tempfile.TemporaryDirectory() as work:
-        return FastTextPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"],
-                                  cfg.fasttext.model_dump(), work)
+        return FastTextPeer.train(
+            texts["train"], labels["train"], texts["validation"], labels["validation"], cfg.fasttext.model_dump(), work
+        )
 
 
 def static_peer(prepare, teacher_dir, labels, cfg, seed):
@@ -106,10 +135,21 @@ def static_peer(prepare, teacher_dir, labels, cfg, seed):
     splits = {s: TokenizedSplit(prepare, s) for s in ("train", "validation")}
     ids = {s: [np.asarray(x) for x in splits[s].input_ids] for s in splits}
     counts = token_counts(ids["train"], teacher.config.vocab_size)
-    return StaticPeer.train(teacher_dir / "model" / "tokenizer.json", isolated, counts, min(cfg.static_dim, isolated.shape[1]),
-                            ids["train"], labels["train"], ids["validation"], labels["validation"], cfg.static_c, seed)
+    return StaticPeer.train(
+        teacher_dir / "model" / "tokenizer.json",
+        isolated,
+        counts,
+        min(cfg.static_dim, isolated.shape[1]),
+        ids["train"],
+        labels["train"],
+        ids["validation"],
+        labels["validation"],
+        cfg.static_c,
+        seed,
+    )
 
 
 def _settings_line(settings: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items()
-                     if k not in ("weights", "vectors") and not isinstance(v, (float, dict)))
+    return ", ".join(
+        f"{k}={v}" for k, v in settings.items() if k not in ("weights", "vectors") and not isinstance(v, (float, dict))
+    )

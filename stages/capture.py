@@ -29,17 +29,35 @@ import logging
 
 import numpy as np
 
-from pipeline.cache import (CacheLayout, choose_stores, estimate_bytes, flatten_targets, relation_subset, shard_complete,
-                            shard_ranges, write_index, write_shard)
-from pipeline.errors import CacheError
 from pipeline.augment import augment, continuation_mask, nearest_words, word_candidates
+from pipeline.cache import (
+    CacheLayout,
+    choose_stores,
+    estimate_bytes,
+    flatten_targets,
+    relation_subset,
+    shard_complete,
+    shard_ranges,
+    write_index,
+    write_shard,
+)
+from pipeline.errors import CacheError
 from pipeline.inference import RELATION_ROWS, TokenizedSplit, TrainingData, pad_id
 from pipeline.models import load_classifier, load_tokenizer
-from pipeline.objective import teacher_targets, target_plan
+from pipeline.objective import target_plan, teacher_targets
 
 log = logging.getLogger("pipeline")
 
-READS = ["precision", "capture", "distill.layer_map", "distill.relation_heads", "distill.loss", "student", "data.unlabeled_text", "seed"]
+READS = [
+    "precision",
+    "capture",
+    "distill.layer_map",
+    "distill.relation_heads",
+    "distill.loss",
+    "student",
+    "data.unlabeled_text",
+    "seed",
+]
 AFTER = ["prepare", "teacher"]
 FILE_READS: list[str] = []  # no local file of its own: the teacher and data arrive through prepare and teacher
 VERSION = 2  # bump when the output changes for the same inputs (history: git log)
@@ -51,8 +69,13 @@ def fingerprint_inputs(config) -> dict:
     matched to, so students of another depth reuse the cache."""
     # min_relation_fraction only decides whether an over-budget capture stops; a cache it lets through is the same
     capture = config.capture.model_dump(exclude={"min_relation_fraction"})
-    return {"targets": target_plan(config).needed(), "capture": capture, "precision": config.precision,
-            "unlabeled": config.data.unlabeled_text, **({"seed": config.seed} if config.capture.augment.copies else {})}
+    return {
+        "targets": target_plan(config).needed(),
+        "capture": capture,
+        "precision": config.precision,
+        "unlabeled": config.data.unlabeled_text,
+        **({"seed": config.seed} if config.capture.augment.copies else {}),
+    }
 
 
 def run(ctx) -> dict:
@@ -76,8 +99,13 @@ def run(ctx) -> dict:
     estimate = estimate_bytes(layout, lengths[:relational]) + estimate_bytes(logits_layout, lengths[relational:])
     per_example = estimate / len(lengths)
     if ctx.is_main:
-        log.info("[capture] estimated cache size %.1f MB (%.0f bytes per example, stores %s, %s)",
-                 estimate / 1e6, per_example, layout.stores, layout.dtype)
+        log.info(
+            "[capture] estimated cache size %.1f MB (%.0f bytes per example, stores %s, %s)",
+            estimate / 1e6,
+            per_example,
+            layout.stores,
+            layout.dtype,
+        )
     keep = fit_budget(config.capture, layout, logits_layout, lengths, relational, estimate)
     if ctx.is_main:
         chosen = ctx.out / RELATION_ROWS
@@ -93,7 +121,10 @@ def run(ctx) -> dict:
     pad = pad_id(prepare)
     # Shards never mix rows with relation targets and logits-only (augmented) rows.
     ranges = shard_ranges(relational, config.capture.shard_size)
-    ranges += [(first + relational, last + relational) for first, last in shard_ranges(len(lengths) - relational, config.capture.shard_size)]
+    ranges += [
+        (first + relational, last + relational)
+        for first, last in shard_ranges(len(lengths) - relational, config.capture.shard_size)
+    ]
     mine = [i for i in range(len(ranges)) if i % ctx.world == ctx.rank]
     todo = [i for i in mine if not shard_complete(folder, i)]
     if len(todo) < len(mine):
@@ -103,40 +134,71 @@ def run(ctx) -> dict:
         first, last = ranges[shard]
         logits_only = first >= relational
         shard_plan, shard_layout = (logits_layout.plan, logits_layout) if logits_only else (plan, layout)
-        records, logits = capture_shard(teacher, train, first, last, shard_plan, shard_layout, config.capture.batch_size,
-                                        pad, ctx, on_batch=bar.update, relations=None if logits_only else keep)
+        records, logits = capture_shard(
+            teacher,
+            train,
+            first,
+            last,
+            shard_plan,
+            shard_layout,
+            config.capture.batch_size,
+            pad,
+            ctx,
+            on_batch=bar.update,
+            relations=None if logits_only else keep,
+        )
         bare = [] if logits_only or keep is None else np.flatnonzero(~keep[first:last]).tolist()
         write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first, logits_only, bare)
     bar.close()
     ctx.barrier()
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
     relation_examples = relational if keep is None else int(keep.sum())
-    summary = {"mode": "cached", "examples": int(len(lengths)), "cache_bytes": int(total),
-               "bytes_per_example": total / len(lengths), "estimated_bytes": estimate, "shards": len(ranges),
-               "stores": layout.stores, "dtype": layout.dtype, "logits_only_examples": int(len(lengths) - relation_examples),
-               "augmented_examples": augmented, "over_budget": keep is not None, "relation_examples": relation_examples,
-               "relation_fraction": relation_examples / max(relational, 1)}
+    summary = {
+        "mode": "cached",
+        "examples": int(len(lengths)),
+        "cache_bytes": int(total),
+        "bytes_per_example": total / len(lengths),
+        "estimated_bytes": estimate,
+        "shards": len(ranges),
+        "stores": layout.stores,
+        "dtype": layout.dtype,
+        "logits_only_examples": int(len(lengths) - relation_examples),
+        "augmented_examples": augmented,
+        "over_budget": keep is not None,
+        "relation_examples": relation_examples,
+        "relation_fraction": relation_examples / max(relational, 1),
+    }
     if ctx.is_main:
         write_index(folder, len(ranges), int(len(lengths)), layout)
         ctx.write_json("capture.json", summary)
-        ctx.log_metrics({"cache_bytes": total, "bytes_per_example": total / len(lengths), "examples": len(lengths),
-                         "relation_fraction": summary["relation_fraction"]})
-        log.info("[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths))
+        ctx.log_metrics(
+            {
+                "cache_bytes": total,
+                "bytes_per_example": total / len(lengths),
+                "examples": len(lengths),
+                "relation_fraction": summary["relation_fraction"],
+            }
+        )
+        log.info(
+            "[capture] %d examples, %.1f MB, %.0f bytes per example", len(lengths), total / 1e6, total / len(lengths)
+        )
     return {k: v for k, v in summary.items() if not isinstance(v, dict)}
 
 
 def cache_layouts(config, teacher_config, train: TrainingData) -> tuple:
     """(target plan, layout of the rows with relation targets, layout of the logits-only rows) for ``train``."""
     plan = target_plan(config, teacher_config)
-    stores = choose_stores(plan, train.lengths[:train.relational], teacher_config.hidden_size, config.capture.store)
+    stores = choose_stores(plan, train.lengths[: train.relational], teacher_config.hidden_size, config.capture.store)
     layout = CacheLayout(plan, teacher_config.num_labels, teacher_config.hidden_size, stores, config.capture.dtype)
-    logits_layout = CacheLayout(plan.logits_only(), teacher_config.num_labels, teacher_config.hidden_size, stores,
-                                config.capture.dtype)
+    logits_layout = CacheLayout(
+        plan.logits_only(), teacher_config.num_labels, teacher_config.hidden_size, stores, config.capture.dtype
+    )
     return plan, layout, logits_layout
 
 
-def fit_budget(cfg, layout: CacheLayout, logits_layout: CacheLayout, lengths: np.ndarray, relational: int,
-               estimate: int) -> np.ndarray | None:
+def fit_budget(
+    cfg, layout: CacheLayout, logits_layout: CacheLayout, lengths: np.ndarray, relational: int, estimate: int
+) -> np.ndarray | None:
     """None when the full cache fits capture.max_cache_gb; else which of the ``relational`` rows keep their relation
     targets (every row keeps its logits), or a CacheError when too few would (capture.min_relation_fraction)."""
     budget = cfg.max_cache_gb * 1e9
@@ -153,14 +215,32 @@ def fit_budget(cfg, layout: CacheLayout, logits_layout: CacheLayout, lengths: np
             "Set capture.mode=online (the teacher runs inside each training step, nothing stored), map fewer layers, "
             "shorten data.max_length, or raise capture.max_cache_gb."
         )
-    log.warning("[capture] the full cache would take %.2f GB, above capture.max_cache_gb=%g: storing logits for every "
-                "example and relation targets for %d of %d examples (%.1f%%, a seeded random subset); the others train "
-                "with CE + logit KD only", estimate / 1e9, cfg.max_cache_gb, int(keep.sum()), relational, 100 * fraction)
+    log.warning(
+        "[capture] the full cache would take %.2f GB, above capture.max_cache_gb=%g: storing logits for every "
+        "example and relation targets for %d of %d examples (%.1f%%, a seeded random subset); the others train "
+        "with CE + logit KD only",
+        estimate / 1e9,
+        cfg.max_cache_gb,
+        int(keep.sum()),
+        relational,
+        100 * fraction,
+    )
     return keep
 
 
-def capture_shard(teacher, data, first: int, last: int, plan, layout, batch_size: int, pad: int, dist,
-                  on_batch=None, relations: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
+def capture_shard(
+    teacher,
+    data,
+    first: int,
+    last: int,
+    plan,
+    layout,
+    batch_size: int,
+    pad: int,
+    dist,
+    on_batch=None,
+    relations: np.ndarray | None = None,
+) -> tuple[list[np.ndarray], np.ndarray]:
     """The teacher over examples [first, last) of ``data``: (per-example cache records, logits), in example order.
 
     Batches hold examples of similar length (less padding); ``dist`` is anything with ``device`` and
@@ -171,12 +251,14 @@ def capture_shard(teacher, data, first: int, last: int, plan, layout, batch_size
     by_length = first + np.argsort(lengths[first:last], kind="stable")
     records, logits = [None] * (last - first), np.zeros((last - first, teacher.config.num_labels), np.float32)
     for start in range(0, last - first, batch_size):
-        global_ids = by_length[start:start + batch_size]
+        global_ids = by_length[start : start + batch_size]
         batch = data.batch(global_ids, pad, dist.device)
         with dist.autocast():
             targets = teacher_targets(teacher, batch, plan)
         empty = set() if relations is None else set(np.flatnonzero(~relations[global_ids]).tolist())
-        batch_records = flatten_targets(targets, layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"], empty)
+        batch_records = flatten_targets(
+            targets, layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"], empty
+        )
         for i, record in zip(global_ids - first, batch_records):
             records[i] = record
         logits[global_ids - first] = targets["logits"].float().cpu().numpy()
@@ -195,15 +277,34 @@ def write_augmented(config, teacher, teacher_dir, prepare, folder) -> int:
     neighbours = {}
     if cfg.replace_prob > 0 and cfg.neighbours > 0:
         if config.teacher.model == "random":
-            log.info("[capture] augment: a random teacher's embeddings have no neighbours worth using; words are masked, never replaced")
+            log.info(
+                "[capture] augment: a random teacher's embeddings have no neighbours worth using; words are masked, never replaced"
+            )
         else:
-            neighbours = nearest_words(teacher.get_input_embeddings().weight.detach().cpu(),
-                                       word_candidates(tokenizer, train_ids), cfg.neighbours)
-    variants = augment(train_ids, cfg.copies, config.seed, mask_id=tokenizer.mask_token_id,
-                       continuation=continuation_mask(tokenizer), neighbours=neighbours, mask_prob=cfg.mask_prob,
-                       replace_prob=cfg.replace_prob, ngram_prob=cfg.ngram_prob,
-                       cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id)
+            neighbours = nearest_words(
+                teacher.get_input_embeddings().weight.detach().cpu(),
+                word_candidates(tokenizer, train_ids),
+                cfg.neighbours,
+            )
+    variants = augment(
+        train_ids,
+        cfg.copies,
+        config.seed,
+        mask_id=tokenizer.mask_token_id,
+        continuation=continuation_mask(tokenizer),
+        neighbours=neighbours,
+        mask_prob=cfg.mask_prob,
+        replace_prob=cfg.replace_prob,
+        ngram_prob=cfg.ngram_prob,
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+    )
     datasets.Dataset.from_dict({"input_ids": variants, "label": [-1] * len(variants)}).save_to_disk(str(folder))
-    log.info("[capture] augment: %d variants of %d training sentences (mean %.1f tokens; %d words with embedding neighbours)",
-             len(variants), len(train_ids), np.mean([len(v) for v in variants]) if variants else 0.0, len(neighbours))
+    log.info(
+        "[capture] augment: %d variants of %d training sentences (mean %.1f tokens; %d words with embedding neighbours)",
+        len(variants),
+        len(train_ids),
+        np.mean([len(v) for v in variants]) if variants else 0.0,
+        len(neighbours),
+    )
     return len(variants)

@@ -23,12 +23,25 @@ from transformers import set_seed
 from pipeline.cache import TeacherCache
 from pipeline.families import check_layer_windows, layer_types
 from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits, used_token_ids
-from pipeline.models import (build_student, count_parameters, encoder_layers, load_classifier, load_tokenizer, save_model,
-                             train_used_rows_only)
+from pipeline.models import (
+    build_student,
+    count_parameters,
+    encoder_layers,
+    load_classifier,
+    load_tokenizer,
+    save_model,
+    train_used_rows_only,
+)
 from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
-from pipeline.static_model import build_static_student, context_vectors, isolated_token_vectors, static_table, token_counts
+from pipeline.static_model import (
+    build_static_student,
+    context_vectors,
+    isolated_token_vectors,
+    static_table,
+    token_counts,
+)
 from pipeline.terms import some_parameters_may_get_no_gradient
 from pipeline.training import fit
 
@@ -50,11 +63,15 @@ def run(ctx) -> dict:
     for p in teacher.parameters():
         p.requires_grad_(False)
     if config.student.kind == "static":
-        student = static_student(config, teacher, tokenizer, TokenizedSplit(prepare, "train"), pad, ctx.device).to(ctx.device)
+        student = static_student(config, teacher, tokenizer, TokenizedSplit(prepare, "train"), pad, ctx.device).to(
+            ctx.device
+        )
     else:
         ffn_scores = None
         if config.student.ffn_size is not None:
-            ffn_scores = teacher_ffn_importance(teacher, TokenizedSplit(prepare, "train"), config, seed, pad, ctx.device)
+            ffn_scores = teacher_ffn_importance(
+                teacher, TokenizedSplit(prepare, "train"), config, seed, pad, ctx.device
+            )
         student = build_student(config, teacher, ffn_scores).to(ctx.device)
     if config.student.dropout is not None:
         for module in student.modules():
@@ -67,18 +84,31 @@ def run(ctx) -> dict:
         used = used_token_ids([*train.parts, validation], [pad, *tokenizer.all_special_ids])
         restore_table = train_used_rows_only(student, used)
         if ctx.is_main:
-            log.info("[distill] training %d of %d word-embedding rows (the token ids the training and validation data "
-                     "use; distill.used_embedding_rows)", len(used), student.config.vocab_size)
+            log.info(
+                "[distill] training %d of %d word-embedding rows (the token ids the training and validation data "
+                "use; distill.used_embedding_rows)",
+                len(used),
+                student.config.vocab_size,
+            )
     plan = target_plan(config, teacher.config)
-    if plan.pairs and plan.uses("attention"):  # ModernBERT: a sliding-window student layer must learn from a teacher layer it can imitate
+    if plan.pairs and plan.uses(
+        "attention"
+    ):  # ModernBERT: a sliding-window student layer must learn from a teacher layer it can imitate
         check_layer_windows(plan.pairs, student.config, teacher.config)
     objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(ctx.device)
     online = config.capture.mode == "online"
     cache = None if online else TeacherCache(capture_dir / "cache")
     if ctx.is_main:
-        log.info("[distill] student: %d layers, %.1fM parameters (teacher %.1fM); layer map (student, teacher) %s; "
-                 "relation heads %d; targets %s", student.config.num_hidden_layers, count_parameters(student) / 1e6,
-                 count_parameters(teacher) / 1e6, plan.pairs, plan.relation_heads, "online" if online else "cached")
+        log.info(
+            "[distill] student: %d layers, %.1fM parameters (teacher %.1fM); layer map (student, teacher) %s; "
+            "relation heads %d; targets %s",
+            student.config.num_hidden_layers,
+            count_parameters(student) / 1e6,
+            count_parameters(teacher) / 1e6,
+            plan.pairs,
+            plan.relation_heads,
+            "online" if online else "cached",
+        )
         if plan.pairs and (kinds := layer_types(student.config)) is not None:
             log.info("[distill] student layer kinds %s (teacher %s)", kinds, layer_types(teacher.config))
 
@@ -86,16 +116,28 @@ def run(ctx) -> dict:
         logits = predict_logits(prepared["model"], validation, config.evaluate.batch_size, ctx, pad)
         return {"accuracy": accuracy(logits, validation.labels)}
 
-    progress = fit(ctx, modules=objective.trained_modules(student), lengths=train.lengths,
-                   make_batch=lambda idx: train.batch(idx, pad, ctx.device),
-                   loss_fn=objective.loss_fn(cache=cache, teacher=teacher), validate=validate, settings=config.distill, seed=seed, tag="distill",
-                   find_unused_parameters=some_parameters_may_get_no_gradient(config.distill.loss))
+    progress = fit(
+        ctx,
+        modules=objective.trained_modules(student),
+        lengths=train.lengths,
+        make_batch=lambda idx: train.batch(idx, pad, ctx.device),
+        loss_fn=objective.loss_fn(cache=cache, teacher=teacher),
+        validate=validate,
+        settings=config.distill,
+        seed=seed,
+        tag="distill",
+        find_unused_parameters=some_parameters_may_get_no_gradient(config.distill.loss),
+    )
     student = ctx.unwrap(student).eval()
     if restore_table is not None:
         student = restore_table()  # the full table again: evaluate and export read a model like any other
-    summary = {"best_epoch": progress.best_epoch, "validation_accuracy": progress.best_metric,
-               "parameters": count_parameters(student), "layers": student.config.num_hidden_layers,
-               "world_size": ctx.world}
+    summary = {
+        "best_epoch": progress.best_epoch,
+        "validation_accuracy": progress.best_metric,
+        "parameters": count_parameters(student),
+        "layers": student.config.num_hidden_layers,
+        "world_size": ctx.world,
+    }
     if ctx.is_main:
         save_model(student, tokenizer, ctx.out / "student")
         ctx.write_json("history.json", progress.history)
@@ -114,14 +156,24 @@ def static_student(config, teacher, tokenizer, train: TokenizedSplit, pad: int, 
     counts = token_counts(train.input_ids, vocab)
     sums = None
     if config.student.static.context:
-        batches = (train.batch(order[i:i + 128], pad, device) for i in range(0, len(order), 128))
+        batches = (train.batch(order[i : i + 128], pad, device) for i in range(0, len(order), 128))
         sums, _ = context_vectors(encoder, batches, vocab, teacher.config.hidden_size)
     vectors, log_weights = static_table(isolated, sums, counts, config.student.static.dim)
-    log.info("[distill] static student: %d token vectors of width %d (%d of them from the teacher in context over %d "
-             "training texts), SIF pooling weights", vocab, config.student.static.dim,
-             int((counts > 0).sum()) if sums is not None else 0, len(train))
-    return build_static_student(teacher.config, config.student.static.dim, vectors, log_weights,
-                                max_positions=getattr(teacher.config, "max_position_embeddings", 512))
+    log.info(
+        "[distill] static student: %d token vectors of width %d (%d of them from the teacher in context over %d "
+        "training texts), SIF pooling weights",
+        vocab,
+        config.student.static.dim,
+        int((counts > 0).sum()) if sums is not None else 0,
+        len(train),
+    )
+    return build_static_student(
+        teacher.config,
+        config.student.static.dim,
+        vectors,
+        log_weights,
+        max_positions=getattr(teacher.config, "max_position_embeddings", 512),
+    )
 
 
 def teacher_ffn_importance(teacher, train: TokenizedSplit, config, seed: int, pad: int, device) -> dict:
@@ -129,8 +181,12 @@ def teacher_ffn_importance(teacher, train: TokenizedSplit, config, seed: int, pa
     count = min(len(train), config.student.ffn_importance_examples)
     sample = np.random.default_rng([seed, 7]).permutation(len(train))[:count]
     sample = sample[np.argsort(train.lengths[sample], kind="stable")]  # similar lengths per batch: little padding
-    batches = (train.batch(sample[i:i + 64], pad, device) for i in range(0, count, 64))
+    batches = (train.batch(sample[i : i + 64], pad, device) for i in range(0, count, 64))
     scores = ffn_importance(teacher, batches, encoder_layers(teacher))
-    log.info("[distill] FFN importance from %d training examples; keeping %d of %d neurons per layer",
-             count, config.student.ffn_size, len(scores[0]))
+    log.info(
+        "[distill] FFN importance from %d training examples; keeping %d of %d neurons per layer",
+        count,
+        config.student.ffn_size,
+        len(scores[0]),
+    )
     return scores

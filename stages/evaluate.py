@@ -46,33 +46,56 @@ def run(ctx) -> dict:
         return {}
     t_pred, s_pred = t_logits.argmax(-1), s_logits.argmax(-1)
     metrics = {
-        "split": "test", "examples": len(test),
-        "teacher": {**classification_report(test.labels, t_pred, names), "parameters": count_parameters(teacher),
-                    "layers": teacher.config.num_hidden_layers},
-        "student": {**classification_report(test.labels, s_pred, names), "parameters": count_parameters(student),
-                    "layers": student.config.num_hidden_layers},
+        "split": "test",
+        "examples": len(test),
+        "teacher": {
+            **classification_report(test.labels, t_pred, names),
+            "parameters": count_parameters(teacher),
+            "layers": teacher.config.num_hidden_layers,
+        },
+        "student": {
+            **classification_report(test.labels, s_pred, names),
+            "parameters": count_parameters(student),
+            "layers": student.config.num_hidden_layers,
+        },
         "agreement": float((t_pred == s_pred).mean()),
         "majority_class_accuracy": float(np.bincount(test.labels).max() / len(test)),
     }
     metrics["retention"] = metrics["student"]["accuracy"] / max(metrics["teacher"]["accuracy"], 1e-12)
     metrics["compression"] = metrics["teacher"]["parameters"] / metrics["student"]["parameters"]
     for who in ("teacher", "student"):
-        plot_confusion(np.array(metrics[who]["confusion_matrix"]), names, ctx.out / f"confusion_{who}.png", f"{who} (test)")
-    metrics["attention_health"] = (attention_report(ctx, teacher, student, prepare, pad) if student.config.num_hidden_layers
-                                   else {"skipped": "the static student has no attention layers"})
+        plot_confusion(
+            np.array(metrics[who]["confusion_matrix"]), names, ctx.out / f"confusion_{who}.png", f"{who} (test)"
+        )
+    metrics["attention_health"] = (
+        attention_report(ctx, teacher, student, prepare, pad)
+        if student.config.num_hidden_layers
+        else {"skipped": "the static student has no attention layers"}
+    )
     with open(ctx.out / "predictions.jsonl", "w") as fh:
         for i in range(len(test)):
-            fh.write(json.dumps({"label": names[test.labels[i]], "teacher": names[t_pred[i]], "student": names[s_pred[i]]}) + "\n")
+            fh.write(
+                json.dumps({"label": names[test.labels[i]], "teacher": names[t_pred[i]], "student": names[s_pred[i]]})
+                + "\n"
+            )
     ctx.write_json("metrics.json", metrics)
     flat = {f"{who}/{k}": metrics[who][k] for who in ("teacher", "student") for k in ("accuracy", "macro_f1")}
     flat.update({"retention": metrics["retention"], "agreement": metrics["agreement"]})
     ctx.log_metrics(flat)
     for path in sorted(ctx.out.glob("*.png")) + [ctx.out / "metrics.json", ctx.out / "predictions.jsonl"]:
         ctx.log_artifact(path)
-    log.info("[evaluate] teacher acc %.4f, student acc %.4f, retention %.4f, agreement %.4f",
-             metrics["teacher"]["accuracy"], metrics["student"]["accuracy"], metrics["retention"], metrics["agreement"])
-    return {"teacher_accuracy": metrics["teacher"]["accuracy"], "student_accuracy": metrics["student"]["accuracy"],
-            "retention": metrics["retention"]}
+    log.info(
+        "[evaluate] teacher acc %.4f, student acc %.4f, retention %.4f, agreement %.4f",
+        metrics["teacher"]["accuracy"],
+        metrics["student"]["accuracy"],
+        metrics["retention"],
+        metrics["agreement"],
+    )
+    return {
+        "teacher_accuracy": metrics["teacher"]["accuracy"],
+        "student_accuracy": metrics["student"]["accuracy"],
+        "retention": metrics["retention"],
+    }
 
 
 @torch.no_grad()
@@ -91,14 +114,23 @@ def attention_report(ctx, teacher, student, prepare, pad) -> dict:
         heads = model.config.num_attention_heads
         report[who] = {}
         for layer in layers:
-            probs = attention_probs(captured[layer]["query"], captured[layer]["key"], batch["attention_mask"], heads,
-                                    attention_window(model.config, layer))
+            probs = attention_probs(
+                captured[layer]["query"],
+                captured[layer]["key"],
+                batch["attention_mask"],
+                heads,
+                attention_window(model.config, layer),
+            )
             outputs = probs @ split_heads(captured[layer]["value"].float(), heads)
             health = attention_health(probs, batch["attention_mask"], outputs)
             report[who][f"layer_{layer}"] = health
-            ctx.log_metrics({f"attention/{who}_layer{layer}_min_entropy": min(health["entropy_per_head"]),
-                                     f"attention/{who}_layer{layer}_norm_imbalance": health["output_norm_imbalance"],
-                                     f"attention/{who}_layer{layer}_nonfinite": health["nonfinite"]})
+            ctx.log_metrics(
+                {
+                    f"attention/{who}_layer{layer}_min_entropy": min(health["entropy_per_head"]),
+                    f"attention/{who}_layer{layer}_norm_imbalance": health["output_norm_imbalance"],
+                    f"attention/{who}_layer{layer}_nonfinite": health["nonfinite"],
+                }
+            )
             if health["low_entropy_heads"]:
                 log.info("[evaluate] %s layer %d: near-one-hot heads %s", who, layer, health["low_entropy_heads"])
             captured[layer]["probs"] = probs
@@ -110,8 +142,11 @@ def attention_report(ctx, teacher, student, prepare, pad) -> dict:
         n = int(batch["attention_mask"][example].sum())
         tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][example, :n].tolist())
         for s, t in plan.pairs:
-            plot_attention_pair(teacher_probs[t][example, :, :n, :n].mean(0).cpu().numpy(),
-                                student_probs[s][example, :, :n, :n].mean(0).cpu().numpy(), tokens,
-                                ctx.out / f"attention_ex{example}_s{s}_t{t}.png",
-                                f"validation example {example}: teacher layer {t} vs student layer {s} (head mean)")
+            plot_attention_pair(
+                teacher_probs[t][example, :, :n, :n].mean(0).cpu().numpy(),
+                student_probs[s][example, :, :n, :n].mean(0).cpu().numpy(),
+                tokens,
+                ctx.out / f"attention_ex{example}_s{s}_t{t}.png",
+                f"validation example {example}: teacher layer {t} vs student layer {s} (head mean)",
+            )
     return report

@@ -47,14 +47,31 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.export import executorch_program, from_text, mobile, ort_format, text_model
-from pipeline.export.figures import (ALIAS, Figures, bundle_metadata, bundle_name, export_summary, metrics_json, mlflow_metrics,
-                                     registered_description)
+from pipeline.export.figures import (
+    ALIAS,
+    Figures,
+    bundle_metadata,
+    bundle_name,
+    export_summary,
+    metrics_json,
+    mlflow_metrics,
+    registered_description,
+)
 from pipeline.export.files import copy_predict_script, file_table, register_onnx, render_template, write_demo
 from pipeline.export.latency import compare_with_int8_teacher, latency_markdown, side_by_side
 from pipeline.export.readme import readme_values
 from pipeline.export.tokenizer import tokenizer_files, write_bundle_tokenizer
-from pipeline.export.variants import (Inputs, Shipped, choose_variant, export_student, export_teacher, quantize_dynamic,
-                                      quantize_static, read_records, shipped_graph)
+from pipeline.export.variants import (
+    Inputs,
+    Shipped,
+    choose_variant,
+    export_student,
+    export_teacher,
+    quantize_dynamic,
+    quantize_static,
+    read_records,
+    shipped_graph,
+)
 from pipeline.inference import TokenizedSplit, label_names, pad_id
 from pipeline.summary import headline_metrics
 from pipeline.timing import Laps
@@ -87,27 +104,54 @@ def run(ctx) -> dict:
     latency = side_by_side(seed, inputs, shipped, int8, static, pte, teacher, cfg)  # every model side by side
     laps.lap("latency")
     recommended, because = choose_variant(cfg, int8, static, latency["rows"])  # on one-text-per-call accuracy and speed
-    text = text_model.ship(shipped_graph(shipped, int8, static, recommended), shipped.tokenizer_json, shipped.facts,
-                           inputs.max_length, inputs.test_records, shipped.pad, out / "model.text.onnx")  # 4. text in
+    text = text_model.ship(
+        shipped_graph(shipped, int8, static, recommended),
+        shipped.tokenizer_json,
+        shipped.facts,
+        inputs.max_length,
+        inputs.test_records,
+        shipped.pad,
+        out / "model.text.onnx",
+    )  # 4. text in
     laps.lap("text-in model")
-    graphs = ([(v.path, v.logits) for v in (int8, static) if v]  # ORT format: the int8 graphs, fp32 when recommended
-              + ([(shipped.fp32_path, shipped.fp32_logits)] if recommended == "fp32" else []))
-    ort = ort_format.convert_and_check(graphs, shipped.test, shipped.pad, text, inputs.test_records, cfg.ort_target_platform,
-                                       out)
+    graphs = (
+        [(v.path, v.logits) for v in (int8, static) if v]  # ORT format: the int8 graphs, fp32 when recommended
+        + ([(shipped.fp32_path, shipped.fp32_logits)] if recommended == "fp32" else [])
+    )
+    ort = ort_format.convert_and_check(
+        graphs, shipped.test, shipped.pad, text, inputs.test_records, cfg.ort_target_platform, out
+    )
     checked = mobile.check_bundle(shipped, int8, static, recommended)  # what NNAPI and CoreML could take of each graph
     laps.lap("ORT format and mobile check")
-    peers = from_text.measure_bundle(ctx.input("baselines"), seed, cfg, inputs, shipped, int8, static, teacher, text,
-                                     recommended, out)  # from raw text, beside TF-IDF, fastText and static embeddings
+    peers = from_text.measure_bundle(
+        ctx.input("baselines"), seed, cfg, inputs, shipped, int8, static, teacher, text, recommended, out
+    )  # from raw text, beside TF-IDF, fastText and static embeddings
     laps.lap("from raw text beside the peers")
-    variants = {"onnx_fp32": shipped.fp32, **({"onnx_int8": int8.metrics} if int8 else {}),
-                **({"onnx_int8_static": static.metrics} if static else {})}
+    variants = {
+        "onnx_fp32": shipped.fp32,
+        **({"onnx_int8": int8.metrics} if int8 else {}),
+        **({"onnx_int8_static": static.metrics} if static else {}),
+    }
     figures = Figures(
-        examples=len(shipped.test), variants=variants, recommended=recommended, because=because, parity=shipped.parity,
-        quant=int8.setting if int8 else None, attempts=int8.attempts if int8 else [],
+        examples=len(shipped.test),
+        variants=variants,
+        recommended=recommended,
+        because=because,
+        parity=shipped.parity,
+        quant=int8.setting if int8 else None,
+        attempts=int8.attempts if int8 else [],
         static=static.setting if static else None,
-        trim=shipped.trim or {"enabled": False}, ort=ort, latency=latency, text_model=text, mobile=checked, from_text=peers,
+        trim=shipped.trim or {"enabled": False},
+        ort=ort,
+        latency=latency,
+        text_model=text,
+        mobile=checked,
+        from_text=peers,
         executorch=pte,
-        comparison=compare_with_int8_teacher(cfg, inputs.teacher, teacher.baseline, variants, recommended, latency["rows"]))
+        comparison=compare_with_int8_teacher(
+            cfg, inputs.teacher, teacher.baseline, variants, recommended, latency["rows"]
+        ),
+    )
     metadata = write_bundle(ctx, inputs, shipped, figures, mlflow_source(ctx))  # 5. the bundle files
     shutil.rmtree(work)
     ctx.write_json("metrics.json", metrics_json(figures))  # 6. metrics, MLflow
@@ -123,10 +167,17 @@ def run(ctx) -> dict:
 def read_inputs(ctx) -> Inputs:
     prepare, teacher, distill = ctx.input("prepare"), ctx.input("teacher"), ctx.input("distill")
     names = label_names(prepare)
-    return Inputs(prepare=prepare, teacher=teacher, student=distill / "student", names=names,
-                  labels={str(i): name for i, name in enumerate(names)}, pad=pad_id(prepare),
-                  max_length=json.loads((prepare / "stats.json").read_text())["max_length"],
-                  test=TokenizedSplit(prepare, "test"), test_records=read_records(prepare))
+    return Inputs(
+        prepare=prepare,
+        teacher=teacher,
+        student=distill / "student",
+        names=names,
+        labels={str(i): name for i, name in enumerate(names)},
+        pad=pad_id(prepare),
+        max_length=json.loads((prepare / "stats.json").read_text())["max_length"],
+        test=TokenizedSplit(prepare, "test"),
+        test_records=read_records(prepare),
+    )
 
 
 def fresh_folder(folder: Path) -> Path:
@@ -139,26 +190,44 @@ def mlflow_source(ctx) -> dict:
     """Where the bundle is tracked and registered (metadata.json "source"); registration needs MLflow on."""
     ids = ctx.mlflow_ids() or {}
     registered = bundle_name(ctx.config) if ctx.config.export.register_model and ids else None
-    return {"mlflow_tracking_uri": ids.get("tracking_uri", ""), "mlflow_experiment": ids.get("experiment"),
-            "mlflow_parent_run_id": ids.get("parent_run_id"), "mlflow_export_run_id": ids.get("stage_run_id"),
-            "registered_model": registered, "registered_alias": ALIAS if registered else None}
+    return {
+        "mlflow_tracking_uri": ids.get("tracking_uri", ""),
+        "mlflow_experiment": ids.get("experiment"),
+        "mlflow_parent_run_id": ids.get("parent_run_id"),
+        "mlflow_export_run_id": ids.get("stage_run_id"),
+        "registered_model": registered,
+        "registered_alias": ALIAS if registered else None,
+    }
 
 
 def write_bundle(ctx, inputs: Inputs, shipped: Shipped, figures: Figures, source: dict) -> dict:
     """The bundle's files besides the graphs; metadata.json last, with the sha256 of every other file. Returns the metadata."""
     out, latency = ctx.out / "bundle", figures.latency
-    ctx.write_json("bundle/latency.json", {"batch": 1, "machine": latency["machine"], **latency["load"],
-                                           "rows": latency["rows"], "skipped": latency["skipped"]})
+    ctx.write_json(
+        "bundle/latency.json",
+        {
+            "batch": 1,
+            "machine": latency["machine"],
+            **latency["load"],
+            "rows": latency["rows"],
+            "skipped": latency["skipped"],
+        },
+    )
     (out / "latency.md").write_text(latency_markdown(latency["rows"], latency["machine"], latency["load"]))
-    written = write_bundle_tokenizer(shipped.tokenizer_json, out / "tokenizer.json", out / "vocab.txt", inputs.max_length)
+    written = write_bundle_tokenizer(
+        shipped.tokenizer_json, out / "tokenizer.json", out / "vocab.txt", inputs.max_length
+    )
     if written != tokenizer_files(shipped.facts):
-        raise PipelineError(f"the bundle's tokenizer files {written} are not the ones metadata.json lists "
-                            f"({tokenizer_files(shipped.facts)})")
+        raise PipelineError(
+            f"the bundle's tokenizer files {written} are not the ones metadata.json lists "
+            f"({tokenizer_files(shipped.facts)})"
+        )
     ctx.write_json("bundle/labels.json", inputs.labels)
     copy_predict_script(out / "predict.py")
     metadata = bundle_metadata(ctx.config, inputs, shipped, figures, source)
-    metadata["demo"] = write_demo(out, metadata["name"], metadata["variants"][figures.recommended]["file"],
-                                  inputs.max_length)  # demo.html: the model in a browser (onnxruntime-web)
+    metadata["demo"] = write_demo(
+        out, metadata["name"], metadata["variants"][figures.recommended]["file"], inputs.max_length
+    )  # demo.html: the model in a browser (onnxruntime-web)
     if not metadata["demo"]["shipped"]:
         log.info("[export] no demo.html: %s", metadata["demo"]["why"])
     (out / "README.md").write_text(render_template("README.md", readme_values(ctx.config, metadata, latency)))
@@ -177,11 +246,20 @@ def register(ctx, figures: Figures, metadata: dict) -> dict | None:
     if not source["registered_model"]:
         return None
     chosen = metadata["variants"][figures.recommended]
-    registration = register_onnx(ctx.out / "bundle" / chosen["file"], source["mlflow_export_run_id"],
-                                 source["registered_model"], ALIAS, {
-        "variant": figures.recommended, "file": chosen["file"], "sha256": metadata["files"][chosen["file"]]["sha256"],
-        "test_accuracy": chosen["accuracy"], "config": ctx.config.name, "bundle_artifact_path": "bundle",
-    })
+    registration = register_onnx(
+        ctx.out / "bundle" / chosen["file"],
+        source["mlflow_export_run_id"],
+        source["registered_model"],
+        ALIAS,
+        {
+            "variant": figures.recommended,
+            "file": chosen["file"],
+            "sha256": metadata["files"][chosen["file"]]["sha256"],
+            "test_accuracy": chosen["accuracy"],
+            "config": ctx.config.name,
+            "bundle_artifact_path": "bundle",
+        },
+    )
     try:  # the headline figures and a description: niceties, MLflow refusing them never fails the export
         import mlflow  # imported by the tracker already when registration is on
 
@@ -189,21 +267,38 @@ def register(ctx, figures: Figures, metadata: dict) -> dict | None:
         if figures.comparison:
             headline["teacher_fp32_accuracy"] = figures.comparison["teacher_fp32_accuracy"]
         client, name, version = mlflow.MlflowClient(), source["registered_model"], registration["version"]
-        for key, value in {"pipeline_run_id": source["mlflow_parent_run_id"],
-                           **{k: f"{v:.6g}" for k, v in headline.items()}}.items():
+        for key, value in {
+            "pipeline_run_id": source["mlflow_parent_run_id"],
+            **{k: f"{v:.6g}" for k, v in headline.items()},
+        }.items():
             client.set_model_version_tag(name, version, key, value)
-        client.update_model_version(name, version, description=registered_description(ctx.config, figures, chosen, source))
+        client.update_model_version(
+            name, version, description=registered_description(ctx.config, figures, chosen, source)
+        )
     except Exception as exc:
-        log.warning("[export] the registered version's figures or description were not set (%s: %s)", type(exc).__name__,
-                    str(exc)[:200])
-    log.info("[export] registered %s version %s (alias '%s', %s)", source["registered_model"], registration["version"], ALIAS,
-             figures.recommended)
+        log.warning(
+            "[export] the registered version's figures or description were not set (%s: %s)",
+            type(exc).__name__,
+            str(exc)[:200],
+        )
+    log.info(
+        "[export] registered %s version %s (alias '%s', %s)",
+        source["registered_model"],
+        registration["version"],
+        ALIAS,
+        figures.recommended,
+    )
     return registration
 
 
 def log_outcome(figures: Figures, bundle: Path) -> None:
     fp32, int8 = figures.variants["onnx_fp32"], figures.variants.get("onnx_int8")
-    log.info("[export] parity max diff %.2e; fp32 acc %.4f (%.1f MB)%s; recommended %s; bundle %s",
-             figures.parity["max_abs_logit_diff"], fp32["accuracy"], fp32["file_mb"],
-             f", int8 acc {int8['accuracy']:.4f} ({int8['file_mb']:.1f} MB, {figures.quant['setting']})" if int8 else "",
-             figures.recommended, bundle)
+    log.info(
+        "[export] parity max diff %.2e; fp32 acc %.4f (%.1f MB)%s; recommended %s; bundle %s",
+        figures.parity["max_abs_logit_diff"],
+        fp32["accuracy"],
+        fp32["file_mb"],
+        f", int8 acc {int8['accuracy']:.4f} ({int8['file_mb']:.1f} MB, {figures.quant['setting']})" if int8 else "",
+        figures.recommended,
+        bundle,
+    )

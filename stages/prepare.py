@@ -47,32 +47,58 @@ def run(ctx) -> dict:
     splits, unlabeled = load_splits(cfg, ctx.config.seed, report=cleaning)
     if cleaning["missing_labels"]:
         values = ", ".join(f"{value} x{count}" for value, count in cleaning["missing_label_values"].items())
-        log.info("[prepare] %d of %d rows have no label (%s) and were dropped; data.missing_labels lists the values read as 'no label'",
-                 cleaning["missing_labels"], cleaning["rows_read"], values)
+        log.info(
+            "[prepare] %d of %d rows have no label (%s) and were dropped; data.missing_labels lists the values read as 'no label'",
+            cleaning["missing_labels"],
+            cleaning["rows_read"],
+            values,
+        )
     if cleaning["cut_texts"]:
-        log.info("[prepare] %d texts were longer than data.max_text_chars=%d characters and were cut before tokenization",
-                 cleaning["cut_texts"], cleaning["max_text_chars"])
+        log.info(
+            "[prepare] %d texts were longer than data.max_text_chars=%d characters and were cut before tokenization",
+            cleaning["cut_texts"],
+            cleaning["max_text_chars"],
+        )
     if cleaning["given"]:
-        log.info("[prepare] splits used as given: %s; carved from train: %s", ", ".join(cleaning["given"]),
-                 ", ".join(s for s in SPLITS if s not in cleaning["given"]) or "none")
+        log.info(
+            "[prepare] splits used as given: %s; carved from train: %s",
+            ", ".join(cleaning["given"]),
+            ", ".join(s for s in SPLITS if s not in cleaning["given"]) or "none",
+        )
         for split, shared in cleaning["train_texts_in_other_splits"].items():
             if shared:
-                log.warning("[prepare] %d %s texts also appear in train (kept: the splits are used as given)", shared, split)
+                log.warning(
+                    "[prepare] %d %s texts also appear in train (kept: the splits are used as given)", shared, split
+                )
     # label_names fixes the ids (id i is label_names[i], as in a teacher fine-tuned on them); else alphabetical.
     label_names = list(cfg.label_names) if cfg.label_names else sorted(set(splits["train"]["label"]))
     label_ids = {name: i for i, name in enumerate(label_names)}
     tokenizer = load_tokenizer(tokenizer_reference(ctx.config), ctx.config.teacher.trust_remote_code)
 
-    stats = {"label_names": label_names, "pad_token_id": tokenizer.pad_token_id, "max_length": cfg.max_length,
-             "source": cfg.source, "rows": {k: cleaning[k] for k in ("rows_read", "missing_labels", "empty_texts", "duplicates")},
-             "missing_label_values": cleaning["missing_label_values"], "max_text_chars": cleaning["max_text_chars"],
-             "cut_texts": cleaning["cut_texts"], "given_splits": cleaning["given"], "splits": {}}
+    stats = {
+        "label_names": label_names,
+        "pad_token_id": tokenizer.pad_token_id,
+        "max_length": cfg.max_length,
+        "source": cfg.source,
+        "rows": {k: cleaning[k] for k in ("rows_read", "missing_labels", "empty_texts", "duplicates")},
+        "missing_label_values": cleaning["missing_label_values"],
+        "max_text_chars": cleaning["max_text_chars"],
+        "cut_texts": cleaning["cut_texts"],
+        "given_splits": cleaning["given"],
+        "splits": {},
+    }
     # Sentence pairs for a teacher with segment embeddings carry token_type_ids; single sentences never do
     # (every model then defaults them to 0), so single-sentence outputs are as before.
-    segments = bool(cfg.text_pair_column) and uses_segment_ids(tokenizer, teacher_model_config(ctx.config, len(tokenizer)))
+    segments = bool(cfg.text_pair_column) and uses_segment_ids(
+        tokenizer, teacher_model_config(ctx.config, len(tokenizer))
+    )
     if segments:
         stats["token_type_ids"] = True
-        log.info("[prepare] sentence pairs: token_type_ids stored (0 for %s, 1 for %s)", cfg.text_column, cfg.text_pair_column)
+        log.info(
+            "[prepare] sentence pairs: token_type_ids stored (0 for %s, 1 for %s)",
+            cfg.text_column,
+            cfg.text_pair_column,
+        )
     max_length = cfg.max_length
     bars = sys.stderr.isatty()  # as the stage context's progress bars: in terminals, not in CI logs
 
@@ -82,25 +108,48 @@ def run(ctx) -> dict:
     total_truncated = 0
     for split in SPLITS:
         part = splits[split]
-        write_records(ctx.out / f"{split}.jsonl", part[["text", "label"] + (["text_pair"] if "text_pair" in part else [])])
-        facts = tokenize_to_disk(encode, part["text"], part["text_pair"] if "text_pair" in part else None,
-                                 part["label"].map(label_ids).to_numpy(), ctx.out / "tokenized" / split,
-                                 desc=f"tokenize {split}", progress=bars, segments=segments)
+        write_records(
+            ctx.out / f"{split}.jsonl", part[["text", "label"] + (["text_pair"] if "text_pair" in part else [])]
+        )
+        facts = tokenize_to_disk(
+            encode,
+            part["text"],
+            part["text_pair"] if "text_pair" in part else None,
+            part["label"].map(label_ids).to_numpy(),
+            ctx.out / "tokenized" / split,
+            desc=f"tokenize {split}",
+            progress=bars,
+            segments=segments,
+        )
         total_truncated += facts["truncated"]
         counts = part["label"].value_counts()
         stats["splits"][split] = {
-            "examples": len(part), "truncated": facts["truncated"],
+            "examples": len(part),
+            "truncated": facts["truncated"],
             "groups": int(part["group"].nunique()) if "group" in part else None,
             "class_counts": {name: int(counts.get(name, 0)) for name in label_names},
-            "mean_tokens": facts["mean_tokens"], "max_tokens": facts["max_tokens"],
+            "mean_tokens": facts["mean_tokens"],
+            "max_tokens": facts["max_tokens"],
         }
     if unlabeled is not None and len(unlabeled):
-        facts = tokenize_to_disk(encode, unlabeled["text"], None, [-1] * len(unlabeled), ctx.out / "tokenized" / "unlabeled",
-                                 desc="tokenize unlabeled", progress=bars, segments=segments)
+        facts = tokenize_to_disk(
+            encode,
+            unlabeled["text"],
+            None,
+            [-1] * len(unlabeled),
+            ctx.out / "tokenized" / "unlabeled",
+            desc="tokenize unlabeled",
+            progress=bars,
+            segments=segments,
+        )
         unlabeled.to_json(ctx.out / "unlabeled.jsonl", orient="records", lines=True, force_ascii=False)
         stats["splits"]["unlabeled"] = {"examples": facts["examples"]}
     if total_truncated:
-        log.info("[prepare] %d texts were longer than data.max_length=%d tokens and were truncated", total_truncated, cfg.max_length)
+        log.info(
+            "[prepare] %d texts were longer than data.max_length=%d tokens and were truncated",
+            total_truncated,
+            cfg.max_length,
+        )
     ctx.write_json("labels.json", {str(i): name for i, name in enumerate(label_names)})
     ctx.write_json("stats.json", stats)
     ctx.log_artifact(ctx.out / "stats.json")
@@ -110,7 +159,12 @@ def run(ctx) -> dict:
     summary["cut_texts"] = cleaning["cut_texts"]
     ctx.log_metrics({k: v for k, v in summary.items()})
     for split in SPLITS:
-        log.info("[prepare] %s: %d examples, classes %s", split, stats["splits"][split]["examples"], stats["splits"][split]["class_counts"])
+        log.info(
+            "[prepare] %s: %d examples, classes %s",
+            split,
+            stats["splits"][split]["examples"],
+            stats["splits"][split]["class_counts"],
+        )
     return summary
 
 
@@ -118,5 +172,5 @@ def write_records(path, frame, chunk: int = 10_000) -> None:
     """One JSON object per row, written a chunk of rows at a time (never the whole split as Python dicts)."""
     with open(path, "w", encoding="utf-8") as fh:
         for start in range(0, len(frame), chunk):
-            for record in frame.iloc[start:start + chunk].to_dict("records"):
+            for record in frame.iloc[start : start + chunk].to_dict("records"):
                 fh.write(json.dumps(record, ensure_ascii=False) + "\n")

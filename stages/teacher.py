@@ -18,8 +18,13 @@ import logging
 from transformers import set_seed
 
 from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits, used_token_ids
-from pipeline.models import (build_teacher_for_finetune, load_tokenizer, save_model, tokenizer_reference,
-                             train_used_rows_only)
+from pipeline.models import (
+    build_teacher_for_finetune,
+    load_tokenizer,
+    save_model,
+    tokenizer_reference,
+    train_used_rows_only,
+)
 from pipeline.training import cross_entropy_loss, fit
 
 log = logging.getLogger("pipeline")
@@ -44,15 +49,29 @@ def run(ctx) -> dict:
 
     if config.teacher.finetune and config.teacher.epochs > 0:
         restore_table = None
-        if config.teacher.used_embedding_rows:  # a smaller gradient and AdamW state (bench/results/roofline_bert_small.md)
+        if (
+            config.teacher.used_embedding_rows
+        ):  # a smaller gradient and AdamW state (bench/results/roofline_bert_small.md)
             used = used_token_ids([train, validation], [pad, *tokenizer.all_special_ids])
             restore_table = train_used_rows_only(model, used)
             if ctx.is_main:
-                log.info("[teacher] fine-tuning %d of %d word-embedding rows (the token ids the train and validation "
-                         "splits use; teacher.used_embedding_rows)", len(used), model.config.vocab_size)
-        progress = fit(ctx, modules={"model": model}, lengths=train.lengths,
-                       make_batch=lambda idx: train.batch(idx, pad, ctx.device), loss_fn=cross_entropy_loss,
-                       validate=validate, settings=config.teacher, seed=config.seed, tag="teacher")
+                log.info(
+                    "[teacher] fine-tuning %d of %d word-embedding rows (the token ids the train and validation "
+                    "splits use; teacher.used_embedding_rows)",
+                    len(used),
+                    model.config.vocab_size,
+                )
+        progress = fit(
+            ctx,
+            modules={"model": model},
+            lengths=train.lengths,
+            make_batch=lambda idx: train.batch(idx, pad, ctx.device),
+            loss_fn=cross_entropy_loss,
+            validate=validate,
+            settings=config.teacher,
+            seed=config.seed,
+            tag="teacher",
+        )
         model = ctx.unwrap(model)
         if restore_table is not None:
             model = restore_table()  # the full table again, trained rows written back: the teacher saved is ordinary
@@ -62,8 +81,12 @@ def run(ctx) -> dict:
     model.eval()
     val_acc = validate()["accuracy"]
     test_acc = accuracy(predict_logits(model, test, config.evaluate.batch_size, ctx, pad), test.labels)
-    metrics = {"validation_accuracy": val_acc, "test_accuracy": test_acc, "best_epoch": best_epoch,
-               "parameters": sum(p.numel() for p in model.parameters())}
+    metrics = {
+        "validation_accuracy": val_acc,
+        "test_accuracy": test_acc,
+        "best_epoch": best_epoch,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     if ctx.is_main:
         save_model(model, tokenizer, ctx.out / "model")
         ctx.write_json("metrics.json", metrics)

@@ -93,8 +93,10 @@ class BundleClassifier:
             raise PredictError(f"bundle folder {bundle} {problem} (expected the folder holding metadata.json)")
         for name in ("metadata.json", "labels.json", "tokenizer.json"):
             if not (bundle / name).is_file():
-                raise PredictError(f"{bundle / name} is missing: a bundle folder holds metadata.json, labels.json, "
-                                   f"tokenizer.json and the model files; {REBUILD}")
+                raise PredictError(
+                    f"{bundle / name} is missing: a bundle folder holds metadata.json, labels.json, "
+                    f"tokenizer.json and the model files; {REBUILD}"
+                )
         self.metadata = read_json(bundle / "metadata.json")
         labels = read_json(bundle / "labels.json")
         try:
@@ -108,16 +110,22 @@ class BundleClassifier:
             if model is None:  # the recommended file, as metadata.json names it: it must be a file of this bundle
                 model = variants[self.metadata["recommended"]]["file"]
                 if not inside_bundle(bundle, model):
-                    raise PredictError(f"metadata.json names {model!r} as the recommended model, which is not a file "
-                                       f"inside the bundle folder {bundle}: refusing to load it; {REBUILD}")
+                    raise PredictError(
+                        f"metadata.json names {model!r} as the recommended model, which is not a file "
+                        f"inside the bundle folder {bundle}: refusing to load it; {REBUILD}"
+                    )
             path = Path(model) if Path(model).is_absolute() or Path(model).exists() else bundle / model
             inside = path.resolve().parent == bundle.resolve()  # a digest describes the bundle's own file only
             self.recorded_sha256 = self.metadata.get("files", {}).get(path.name, {}).get("sha256") if inside else None
-            shipped = sorted({v[k] for v in variants.values() for k in ("file", "ort_file") if v.get(k)}
-                             | {v["file"] for v in (self.metadata.get("executorch") or {}).get("variants", {}).values()})
+            shipped = sorted(
+                {v[k] for v in variants.values() for k in ("file", "ort_file") if v.get(k)}
+                | {v["file"] for v in (self.metadata.get("executorch") or {}).get("variants", {}).values()}
+            )
             self.text_pairs = self.metadata.get("text_pairs")  # None in bundles older than the field: not checked
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise PredictError(f"{bundle / 'metadata.json'} is incomplete ({type(exc).__name__}: {exc}); {REBUILD}") from None
+            raise PredictError(
+                f"{bundle / 'metadata.json'} is incomplete ({type(exc).__name__}: {exc}); {REBUILD}"
+            ) from None
         try:
             self.tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises a bare Exception
@@ -144,16 +152,25 @@ class BundleClassifier:
         try:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own Exception subclasses (InvalidProtobuf, Fail, ...)
-            damaged = f"; its sha256 differs from metadata.json, so the file is damaged: {REBUILD}" \
-                if self.recorded_sha256 not in (None, self.sha256) else ""
-            raise PredictError(f"{path} is not an ONNX or ORT-format model onnxruntime {ort.__version__} can load "
-                               f"({str(exc).strip()}){damaged}") from None
+            damaged = (
+                f"; its sha256 differs from metadata.json, so the file is damaged: {REBUILD}"
+                if self.recorded_sha256 not in (None, self.sha256)
+                else ""
+            )
+            raise PredictError(
+                f"{path} is not an ONNX or ORT-format model onnxruntime {ort.__version__} can load "
+                f"({str(exc).strip()}){damaged}"
+            ) from None
         inputs = [i.name for i in self.session.get_inputs()]
-        if inputs not in (["input_ids", "attention_mask"], ["input_ids", "attention_mask", "token_type_ids"]) \
-                or "logits" not in [o.name for o in self.session.get_outputs()]:
-            raise PredictError(f"{path} is not this bundle's classifier: inputs {inputs}, outputs "
-                               f"{[o.name for o in self.session.get_outputs()]} "
-                               "(expected input_ids, attention_mask[, token_type_ids] -> logits)")
+        if inputs not in (
+            ["input_ids", "attention_mask"],
+            ["input_ids", "attention_mask", "token_type_ids"],
+        ) or "logits" not in [o.name for o in self.session.get_outputs()]:
+            raise PredictError(
+                f"{path} is not this bundle's classifier: inputs {inputs}, outputs "
+                f"{[o.name for o in self.session.get_outputs()]} "
+                "(expected input_ids, attention_mask[, token_type_ids] -> logits)"
+            )
         self.segments = "token_type_ids" in inputs  # a sentence-pair model with segment embeddings
 
     def encode(self, texts: list[str], pairs: list[str] | None = None) -> dict:
@@ -178,29 +195,42 @@ class BundleClassifier:
         if batch_size < 1:  # a negative step would silently classify nothing
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
         if self.text_pairs is False and pairs is not None:
-            raise PredictError("this bundle's model classifies single texts (metadata.json text_pairs: false), but a "
-                               "second text was given (--pair, or text_pair in the --eval records): drop it")
+            raise PredictError(
+                "this bundle's model classifies single texts (metadata.json text_pairs: false), but a "
+                "second text was given (--pair, or text_pair in the --eval records): drop it"
+            )
         if self.text_pairs and pairs is None and texts:
-            raise PredictError("this bundle's model classifies sentence pairs (metadata.json text_pairs: true): give "
-                               "one --pair per text (or text_pair in every --eval record)")
+            raise PredictError(
+                "this bundle's model classifies sentence pairs (metadata.json text_pairs: true): give "
+                "one --pair per text (or text_pair in every --eval record)"
+            )
         if self.executorch:
             batch_size = 1  # a .pte takes one text per call
         parts = []
         for start in range(0, len(texts), batch_size):
-            batch_pairs = pairs[start:start + batch_size] if pairs is not None else None
-            parts.append(self.session.run(["logits"], self.encode(texts[start:start + batch_size], batch_pairs))[0])
+            batch_pairs = pairs[start : start + batch_size] if pairs is not None else None
+            parts.append(self.session.run(["logits"], self.encode(texts[start : start + batch_size], batch_pairs))[0])
         return np.concatenate(parts) if parts else np.zeros((0, len(self.labels)), dtype=np.float32)
 
     def predict(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 1) -> list[dict]:
         logits = self.logits(texts, pairs, batch_size)
         shifted = np.exp(logits - logits.max(-1, keepdims=True))
         probs = shifted / shifted.sum(-1, keepdims=True)  # softmax: logits -> probabilities
-        return [{"label": self.labels[int(p.argmax())], "probabilities": dict(zip(self.labels, map(float, p)))}
-                for p in probs]
+        return [
+            {"label": self.labels[int(p.argmax())], "probabilities": dict(zip(self.labels, map(float, p)))}
+            for p in probs
+        ]
 
 
-JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-              type(None): "null"}
+JSON_TYPES = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -232,8 +262,10 @@ def read_jsonl(path: Path) -> list[dict]:
         if "text_pair" in record and not isinstance(record["text_pair"], str):
             raise PredictError(f'{where} has a non-string "text_pair"; expected {expected}')
         if records and ("text_pair" in record) != ("text_pair" in records[0]):  # pairs are all or nothing
-            raise PredictError(f'{where} {"has" if "text_pair" in record else "lacks"} "text_pair", unlike the first '
-                               f"record: give it on every line or none")
+            raise PredictError(
+                f'{where} {"has" if "text_pair" in record else "lacks"} "text_pair", unlike the first '
+                f"record: give it on every line or none"
+            )
         records.append(record)
     if not records:
         raise PredictError(f"--eval file {path} has no records; expected {expected}")
@@ -249,8 +281,10 @@ class ExecuTorchSession:
             from executorch.extension.pybindings import portable_lib
             from executorch.runtime import Runtime
         except ImportError:
-            raise PredictError(f"{path} is an ExecuTorch program: pip install executorch to run it from Python "
-                               "(the .onnx and .ort files need only onnxruntime)") from None
+            raise PredictError(
+                f"{path} is an ExecuTorch program: pip install executorch to run it from Python "
+                "(the .onnx and .ort files need only onnxruntime)"
+            ) from None
         if threads:  # before any program is loaded: a loaded program keeps the pool it was loaded with
             portable_lib._unsafe_reset_threadpool(threads)
         self.torch = torch
@@ -274,8 +308,17 @@ def probe_model(bundle: Path, path: Path, damaged: bool) -> None:
     import subprocess
 
     runtime = "ExecuTorch" if path.suffix == ".pte" else f"onnxruntime {ort.__version__}"
-    command = [sys.executable, str(Path(__file__).resolve()), "--bundle", str(bundle), "--model", str(path),
-               "--threads", "1", "--probe-only"]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--bundle",
+        str(bundle),
+        "--model",
+        str(path),
+        "--threads",
+        "1",
+        "--probe-only",
+    ]
     try:
         child = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -283,7 +326,7 @@ def probe_model(bundle: Path, path: Path, damaged: bool) -> None:
     if child.returncode == 0:
         return
     lines = [line for line in child.stderr.splitlines() if line.strip()]
-    said = next((line[len("error: "):] for line in lines if line.startswith("error: ")), None)
+    said = next((line[len("error: ") :] for line in lines if line.startswith("error: ")), None)
     if said is not None and child.returncode == 2:
         raise PredictError(said)
     if child.returncode < 0:
@@ -294,8 +337,11 @@ def probe_model(bundle: Path, path: Path, damaged: bool) -> None:
         what = f"{runtime} ended the process with {name} while loading or running it"
     else:
         what = f"loading or running it failed ({lines[-1].strip()[:300] if lines else f'exit {child.returncode}'})"
-    rebuild = f"its sha256 differs from metadata.json, so the file is damaged: {REBUILD}" if damaged else \
-        "give a model file exported for this bundle"
+    rebuild = (
+        f"its sha256 differs from metadata.json, so the file is damaged: {REBUILD}"
+        if damaged
+        else "give a model file exported for this bundle"
+    )
     raise PredictError(f"{path} is not a model {runtime} can run: {what}; {rebuild}")
 
 
@@ -303,13 +349,19 @@ def evaluate(classifier: BundleClassifier, records: list[dict], batch_size: int)
     index = {name: i for i, name in enumerate(classifier.labels)}
     unknown = sorted({r["label"] for r in records} - set(index))
     if unknown:
-        raise PredictError(f"labels {unknown} in the --eval file are not in labels.json (expected one of {classifier.labels})")
+        raise PredictError(
+            f"labels {unknown} in the --eval file are not in labels.json (expected one of {classifier.labels})"
+        )
     texts = [r["text"] for r in records]
     pairs = [r["text_pair"] for r in records] if "text_pair" in records[0] else None
     predicted = classifier.logits(texts, pairs, batch_size).argmax(-1)
     gold = np.array([index[r["label"]] for r in records])
-    return {"model": classifier.model_path.name, "examples": len(records),
-            "accuracy": float((predicted == gold).mean()), "correct": int((predicted == gold).sum())}
+    return {
+        "model": classifier.model_path.name,
+        "examples": len(records),
+        "accuracy": float((predicted == gold).mean()),
+        "correct": int((predicted == gold).sum()),
+    }
 
 
 def check_sha256(classifier: BundleClassifier, verify: bool) -> None:
@@ -317,11 +369,15 @@ def check_sha256(classifier: BundleClassifier, verify: bool) -> None:
     name = classifier.model_path.name
     if classifier.recorded_sha256 is None:
         if verify:
-            raise PredictError(f"--verify: metadata.json records no sha256 for {classifier.model_path} "
-                               f"(only files inside the bundle folder that the export wrote are listed)")
+            raise PredictError(
+                f"--verify: metadata.json records no sha256 for {classifier.model_path} "
+                f"(only files inside the bundle folder that the export wrote are listed)"
+            )
     elif classifier.sha256 != classifier.recorded_sha256:
-        message = (f"{name} has sha256 {classifier.sha256}, but metadata.json records {classifier.recorded_sha256}: "
-                   f"the file changed after export")
+        message = (
+            f"{name} has sha256 {classifier.sha256}, but metadata.json records {classifier.recorded_sha256}: "
+            f"the file changed after export"
+        )
         if verify:
             raise PredictError(f"--verify: {message}; {REBUILD}")
         print(f"warning: {message} (--verify makes this an error)", file=sys.stderr)
@@ -342,8 +398,11 @@ def unlisted_files(bundle: Path, files: dict) -> list[str]:
         name = path.relative_to(bundle).as_posix()
         if name in files or name == "metadata.json" or not (path.is_file() or path.is_symlink()):
             continue
-        if path.parent.name == "__pycache__" and path.suffix == ".pyc" and \
-                (path.parent.parent / path.name.split(".")[0]).relative_to(bundle).as_posix() in scripts:
+        if (
+            path.parent.name == "__pycache__"
+            and path.suffix == ".pyc"
+            and (path.parent.parent / path.name.split(".")[0]).relative_to(bundle).as_posix() in scripts
+        ):
             continue
         unlisted.append(name)
     return unlisted
@@ -355,25 +414,33 @@ def verify_bundle(bundle: Path) -> int:
     bundle = Path(bundle)
     files = read_json(bundle / "metadata.json").get("files") if (bundle / "metadata.json").is_file() else None
     if not isinstance(files, dict) or not files:
-        raise PredictError(f"--verify: {bundle / 'metadata.json'} is missing or lists no files with their sha256; {REBUILD}")
+        raise PredictError(
+            f"--verify: {bundle / 'metadata.json'} is missing or lists no files with their sha256; {REBUILD}"
+        )
     outside = sorted(name for name in files if not inside_bundle(bundle, name))
     if outside:
-        raise PredictError(f"--verify: metadata.json lists {', '.join(map(repr, outside))}, outside the bundle folder "
-                           f"{bundle}: a bundle describes only its own files; {REBUILD}")
+        raise PredictError(
+            f"--verify: metadata.json lists {', '.join(map(repr, outside))}, outside the bundle folder "
+            f"{bundle}: a bundle describes only its own files; {REBUILD}"
+        )
     unlisted = unlisted_files(bundle, files)
     if unlisted:
         one = len(unlisted) == 1
-        raise PredictError(f"--verify: {', '.join(unlisted)} in {bundle} {'is a file' if one else 'are files'} "
-                           f"metadata.json does not list: the export did not write {'it' if one else 'them'}; remove "
-                           f"{'it' if one else 'them'} or {REBUILD}")
+        raise PredictError(
+            f"--verify: {', '.join(unlisted)} in {bundle} {'is a file' if one else 'are files'} "
+            f"metadata.json does not list: the export did not write {'it' if one else 'them'}; remove "
+            f"{'it' if one else 'them'} or {REBUILD}"
+        )
     for name, entry in sorted(files.items()):
         path = bundle / name
         if not path.is_file():
             raise PredictError(f"--verify: {name} is missing from {bundle} (metadata.json lists it); {REBUILD}")
         digest = sha256_file(path)
         if digest != entry.get("sha256"):
-            raise PredictError(f"--verify: {name} has sha256 {digest}, but metadata.json records {entry.get('sha256')}: "
-                               f"the file changed after export; {REBUILD}")
+            raise PredictError(
+                f"--verify: {name} has sha256 {digest}, but metadata.json records {entry.get('sha256')}: "
+                f"the file changed after export; {REBUILD}"
+            )
     return len(files)
 
 
@@ -392,18 +459,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("texts", nargs="*", help="texts to classify (one JSON line each is printed)")
     parser.add_argument("--model", help="model file in the bundle (default: the recommended variant in metadata.json)")
     parser.add_argument("--bundle", default=str(HERE), help="bundle folder (default: this file's folder)")
-    parser.add_argument("--pair", action="append", metavar="TEXT",
-                        help="second text of a sentence pair; give one --pair per text, in the texts' order")
+    parser.add_argument(
+        "--pair",
+        action="append",
+        metavar="TEXT",
+        help="second text of a sentence pair; give one --pair per text, in the texts' order",
+    )
     parser.add_argument("--eval", metavar="FILE.jsonl", help='accuracy on records {"text": ..., "label": <label name>}')
-    parser.add_argument("--batch-size", type=positive_int, default=1,
-                        help="texts per call (default 1, as an app calls the model, and what metadata.json's accuracies "
-                             "mean); larger batches are faster for bulk scoring, but dynamic int8 then scales "
-                             "activations per batch, so a few answers change with the other texts of the batch")
-    parser.add_argument("--threads", type=positive_int, default=None, help="onnxruntime intra-op threads (default: its own)")
-    parser.add_argument("--verify", action="store_true",
-                        help="exit 2 unless every file metadata.json lists has the sha256 recorded there")
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=1,
+        help="texts per call (default 1, as an app calls the model, and what metadata.json's accuracies "
+        "mean); larger batches are faster for bulk scoring, but dynamic int8 then scales "
+        "activations per batch, so a few answers change with the other texts of the batch",
+    )
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="onnxruntime intra-op threads (default: its own)"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="exit 2 unless every file metadata.json lists has the sha256 recorded there",
+    )
     parser.add_argument("--probe-only", action="store_true", help=argparse.SUPPRESS)  # probe_model's child process
-    args = parser.parse_intermixed_args(argv)  # texts and their --pair options interleaved: "a" --pair "b" "c" --pair "d"
+    args = parser.parse_intermixed_args(
+        argv
+    )  # texts and their --pair options interleaved: "a" --pair "b" "c" --pair "d"
     if args.probe_only:
         try:
             classifier = BundleClassifier(Path(args.bundle), args.model, args.threads, probe=False)
@@ -415,7 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.texts and not args.eval and not args.verify:
         parser.error("give texts to classify, --eval FILE.jsonl or --verify")
     if args.pair is not None and len(args.pair) != len(args.texts):
-        parser.error(f"--pair was given {len(args.pair)} time(s) for {len(args.texts)} text(s); give one --pair per text")
+        parser.error(
+            f"--pair was given {len(args.pair)} time(s) for {len(args.texts)} text(s); give one --pair per text"
+        )
     try:
         if args.verify:
             checked = verify_bundle(Path(args.bundle))
@@ -433,7 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for text, pair, result in zip(texts, pairs or [None] * len(texts), results):
-        print(json.dumps({"text": text, **({"text_pair": pair} if pair is not None else {}), **result}, ensure_ascii=False))
+        print(
+            json.dumps(
+                {"text": text, **({"text_pair": pair} if pair is not None else {}), **result}, ensure_ascii=False
+            )
+        )
     return 0
 
 

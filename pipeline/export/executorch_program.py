@@ -52,8 +52,13 @@ def version() -> str | None:
 
 # What building and running a program imports: an install that is there but broken (a missing or mismatched native
 # library, a torchao that does not fit) shows here, before anything is built.
-MODULES = ("executorch.exir", "executorch.backends.xnnpack.partition.xnnpack_partitioner", "executorch.runtime",
-           "executorch.extension.pybindings.portable_lib", "torchao.quantization")
+MODULES = (
+    "executorch.exir",
+    "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+    "executorch.runtime",
+    "executorch.extension.pybindings.portable_lib",
+    "torchao.quantization",
+)
 
 
 def unusable() -> str | None:
@@ -68,8 +73,10 @@ def unusable() -> str | None:
             importlib.import_module(name)
         except Exception as exc:  # ImportError, OSError from a native library, AttributeError from a version mismatch
             detail = " ".join(str(exc).split())[:300]
-            return (f"the executorch package {found} is installed but {name} cannot be imported ({type(exc).__name__}: "
-                    f"{detail}); reinstall it: {INSTALL}")
+            return (
+                f"the executorch package {found} is installed but {name} cannot be imported ({type(exc).__name__}: "
+                f"{detail}); reinstall it: {INSTALL}"
+            )
     return None
 
 
@@ -102,7 +109,9 @@ def export_pte(model, path: Path, max_length: int, int8_linears: bool = False) -
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
+            quantize_(
+                module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+            )
     bound = int(getattr(model.config, "max_position_embeddings", None) or max_length)
     length = min(16, max_length)
     example = (torch.ones(1, length, dtype=torch.long), torch.ones(1, length, dtype=torch.long))
@@ -115,14 +124,28 @@ def export_pte(model, path: Path, max_length: int, int8_linears: bool = False) -
     tmp = path.with_name(path.name + ".partial")
     tmp.write_bytes(program.buffer)
     tmp.replace(path)
-    delegated = sum(1 for node in program.exported_program().graph.nodes
-                    if node.op == "call_function" and "executorch_call_delegate" in str(node.target))
-    return {"file": path.name, "file_mb": path.stat().st_size / 1e6, "backend": "XNNPACK", "batch": 1,
-            "sequence": f"2..{bound} (dynamic; the tokenizer truncates to {max_length})", "int8_linears": int8_linears,
-            "quantization": ("torchao Int8DynamicActivationIntxWeightConfig (int8 per-channel weights, int8 dynamic "
-                             "per-token activations) on every Linear; embeddings fp32") if int8_linears else None,
-            "delegate_calls": delegated, "export_seconds": round(time.perf_counter() - started, 1),
-            "executorch": version()}
+    delegated = sum(
+        1
+        for node in program.exported_program().graph.nodes
+        if node.op == "call_function" and "executorch_call_delegate" in str(node.target)
+    )
+    return {
+        "file": path.name,
+        "file_mb": path.stat().st_size / 1e6,
+        "backend": "XNNPACK",
+        "batch": 1,
+        "sequence": f"2..{bound} (dynamic; the tokenizer truncates to {max_length})",
+        "int8_linears": int8_linears,
+        "quantization": (
+            "torchao Int8DynamicActivationIntxWeightConfig (int8 per-channel weights, int8 dynamic "
+            "per-token activations) on every Linear; embeddings fp32"
+        )
+        if int8_linears
+        else None,
+        "delegate_calls": delegated,
+        "export_seconds": round(time.perf_counter() - started, 1),
+        "executorch": version(),
+    }
 
 
 def runner(path: Path, threads: int | None = None):
@@ -144,6 +167,7 @@ def runner(path: Path, threads: int | None = None):
         ids = torch.from_numpy(np.ascontiguousarray(feeds["input_ids"]))
         mask = torch.from_numpy(np.ascontiguousarray(feeds["attention_mask"]))
         return method.execute((ids, mask))[0].numpy()
+
     return run
 
 
@@ -180,12 +204,17 @@ def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
     why = unusable()
     if why is not None:
         if cfg.executorch == "on":
-            raise PipelineError(f"export.executorch is on, but {why}; or set export.executorch: auto to build model.pte "
-                                "only where ExecuTorch is installed and works")
+            raise PipelineError(
+                f"export.executorch is on, but {why}; or set export.executorch: auto to build model.pte "
+                "only where ExecuTorch is installed and works"
+            )
         log.log(logging.INFO if version() is None else logging.WARNING, "[export] no model.pte: %s", why)
         return {"built": False, "why": why}
     if inputs.segments:
-        return {"built": False, "why": "sentence pairs: the .pte takes input_ids and attention_mask only (no token_type_ids)"}
+        return {
+            "built": False,
+            "why": "sentence pairs: the .pte takes input_ids and attention_mask only (no token_type_ids)",
+        }
     own = torch_logits(shipped.model, shipped.test, shipped.pad)  # the shipped PyTorch student, its own vocabulary
     variants, dropped = {}, {}
     for name, file, int8_linears in (("fp32", "model.pte", False), ("int8", "model.int8.pte", True)):
@@ -196,11 +225,15 @@ def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
             for leftover in (out / file, out / (file + ".partial")):
                 leftover.unlink(missing_ok=True)
             detail = " ".join(str(exc).split())[:400].replace("|", "/")
-            why = (f"ExecuTorch {version()} could not build or run {file} for this student ({type(exc).__name__}: "
-                   f"{detail})")
+            why = (
+                f"ExecuTorch {version()} could not build or run {file} for this student ({type(exc).__name__}: "
+                f"{detail})"
+            )
             if cfg.executorch == "on":
-                raise PipelineError(f"export.executorch is on, but {why}; set export.executorch: auto (or off) to "
-                                    "export without model.pte") from exc
+                raise PipelineError(
+                    f"export.executorch is on, but {why}; set export.executorch: auto (or off) to "
+                    "export without model.pte"
+                ) from exc
             if name == "int8" and variants:  # the fp32 program stands; the int8 one is recorded as not shipped
                 dropped[name] = {"file": file, "why": why}
                 log.warning("[export] no %s: %s", file, why)
@@ -210,29 +243,52 @@ def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
             log.warning("[export] no model.pte: %s", why)
             return {"built": False, "why": why}
         report = classification_report(shipped.test.labels, scores.argmax(-1), inputs.names)
-        info.update({"accuracy": report["accuracy"], "macro_f1": report["macro_f1"],
-                     "agreement_with_pytorch": float((scores.argmax(-1) == shipped.reference.argmax(-1)).mean()),
-                     "max_abs_logit_diff_vs_pytorch": float(np.abs(scores - own).max())})
+        info.update(
+            {
+                "accuracy": report["accuracy"],
+                "macro_f1": report["macro_f1"],
+                "agreement_with_pytorch": float((scores.argmax(-1) == shipped.reference.argmax(-1)).mean()),
+                "max_abs_logit_diff_vs_pytorch": float(np.abs(scores - own).max()),
+            }
+        )
         if name == "fp32" and info["max_abs_logit_diff_vs_pytorch"] > cfg.parity_tolerance:
             (out / file).unlink()
-            why = (f"model.pte does not compute what the PyTorch student computes: max |logit difference| "
-                   f"{info['max_abs_logit_diff_vs_pytorch']:.2e} on the test split, above export.parity_tolerance={cfg.parity_tolerance}")
+            why = (
+                f"model.pte does not compute what the PyTorch student computes: max |logit difference| "
+                f"{info['max_abs_logit_diff_vs_pytorch']:.2e} on the test split, above export.parity_tolerance={cfg.parity_tolerance}"
+            )
             log.warning("[export] no model.pte: %s", why)
             return {"built": False, "why": why}
         if name == "int8":
             info["drop_points"] = 100 * (variants["fp32"]["accuracy"] - info["accuracy"])
             if info["drop_points"] > cfg.max_int8_drop:
                 (out / file).unlink()
-                dropped[name] = {**info, "why": f"dropped {info['drop_points']:.2f} points against model.pte, above "
-                                                f"export.max_int8_drop={cfg.max_int8_drop}: not shipped"}
+                dropped[name] = {
+                    **info,
+                    "why": f"dropped {info['drop_points']:.2f} points against model.pte, above "
+                    f"export.max_int8_drop={cfg.max_int8_drop}: not shipped",
+                }
                 log.info("[export] %s %s", file, dropped[name]["why"])
                 continue
         variants[name] = info
-        log.info("[export] %s (ExecuTorch, XNNPACK%s): accuracy %.4f one text per call, %.1f MB, max |logit diff| vs "
-                 "PyTorch %.1e, lowered in %.0f s", file, ", int8 linears" if int8_linears else "", info["accuracy"],
-                 info["file_mb"], info["max_abs_logit_diff_vs_pytorch"], info["export_seconds"])
-    return {"built": True, "executorch": version(), "variants": variants, "not_shipped": dropped,
-            "tokenizer": "tokenizer.json (the app tokenizes, as for the ids-in ONNX model)",
-            "embeddings": "fp32 (8-bit embedding quantization has no ExecuTorch 1.5.1 kernel); the trimmed vocabulary "
-                          "is what keeps the table small" if (shipped.trim or {}).get("applied") else
-                          "fp32 (8-bit embedding quantization has no ExecuTorch 1.5.1 kernel)"}
+        log.info(
+            "[export] %s (ExecuTorch, XNNPACK%s): accuracy %.4f one text per call, %.1f MB, max |logit diff| vs "
+            "PyTorch %.1e, lowered in %.0f s",
+            file,
+            ", int8 linears" if int8_linears else "",
+            info["accuracy"],
+            info["file_mb"],
+            info["max_abs_logit_diff_vs_pytorch"],
+            info["export_seconds"],
+        )
+    return {
+        "built": True,
+        "executorch": version(),
+        "variants": variants,
+        "not_shipped": dropped,
+        "tokenizer": "tokenizer.json (the app tokenizes, as for the ids-in ONNX model)",
+        "embeddings": "fp32 (8-bit embedding quantization has no ExecuTorch 1.5.1 kernel); the trimmed vocabulary "
+        "is what keeps the table small"
+        if (shipped.trim or {}).get("applied")
+        else "fp32 (8-bit embedding quantization has no ExecuTorch 1.5.1 kernel)",
+    }

@@ -63,28 +63,55 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         "text_pairs": inputs.text_pairs,  # predict.py refuses a pair for a single-text model and vice versa
         "config": config.name,
         "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in input_names(inputs.segments)],
-        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(inputs.names)],
-                     "meaning": "unnormalised class scores (logits); apply softmax over the last axis for "
-                                "probabilities; argmax is the label index in labels.json"}],
+        "outputs": [
+            {
+                "name": "logits",
+                "dtype": "float32",
+                "shape": ["batch", len(inputs.names)],
+                "meaning": "unnormalised class scores (logits); apply softmax over the last axis for "
+                "probabilities; argmax is the label index in labels.json",
+            }
+        ],
         "dynamic_axes": {n: {"0": "batch", "1": "sequence"} for n in input_names(inputs.segments)},
         "opset": cfg.opset,
         "max_length": max_length,
         "max_position_embeddings": shipped.model.config.max_position_embeddings,
         "labels": inputs.labels,
-        "tokenizer": {**shipped.facts, "files": tokenizer_files(shipped.facts),
-                      "truncation": f"longest first, to {max_length} tokens including specials",
-                      "padding": f"right, with {role_token(shipped.facts, 'pad')}, to the longest sequence of the batch; "
-                                 "attention_mask 0 there"},
-        "variants": {v: {"file": f, "ort_file": o, **{k: variants[key][k] for k in
-                         ("accuracy", "macro_f1", "agreement_with_pytorch", "file_mb", "parameters", "batch_invariance")}}
-                     for v, (f, key, o) in variant_files.items()},
+        "tokenizer": {
+            **shipped.facts,
+            "files": tokenizer_files(shipped.facts),
+            "truncation": f"longest first, to {max_length} tokens including specials",
+            "padding": f"right, with {role_token(shipped.facts, 'pad')}, to the longest sequence of the batch; "
+            "attention_mask 0 there",
+        },
+        "variants": {
+            v: {
+                "file": f,
+                "ort_file": o,
+                **{
+                    k: variants[key][k]
+                    for k in (
+                        "accuracy",
+                        "macro_f1",
+                        "agreement_with_pytorch",
+                        "file_mb",
+                        "parameters",
+                        "batch_invariance",
+                    )
+                },
+            }
+            for v, (f, key, o) in variant_files.items()
+        },
         "accuracy_measured": "one text per call (batch 1, unpadded), as predict.py, the Kotlin/Swift/JS examples and the "
-                             "text-in model run it; batch_invariance says which variants answer the same in batches",
+        "text-in model run it; batch_invariance says which variants answer the same in batches",
         "recommended": figures.recommended,
         "recommended_because": figures.because,
         "int8_recommended": figures.int8_recommended,
-        "quantization": {**(figures.quant or {"enabled": False}), "attempts": figures.attempts,
-                         "max_int8_drop_points": cfg.max_int8_drop},
+        "quantization": {
+            **(figures.quant or {"enabled": False}),
+            "attempts": figures.attempts,
+            "max_int8_drop_points": cfg.max_int8_drop,
+        },
         "static_quantization": figures.static or {"enabled": False},
         "executorch": figures.executorch,
         "parity": {**figures.parity, "tolerance": cfg.parity_tolerance, "split": "test", "examples": figures.examples},
@@ -97,39 +124,77 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         "evaluation": {"split": "test", "examples": figures.examples},
         "latency_file": "latency.json",
         "source": source,
-        "runtime": {"onnxruntime": package_version("onnxruntime"), "onnx": package_version("onnx"), "torch": package_version("torch"),
-                    "transformers": package_version("transformers"), "tokenizers": package_version("tokenizers")},
+        "runtime": {
+            "onnxruntime": package_version("onnxruntime"),
+            "onnx": package_version("onnx"),
+            "torch": package_version("torch"),
+            "transformers": package_version("transformers"),
+            "tokenizers": package_version("tokenizers"),
+        },
     }
 
 
 def metrics_json(figures: Figures) -> dict:
     """metrics.json: per-variant test metrics (evaluate's keys) and the summary figures."""
-    return {"split": "test", "examples": figures.examples, **figures.variants, "recommended": figures.recommended,
-            "int8_recommended": figures.int8_recommended, "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
-            "latency": figures.latency["rows"], "vocab_trim": figures.trim, "versus_int8_teacher": figures.comparison,
-            "from_text": figures.from_text, "executorch": figures.executorch}
+    return {
+        "split": "test",
+        "examples": figures.examples,
+        **figures.variants,
+        "recommended": figures.recommended,
+        "int8_recommended": figures.int8_recommended,
+        "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
+        "latency": figures.latency["rows"],
+        "vocab_trim": figures.trim,
+        "versus_int8_teacher": figures.comparison,
+        "from_text": figures.from_text,
+        "executorch": figures.executorch,
+    }
 
 
 def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
     """export.json and the stage's summary figures (the manifest)."""
     fp32, comparison, quant = figures.variants["onnx_fp32"], figures.comparison, figures.quant
-    summary = {"opset": cfg.opset, "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
-               "parity_agreement": figures.parity["prediction_agreement"], "fp32_accuracy": fp32["accuracy"],
-               "fp32_mb": fp32["file_mb"], "recommended": figures.recommended,
-               "text_model_shipped": figures.text_model["shipped"]}
+    summary = {
+        "opset": cfg.opset,
+        "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
+        "parity_agreement": figures.parity["prediction_agreement"],
+        "fp32_accuracy": fp32["accuracy"],
+        "fp32_mb": fp32["file_mb"],
+        "recommended": figures.recommended,
+        "text_model_shipped": figures.text_model["shipped"],
+    }
     if comparison:
-        summary.update({"accuracy_kept": comparison["accuracy_kept"], "size_vs_int8_teacher": comparison["size_vs_int8_teacher"],
-                        **{f"speedup_vs_int8_teacher_{k.replace('=', '')}": v for k, v in comparison["speedup_vs_int8_teacher"].items()},
-                        "targets_met": comparison["all_met"]})
+        summary.update(
+            {
+                "accuracy_kept": comparison["accuracy_kept"],
+                "size_vs_int8_teacher": comparison["size_vs_int8_teacher"],
+                **{
+                    f"speedup_vs_int8_teacher_{k.replace('=', '')}": v
+                    for k, v in comparison["speedup_vs_int8_teacher"].items()
+                },
+                "targets_met": comparison["all_met"],
+            }
+        )
     if quant:
         int8 = figures.variants["onnx_int8"]
-        summary.update({"int8_accuracy": int8["accuracy"], "int8_mb": int8["file_mb"],
-                        "int8_drop_points": quant["drop_points"], "int8_setting": quant["setting"]})
+        summary.update(
+            {
+                "int8_accuracy": int8["accuracy"],
+                "int8_mb": int8["file_mb"],
+                "int8_drop_points": quant["drop_points"],
+                "int8_setting": quant["setting"],
+            }
+        )
     if figures.static:
         static = figures.variants["onnx_int8_static"]
-        summary.update({"int8_static_accuracy": static["accuracy"], "int8_static_mb": static["file_mb"],
-                        "int8_static_drop_points": figures.static["drop_points"],
-                        "int8_static_batch_invariant": static["batch_invariance"]["invariant"]})
+        summary.update(
+            {
+                "int8_static_accuracy": static["accuracy"],
+                "int8_static_mb": static["file_mb"],
+                "int8_static_drop_points": figures.static["drop_points"],
+                "int8_static_batch_invariant": static["batch_invariance"]["invariant"],
+            }
+        )
     if registration:
         summary["registered_version"] = registration["version"]
     return summary
@@ -138,42 +203,87 @@ def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
 def mlflow_metrics(figures: Figures) -> dict:
     """The figures as flat MLflow metrics."""
     variants, comparison = figures.variants, figures.comparison
-    flat = {f"{v}/{k}": variants[v][k] for v in variants for k in ("accuracy", "macro_f1", "agreement_with_pytorch", "file_mb")}
-    flat.update({"parity_max_abs_diff": figures.parity["max_abs_logit_diff"], "int8_recommended": float(figures.int8_recommended)})
+    flat = {
+        f"{v}/{k}": variants[v][k]
+        for v in variants
+        for k in ("accuracy", "macro_f1", "agreement_with_pytorch", "file_mb")
+    }
+    flat.update(
+        {
+            "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
+            "int8_recommended": float(figures.int8_recommended),
+        }
+    )
     if figures.quant:
         flat["onnx_int8/drop_points"] = figures.quant["drop_points"]
     if figures.static:
         flat["onnx_int8_static/drop_points"] = figures.static["drop_points"]
-    flat.update({f"{v}/batch_changed_predictions": variants[v]["batch_invariance"]["predictions_changed"] for v in variants})
+    flat.update(
+        {f"{v}/batch_changed_predictions": variants[v]["batch_invariance"]["predictions_changed"] for v in variants}
+    )
     for name, info in (figures.executorch.get("variants") or {}).items():
-        flat.update({f"executorch_{name}/{k}": info[k] for k in ("accuracy", "macro_f1", "file_mb", "max_abs_logit_diff_vs_pytorch")})
-    flat.update({f"latency_ms/{r['model'].replace(' ', '_')}_{r['input'].replace('=', '')}_t{r['threads']}": r["median_ms"]
-                 for r in figures.latency["rows"]})
+        flat.update(
+            {
+                f"executorch_{name}/{k}": info[k]
+                for k in ("accuracy", "macro_f1", "file_mb", "max_abs_logit_diff_vs_pytorch")
+            }
+        )
+    flat.update(
+        {
+            f"latency_ms/{r['model'].replace(' ', '_')}_{r['input'].replace('=', '')}_t{r['threads']}": r["median_ms"]
+            for r in figures.latency["rows"]
+        }
+    )
     if figures.from_text.get("measured"):
         for row in figures.from_text["rows"]:
-            flat.update({f"from_text/{row['model']}_{k}": row[k] for k in ("accuracy", "macro_f1", "median_ms", "p25_ms", "p75_ms")})
+            flat.update(
+                {
+                    f"from_text/{row['model']}_{k}": row[k]
+                    for k in ("accuracy", "macro_f1", "median_ms", "p25_ms", "p75_ms")
+                }
+            )
         versus = figures.from_text["versus_peers"]
         if versus:
-            flat.update({"vs_peers/accuracy_margin_points": versus["accuracy_margin_points"],
-                         "vs_peers/latency_vs_fastest_peer": versus["latency_vs_fastest_peer"]})
+            flat.update(
+                {
+                    "vs_peers/accuracy_margin_points": versus["accuracy_margin_points"],
+                    "vs_peers/latency_vs_fastest_peer": versus["latency_vs_fastest_peer"],
+                }
+            )
     if comparison:
         baseline = comparison["baseline"]
-        flat.update({"vs_int8_teacher/accuracy_kept": comparison["accuracy_kept"],
-                     "vs_int8_teacher/size_ratio": comparison["size_vs_int8_teacher"],
-                     "vs_int8_teacher/baseline_accuracy": baseline["accuracy"], "vs_int8_teacher/baseline_mb": baseline["file_mb"],
-                     **{f"vs_int8_teacher/speedup_{k.replace('=', '')}": v for k, v in comparison["speedup_vs_int8_teacher"].items()},
-                     **{f"vs_int8_teacher/speedup_{k.replace('=', '')}_low": v[0]
-                        for k, v in comparison["speedup_vs_int8_teacher_interval"].items()}})
+        flat.update(
+            {
+                "vs_int8_teacher/accuracy_kept": comparison["accuracy_kept"],
+                "vs_int8_teacher/size_ratio": comparison["size_vs_int8_teacher"],
+                "vs_int8_teacher/baseline_accuracy": baseline["accuracy"],
+                "vs_int8_teacher/baseline_mb": baseline["file_mb"],
+                **{
+                    f"vs_int8_teacher/speedup_{k.replace('=', '')}": v
+                    for k, v in comparison["speedup_vs_int8_teacher"].items()
+                },
+                **{
+                    f"vs_int8_teacher/speedup_{k.replace('=', '')}_low": v[0]
+                    for k, v in comparison["speedup_vs_int8_teacher_interval"].items()
+                },
+            }
+        )
     return flat
 
 
 def registered_description(config, figures: Figures, chosen: dict, source: dict) -> str:
     """The registered model version's description in the MLflow UI: what it is, its figures, where it came from."""
-    lines = [config.description or f"Distilled student of config `{config.name}`.", "",
-             f"ONNX {figures.recommended} student (the variant the bundle ships): test accuracy {chosen['accuracy']:.4f}, "
-             f"macro-F1 {chosen['macro_f1']:.4f}, {chosen['file_mb']:.1f} MB, on {figures.examples} test examples."]
+    lines = [
+        config.description or f"Distilled student of config `{config.name}`.",
+        "",
+        f"ONNX {figures.recommended} student (the variant the bundle ships): test accuracy {chosen['accuracy']:.4f}, "
+        f"macro-F1 {chosen['macro_f1']:.4f}, {chosen['file_mb']:.1f} MB, on {figures.examples} test examples.",
+    ]
     if figures.comparison:
         lines += [f"- {line}" for line in comparison_lines(figures.comparison)[2:]]
-    lines += ["", f"Pipeline run {source['mlflow_parent_run_id']} (experiment `{source['mlflow_experiment']}`); "
-              "the bundle is the export run's artifact `bundle/`."]
+    lines += [
+        "",
+        f"Pipeline run {source['mlflow_parent_run_id']} (experiment `{source['mlflow_experiment']}`); "
+        "the bundle is the export run's artifact `bundle/`.",
+    ]
     return "\n".join(lines)

@@ -54,28 +54,45 @@ def write_demo(out: Path, title: str, model_file: str, max_length: int) -> dict:
     runs on, in ``out``/demo/; without the installed web runtime, nothing is written and the reason is returned."""
     missing = [source for source in WEB_FILES.values() if not (WEB_RUNTIME / source).is_file()]
     if missing:
-        return {"shipped": False, "why": (f"the browser runtime is not installed ({', '.join(missing)} missing under "
-                                          f"{WEB_RUNTIME}); run `npm ci --ignore-scripts` in {WEB_RUNTIME.parent} and "
-                                          "export again to get demo.html")}
+        return {
+            "shipped": False,
+            "why": (
+                f"the browser runtime is not installed ({', '.join(missing)} missing under "
+                f"{WEB_RUNTIME}); run `npm ci --ignore-scripts` in {WEB_RUNTIME.parent} and "
+                "export again to get demo.html"
+            ),
+        }
     demo = Path(out) / "demo"
     demo.mkdir()
     for name, source in WEB_FILES.items():
         shutil.copy2(WEB_RUNTIME / source, demo / name)
-    (Path(out) / "demo.html").write_text(render_template("demo.html", {"title": title, "model_file": model_file,
-                                                                       "max_length": max_length}), encoding="utf-8")
-    versions = {package: json.loads((WEB_RUNTIME / package / "package.json").read_text())["version"]
-                for package in ("onnxruntime-web", "@huggingface/tokenizers")}
-    return {"shipped": True, "file": "demo.html", "model": model_file, "runtime": versions,
-            "files": ["demo.html", *(f"demo/{name}" for name in WEB_FILES)],
-            "bytes": sum((demo / name).stat().st_size for name in WEB_FILES),
-            "serve": "python -m http.server (in the bundle folder), then open http://127.0.0.1:8000/demo.html"}
+    (Path(out) / "demo.html").write_text(
+        render_template("demo.html", {"title": title, "model_file": model_file, "max_length": max_length}),
+        encoding="utf-8",
+    )
+    versions = {
+        package: json.loads((WEB_RUNTIME / package / "package.json").read_text())["version"]
+        for package in ("onnxruntime-web", "@huggingface/tokenizers")
+    }
+    return {
+        "shipped": True,
+        "file": "demo.html",
+        "model": model_file,
+        "runtime": versions,
+        "files": ["demo.html", *(f"demo/{name}" for name in WEB_FILES)],
+        "bytes": sum((demo / name).stat().st_size for name in WEB_FILES),
+        "serve": "python -m http.server (in the bundle folder), then open http://127.0.0.1:8000/demo.html",
+    }
 
 
 def file_table(folder: Path, skip: tuple[str, ...] = ("metadata.json",)) -> dict:
     """{file: {sha256, bytes}} for every file in the bundle folder (and its demo/ folder, as "demo/<name>") except ``skip``."""
     folder = Path(folder)
-    return {p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).as_posix() not in skip}
+    return {
+        p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.relative_to(folder).as_posix() not in skip
+    }
 
 
 def package_version(package: str) -> str:
@@ -100,8 +117,13 @@ def register_onnx(model_path: Path, run_id: str, registered_name: str, alias: st
     context = contextlib.nullcontext() if active and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)
     with context, warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):  # "Created version ..." lines
         warnings.simplefilter("ignore")
-        info = mlflow.onnx.log_model(onnx.load(str(model_path)), name="onnx_model", registered_model_name=registered_name,
-                                     save_as_external_data=False, signature=signature)
+        info = mlflow.onnx.log_model(
+            onnx.load(str(model_path)),
+            name="onnx_model",
+            registered_model_name=registered_name,
+            save_as_external_data=False,
+            signature=signature,
+        )
     version = str(info.registered_model_version)
     client = mlflow.MlflowClient()
     client.set_registered_model_alias(registered_name, alias, version)

@@ -41,13 +41,25 @@ def tokenizer_runner(tokenizer_json, onnx_path, max_length: int, threads: int = 
 
     def run(text: str) -> int:
         ids = tokenizer.encode(text).ids
-        feeds = {"input_ids": np.asarray([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
+        feeds = {
+            "input_ids": np.asarray([ids], dtype=np.int64),
+            "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+        }
         return int(session.run(OUTPUT_NAMES, feeds)[0][0].argmax())
+
     return run
 
 
-def measure(runners: dict, texts: list[str], labels: np.ndarray, names: list[str], sample: list[int], cfg,
-            known: dict | None = None, reference: str | None = None) -> dict:
+def measure(
+    runners: dict,
+    texts: list[str],
+    labels: np.ndarray,
+    names: list[str],
+    sample: list[int],
+    cfg,
+    known: dict | None = None,
+    reference: str | None = None,
+) -> dict:
     """Per model: test accuracy and macro-F1 one text per call (``known[name]`` where an earlier stage already
     measured them that way: the peers), and latency over ``sample`` (timing.interleaved: median ms per text,
     the interquartile range of single calls, and the paired speed-up over ``reference`` with its interval)."""
@@ -59,9 +71,15 @@ def measure(runners: dict, texts: list[str], labels: np.ndarray, names: list[str
             continue
         report = classification_report(labels, np.array([run(t) for t in texts], dtype=np.int64), names)
         rows[name] = {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"]}
-    timed = timing.interleaved(runners, {name: [texts[i] for i in sample] for name in runners}, warmup=1,
-                               min_rounds=cfg.latency_rounds, max_rounds=cfg.latency_max_rounds,
-                               reference=reference, max_spread=cfg.latency_max_spread)
+    timed = timing.interleaved(
+        runners,
+        {name: [texts[i] for i in sample] for name in runners},
+        warmup=1,
+        min_rounds=cfg.latency_rounds,
+        max_rounds=cfg.latency_max_rounds,
+        reference=reference,
+        max_spread=cfg.latency_max_spread,
+    )
     for name, figures in timed.items():
         rows[name].update({k: round(v, 5) if isinstance(v, float) else v for k, v in figures.items()})
     return rows
@@ -73,28 +91,39 @@ def comparison(rows: dict, peers: dict, student: str, teacher: str) -> dict:
     fastest = min(peers, key=lambda p: rows[p]["median_ms"])
     s = rows[student]
     return {
-        "best_peer": best, "best_peer_title": TITLES[best], "best_peer_accuracy": rows[best]["accuracy"],
+        "best_peer": best,
+        "best_peer_title": TITLES[best],
+        "best_peer_accuracy": rows[best]["accuracy"],
         "accuracy_margin_points": round(100 * (s["accuracy"] - rows[best]["accuracy"]), 2),
-        "fastest_peer": fastest, "fastest_peer_title": TITLES[fastest], "fastest_peer_ms": rows[fastest]["median_ms"],
+        "fastest_peer": fastest,
+        "fastest_peer_title": TITLES[fastest],
+        "fastest_peer_ms": rows[fastest]["median_ms"],
         "latency_vs_fastest_peer": round(s["median_ms"] / rows[fastest]["median_ms"], 2),
-        "student_ms": s["median_ms"], "teacher_int8_ms": rows[teacher]["median_ms"] if teacher in rows else None,
+        "student_ms": s["median_ms"],
+        "teacher_int8_ms": rows[teacher]["median_ms"] if teacher in rows else None,
     }
 
 
 def lines(from_text: dict) -> list[str]:
     """Plain-text table lines (end-of-run summary, logs): every model from raw text, one text per call."""
-    out = [f"from raw text, one text per call ({from_text['threads']} thread; accuracy on all {from_text['examples']} "
-           f"test texts, latency the median over {from_text['timed_texts']} of them):",
-           f"  {'model':<56} {'accuracy':>9} {'macro-F1':>9} {'size MB':>8} {'ms/text':>9} {'train s':>8}"]
+    out = [
+        f"from raw text, one text per call ({from_text['threads']} thread; accuracy on all {from_text['examples']} "
+        f"test texts, latency the median over {from_text['timed_texts']} of them):",
+        f"  {'model':<56} {'accuracy':>9} {'macro-F1':>9} {'size MB':>8} {'ms/text':>9} {'train s':>8}",
+    ]
     for row in from_text["rows"]:
         train = f"{row['train_seconds']:.0f}" if row.get("train_seconds") is not None else "-"
-        out.append(f"  {row['title']:<56} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} {row['file_mb']:>8.1f} "
-                   f"{row['median_ms']:>9.3f} {train:>8}")
+        out.append(
+            f"  {row['title']:<56} {row['accuracy']:>9.4f} {row['macro_f1']:>9.4f} {row['file_mb']:>8.1f} "
+            f"{row['median_ms']:>9.3f} {train:>8}"
+        )
     c = from_text.get("versus_peers")
     if c:
-        out.append(f"  student vs best peer ({c['best_peer']} {c['best_peer_accuracy']:.4f}): "
-                   f"{c['accuracy_margin_points']:+.2f} points; latency {c['latency_vs_fastest_peer']:.2f}x the fastest "
-                   f"peer's ({c['fastest_peer']} {c['fastest_peer_ms']:.3f} ms)")
+        out.append(
+            f"  student vs best peer ({c['best_peer']} {c['best_peer_accuracy']:.4f}): "
+            f"{c['accuracy_margin_points']:+.2f} points; latency {c['latency_vs_fastest_peer']:.2f}x the fastest "
+            f"peer's ({c['fastest_peer']} {c['fastest_peer_ms']:.3f} ms)"
+        )
     for name, why in (from_text.get("skipped_peers") or {}).items():  # the baselines stage could not train it
         out.append(f"  {name} skipped: {why}")
     return out
@@ -102,12 +131,17 @@ def lines(from_text: dict) -> list[str]:
 
 def markdown(from_text: dict) -> str:
     """The same table as markdown (bundle README, BENCHMARKS)."""
-    rows = ["| model | accuracy | macro-F1 | file MB | ms per text | middle half of calls, ms | speed-up vs int8 teacher "
-            "(95% interval) | training s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| model | accuracy | macro-F1 | file MB | ms per text | middle half of calls, ms | speed-up vs int8 teacher "
+        "(95% interval) | training s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in from_text["rows"]:
         train = f"{row['train_seconds']:.0f}" if row.get("train_seconds") is not None else "-"
-        rows.append(f"| {row['title']} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | {row['file_mb']:.1f} | "
-                    f"{row['median_ms']:.3f} | {_calls(row)} | {_speedup(row)} | {train} |")
+        rows.append(
+            f"| {row['title']} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | {row['file_mb']:.1f} | "
+            f"{row['median_ms']:.3f} | {_calls(row)} | {_speedup(row)} | {train} |"
+        )
     return "\n".join(rows)
 
 
@@ -121,8 +155,19 @@ def _speedup(row: dict) -> str:
     return f"{row['speedup']:.2f}x ({row['speedup_low']:.2f}-{row['speedup_high']:.2f})"
 
 
-def measure_bundle(baselines_dir: Path, seed: int, cfg, inputs: Inputs, shipped: Shipped, int8: Int8 | None,
-                   static: Int8 | None, teacher: Teacher, text: dict, recommended: str, out: Path) -> dict:
+def measure_bundle(
+    baselines_dir: Path,
+    seed: int,
+    cfg,
+    inputs: Inputs,
+    shipped: Shipped,
+    int8: Int8 | None,
+    static: Int8 | None,
+    teacher: Teacher,
+    text: dict,
+    recommended: str,
+    out: Path,
+) -> dict:
     """The shipped student, the int8 teacher and the peers of the baselines stage (``baselines_dir``) from raw text,
     one text per call (:func:`measure`): accuracy on every test text (the peers' from the baselines stage, which measured it
     the same way), latency on one thread over the same sampled texts, speed-ups paired against the int8 teacher."""
@@ -136,8 +181,11 @@ def measure_bundle(baselines_dir: Path, seed: int, cfg, inputs: Inputs, shipped:
     index = {name: i for i, name in enumerate(inputs.names)}
     labels = np.array([index[str(r["label"])] for r in records], dtype=np.int64)
     classifier = shipped_graph(shipped, int8, static, recommended)
-    student = (text_model_runner(out / text["file"]) if text["shipped"]
-               else tokenizer_runner(shipped.tokenizer_json, classifier, inputs.max_length))
+    student = (
+        text_model_runner(out / text["file"])
+        if text["shipped"]
+        else tokenizer_runner(shipped.tokenizer_json, classifier, inputs.max_length)
+    )
     runners = {"student": student}
     teacher_graph = teacher.int8 or teacher.onnx
     teacher_name = "teacher_int8" if teacher.int8 else "teacher_fp32"
@@ -146,21 +194,44 @@ def measure_bundle(baselines_dir: Path, seed: int, cfg, inputs: Inputs, shipped:
     for name in peers:
         runners[name] = load_peer(baselines_dir / "peers", name).predict_one
     sample = np.random.default_rng(seed).permutation(len(texts))[: max(1, cfg.latency_sentences)].tolist()
-    log.info("[export] from raw text, one text per call: %s on %d test texts, timed on %d", ", ".join(runners), len(texts), len(sample))
+    log.info(
+        "[export] from raw text, one text per call: %s on %d test texts, timed on %d",
+        ", ".join(runners),
+        len(texts),
+        len(sample),
+    )
     measured = measure(runners, texts, labels, inputs.names, sample, cfg, known=peers, reference=teacher_name)
-    kind = "static" if shipped.model.config.num_hidden_layers == 0 else f"{shipped.model.config.num_hidden_layers}-layer"
-    titles = {"student": f"student ({kind}, {recommended}{', text-in model' if text['shipped'] else ''})",
-              "teacher_int8": "teacher ONNX int8 + tokenizer", "teacher_fp32": "teacher ONNX fp32 + tokenizer"}
+    kind = (
+        "static" if shipped.model.config.num_hidden_layers == 0 else f"{shipped.model.config.num_hidden_layers}-layer"
+    )
+    titles = {
+        "student": f"student ({kind}, {recommended}{', text-in model' if text['shipped'] else ''})",
+        "teacher_int8": "teacher ONNX int8 + tokenizer",
+        "teacher_fp32": "teacher ONNX fp32 + tokenizer",
+    }
     files = {"student": os.path.getsize(classifier) / 1e6, teacher_name: os.path.getsize(teacher_graph) / 1e6}
     rows = []
     for name, figures in measured.items():
         peer = peers.get(name)
-        rows.append({"model": name, "title": peer["title"] if peer else titles[name], "kind": "peer" if peer else name.split("_")[0],
-                     "file_mb": peer["file_mb"] if peer else round(files[name], 3),
-                     "train_seconds": peer["train_seconds"] if peer else None, **figures})
-    result = {"measured": True, "threads": 1, "examples": len(texts), "timed_texts": len(sample), "rows": rows,
-              "versus_peers": comparison(measured, peers, "student", "teacher_int8") if peers else None,
-              **({"skipped_peers": baselines["skipped"]} if baselines.get("skipped") else {})}
+        rows.append(
+            {
+                "model": name,
+                "title": peer["title"] if peer else titles[name],
+                "kind": "peer" if peer else name.split("_")[0],
+                "file_mb": peer["file_mb"] if peer else round(files[name], 3),
+                "train_seconds": peer["train_seconds"] if peer else None,
+                **figures,
+            }
+        )
+    result = {
+        "measured": True,
+        "threads": 1,
+        "examples": len(texts),
+        "timed_texts": len(sample),
+        "rows": rows,
+        "versus_peers": comparison(measured, peers, "student", "teacher_int8") if peers else None,
+        **({"skipped_peers": baselines["skipped"]} if baselines.get("skipped") else {}),
+    }
     for line in lines(result):
         log.info("[export] %s", line)
     return result

@@ -18,47 +18,72 @@ from .. import timing
 from ..models import load_classifier
 from . import executorch_program
 from .files import package_version
-from .onnx_graph import SEGMENT_INPUT, OUTPUT_NAMES, ort_session
+from .onnx_graph import OUTPUT_NAMES, SEGMENT_INPUT, ort_session
 from .tokenizer import tokenizer_facts
 from .variants import Inputs, Int8, Shipped, Teacher, latency_name
 
 log = logging.getLogger("pipeline")
 
 
-def side_by_side(seed: int, inputs: Inputs, shipped: Shipped, int8: Int8 | None, static: Int8 | None, pte: dict,
-                         teacher: Teacher, cfg) -> dict:
+def side_by_side(
+    seed: int,
+    inputs: Inputs,
+    shipped: Shipped,
+    int8: Int8 | None,
+    static: Int8 | None,
+    pte: dict,
+    teacher: Teacher,
+    cfg,
+) -> dict:
     """Batch-1 latency of the teacher and the student, PyTorch and ONNX (and int8), measured together (measure_latency)."""
     teacher_pt = load_classifier(str(inputs.teacher / "model")).eval()  # default attention backend, as users run it
     student_pt = load_classifier(str(inputs.student)).eval()
-    full_facts = tokenizer_facts(inputs.student / "tokenizer.json")  # roles from the student's tokenizer_config.json  # the original vocabulary (the teacher's)
+    full_facts = tokenizer_facts(
+        inputs.student / "tokenizer.json"
+    )  # roles from the student's tokenizer_config.json  # the original vocabulary (the teacher's)
     sample = np.random.default_rng(seed).permutation(len(shipped.test))[: cfg.latency_sentences]
-    full_ids, shipped_ids = [list(inputs.test.input_ids[i]) for i in sample], [list(shipped.test.input_ids[i]) for i in sample]
+    full_ids, shipped_ids = (
+        [list(inputs.test.input_ids[i]) for i in sample],
+        [list(shipped.test.input_ids[i]) for i in sample],
+    )
     full_types = shipped_types = None
     if inputs.segments:  # sentence pairs: each sentence's own segment ids
         full_types = [list(inputs.test.token_type_ids[i]) for i in sample]
         shipped_types = [list(shipped.test.token_type_ids[i]) for i in sample]
     models = {
-        "teacher PyTorch fp32": model_entry("pytorch", lambda t: torch_runner(teacher_pt, t), full_facts, teacher_pt.config),
-        "teacher ONNX fp32": model_entry("onnxruntime", lambda t: ort_runner(teacher.onnx, t), full_facts, teacher_pt.config),
-        "student PyTorch fp32": model_entry("pytorch", lambda t: torch_runner(student_pt, t), full_facts, student_pt.config),
-        "student ONNX fp32": model_entry("onnxruntime", lambda t: ort_runner(shipped.fp32_path, t), shipped.facts,
-                                   shipped.model.config),
+        "teacher PyTorch fp32": model_entry(
+            "pytorch", lambda t: torch_runner(teacher_pt, t), full_facts, teacher_pt.config
+        ),
+        "teacher ONNX fp32": model_entry(
+            "onnxruntime", lambda t: ort_runner(teacher.onnx, t), full_facts, teacher_pt.config
+        ),
+        "student PyTorch fp32": model_entry(
+            "pytorch", lambda t: torch_runner(student_pt, t), full_facts, student_pt.config
+        ),
+        "student ONNX fp32": model_entry(
+            "onnxruntime", lambda t: ort_runner(shipped.fp32_path, t), shipped.facts, shipped.model.config
+        ),
     }
     sentence_ids = {name: full_ids for name in models}
     sentence_ids["student ONNX fp32"] = shipped_ids
     if int8:
-        models["teacher ONNX int8"] = model_entry("onnxruntime", lambda t: ort_runner(teacher.int8, t), full_facts, teacher_pt.config)
-        models["student ONNX int8"] = model_entry("onnxruntime", lambda t: ort_runner(int8.path, t), shipped.facts,
-                                            shipped.model.config)
+        models["teacher ONNX int8"] = model_entry(
+            "onnxruntime", lambda t: ort_runner(teacher.int8, t), full_facts, teacher_pt.config
+        )
+        models["student ONNX int8"] = model_entry(
+            "onnxruntime", lambda t: ort_runner(int8.path, t), shipped.facts, shipped.model.config
+        )
         sentence_ids["teacher ONNX int8"], sentence_ids["student ONNX int8"] = full_ids, shipped_ids
     if static:
-        models["student ONNX int8 static"] = model_entry("onnxruntime", lambda t: ort_runner(static.path, t), shipped.facts,
-                                                   shipped.model.config)
+        models["student ONNX int8 static"] = model_entry(
+            "onnxruntime", lambda t: ort_runner(static.path, t), shipped.facts, shipped.model.config
+        )
         sentence_ids["student ONNX int8 static"] = shipped_ids
     for name, info in (pte.get("variants") or {}).items():
         path = shipped.fp32_path.parent / info["file"]
-        models[f"student ExecuTorch {name}"] = model_entry("executorch", lambda t, path=path: executorch_program.runner(path, t),
-                                                           shipped.facts, shipped.model.config)
+        models[f"student ExecuTorch {name}"] = model_entry(
+            "executorch", lambda t, path=path: executorch_program.runner(path, t), shipped.facts, shipped.model.config
+        )
         sentence_ids[f"student ExecuTorch {name}"] = shipped_ids
     sentence_types = None
     if inputs.segments:
@@ -92,11 +117,27 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
         if length > positions:
             skipped.append({"length": length, "why": f"above the models' {positions} position embeddings"})
             continue
-        settings.append((f"L={length}", length, {name: [latency_inputs(length, m[2], m[3], m[4], segments=sentence_types is not None)]
-                                                 for name, m in models.items()}))
+        settings.append(
+            (
+                f"L={length}",
+                length,
+                {
+                    name: [latency_inputs(length, m[2], m[3], m[4], segments=sentence_types is not None)]
+                    for name, m in models.items()
+                },
+            )
+        )
     if cfg.latency_sentences:
-        feeds = {name: [{"input_ids": np.asarray([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
-                        for ids in sentence_ids[name]] for name in models}
+        feeds = {
+            name: [
+                {
+                    "input_ids": np.asarray([ids], dtype=np.int64),
+                    "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+                }
+                for ids in sentence_ids[name]
+            ]
+            for name in models
+        }
         for name in sentence_types or {}:
             for feed, types in zip(feeds[name], sentence_types[name]):
                 feed[SEGMENT_INPUT] = np.asarray([types], dtype=np.int64)
@@ -110,32 +151,60 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
             # sentence once per round. Rounds are added until every speed-up's interval is narrow (timing.interleaved).
             repeat = max(1, math.ceil(cfg.latency_runs / cfg.latency_rounds)) if label != "sentences" else 1
             # the rounds stop on the student's variants: the speed-ups the bundle claims
-            timed = timing.interleaved(runners, inputs, repeat=repeat, warmup=cfg.latency_warmup if label != "sentences" else 1,
-                                       min_rounds=cfg.latency_rounds, max_rounds=cfg.latency_max_rounds,
-                                       reference=reference, max_spread=cfg.latency_max_spread,
-                                       watch=[name for name in models if name.startswith(("student ONNX", "student ExecuTorch"))])
+            timed = timing.interleaved(
+                runners,
+                inputs,
+                repeat=repeat,
+                warmup=cfg.latency_warmup if label != "sentences" else 1,
+                min_rounds=cfg.latency_rounds,
+                max_rounds=cfg.latency_max_rounds,
+                reference=reference,
+                max_spread=cfg.latency_max_spread,
+                watch=[name for name in models if name.startswith(("student ONNX", "student ExecuTorch"))],
+            )
             for name, figures in timed.items():
-                paired = {f"speedup_vs_teacher_int8{suffix}": figures.pop(f"speedup{suffix}", None)
-                          for suffix in ("", "_low", "_high", "_spread")}
-                rows.append({"model": name, "runtime": models[name][0], "batch": 1, "input": label, "length": length,
-                             "threads": threads, **({"sentences": len(inputs[name])} if label == "sentences" else {}),
-                             **figures, **paired})
+                paired = {
+                    f"speedup_vs_teacher_int8{suffix}": figures.pop(f"speedup{suffix}", None)
+                    for suffix in ("", "_low", "_high", "_spread")
+                }
+                rows.append(
+                    {
+                        "model": name,
+                        "runtime": models[name][0],
+                        "batch": 1,
+                        "input": label,
+                        "length": length,
+                        "threads": threads,
+                        **({"sentences": len(inputs[name])} if label == "sentences" else {}),
+                        **figures,
+                        **paired,
+                    }
+                )
             runners.clear()  # release this setting's sessions and programs before the next is loaded
     add_speedups(rows, {"teacher_pytorch": "teacher PyTorch fp32"})
     for row in rows:
         for key in ("median_ms", "min_ms", "max_ms", "p25_ms", "p75_ms"):
             row[key] = round(row[key], 4)
-        for key in ("speedup_vs_teacher_int8", "speedup_vs_teacher_int8_low", "speedup_vs_teacher_int8_high",
-                    "speedup_vs_teacher_int8_spread"):
+        for key in (
+            "speedup_vs_teacher_int8",
+            "speedup_vs_teacher_int8_low",
+            "speedup_vs_teacher_int8_high",
+            "speedup_vs_teacher_int8_spread",
+        ):
             if row.get(key) is not None:
                 row[key] = round(row[key], 3)
-    load = {"load_average_1m_before": round(load_before, 2), "load_average_1m_after": round(os.getloadavg()[0], 2),
-            "cpu_count": os.cpu_count()}
+    load = {
+        "load_average_1m_before": round(load_before, 2),
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
+        "cpu_count": os.cpu_count(),
+    }
     machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, onnxruntime {package_version('onnxruntime')}"
     return {"rows": rows, "skipped": skipped, "load": load, "machine": machine}
 
 
-def latency_inputs(length: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0, segments: bool = False) -> dict:
+def latency_inputs(
+    length: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0, segments: bool = False
+) -> dict:
     """One sequence of exactly ``length`` tokens (cls ... sep: [CLS] ... [SEP], <s> ... </s>), batch 1, int64.
 
     ``segments``: a sentence pair of two equal halves, [CLS] a [SEP] b [SEP], with token_type_ids 0 then 1.
@@ -167,6 +236,7 @@ def torch_runner(model, threads: int):
                 model(**{name: torch.from_numpy(value) for name, value in inputs.items()})
         finally:
             torch.set_num_threads(previous)
+
     return run
 
 
@@ -181,19 +251,27 @@ def add_speedups(rows: list[dict], references: dict[str, str]) -> None:
 
 def latency_markdown(rows: list[dict], machine: str, load: dict | None = None) -> str:
     busy = ""
-    if load and load.get("cpu_count") and max(load["load_average_1m_before"], load["load_average_1m_after"]) > 0.75 * load["cpu_count"]:
-        busy = (f" The machine was busy while measuring (1-minute load {load['load_average_1m_before']:.1f} -> "
-                f"{load['load_average_1m_after']:.1f} on {load['cpu_count']} cores): multi-thread rows especially are "
-                "pessimistic; compare rows measured together, and rerun the export on an idle machine for absolute figures.")
+    if (
+        load
+        and load.get("cpu_count")
+        and max(load["load_average_1m_before"], load["load_average_1m_after"]) > 0.75 * load["cpu_count"]
+    ):
+        busy = (
+            f" The machine was busy while measuring (1-minute load {load['load_average_1m_before']:.1f} -> "
+            f"{load['load_average_1m_after']:.1f} on {load['cpu_count']} cores): multi-thread rows especially are "
+            "pessimistic; compare rows measured together, and rerun the export on an idle machine for absolute figures."
+        )
     lines = [
-        "# Latency (batch 1)", "",
+        "# Latency (batch 1)",
+        "",
         f"Measured on the export machine ({machine}); all models of one input and thread count were timed side by side, "
         "interleaved round by round. `L=n`: one sequence of exactly n tokens; `sentences`: real test sentences one at a "
         "time, ms per sentence (length = their mean token count). ms: the median over rounds of a round's mean per call; "
         "middle half: the 25th-75th percentile of single calls. Speed-up vs the int8 teacher: the median of per-round "
         "ratios (each round times both) with its 95% interval; rounds are added until every interval is within "
         "export.latency_max_spread of its median, and a target is met only at the interval's lower bound. "
-        f"Phones differ: use this table for ratios, not absolute figures.{busy}", "",
+        f"Phones differ: use this table for ratios, not absolute figures.{busy}",
+        "",
         "| model | runtime | input | tokens | threads | median ms | middle half, ms | rounds | speed-up vs teacher int8 "
         "(95% interval) | vs teacher PyTorch |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -209,14 +287,17 @@ def latency_markdown(rows: list[dict], machine: str, load: dict | None = None) -
         return f"{r['speedup_vs_teacher_int8']:.2f}x" + (f" ({low:.2f}-{high:.2f})" if low is not None else "")
 
     for r in rows:
-        lines.append(f"| {r['model']} | {r['runtime']} | {r['input']} | {r['length']} | {r['threads']} | {r['median_ms']:.3f} | "
-                     f"{r['p25_ms']:.3f}-{r['p75_ms']:.3f} | {r['rounds']} | {paired(r)} | "
-                     f"{speed(r.get('speedup_vs_teacher_pytorch'))} |")
+        lines.append(
+            f"| {r['model']} | {r['runtime']} | {r['input']} | {r['length']} | {r['threads']} | {r['median_ms']:.3f} | "
+            f"{r['p25_ms']:.3f}-{r['p75_ms']:.3f} | {r['rounds']} | {paired(r)} | "
+            f"{speed(r.get('speedup_vs_teacher_pytorch'))} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def compare_with_int8_teacher(cfg, teacher_dir: Path, baseline: dict | None, variants: dict, recommended: str,
-                              rows: list[dict]) -> dict | None:
+def compare_with_int8_teacher(
+    cfg, teacher_dir: Path, baseline: dict | None, variants: dict, recommended: str, rows: list[dict]
+) -> dict | None:
     """The recommended variant against the int8 teacher (baseline_comparison), logged; None without a baseline."""
     if not baseline:
         return None
@@ -236,7 +317,9 @@ def baseline_comparison(cfg, teacher_accuracy: float, baseline: dict, shipped: d
     """
     shipped_name = latency_name(shipped["variant"])
     threads = min(cfg.latency_threads)  # the headline is single-threaded where measured (phones run one model per core)
-    mine = [r for r in rows if r["model"] == shipped_name and r["threads"] == threads and r.get("speedup_vs_teacher_int8")]
+    mine = [
+        r for r in rows if r["model"] == shipped_name and r["threads"] == threads and r.get("speedup_vs_teacher_int8")
+    ]
     speedups = {r["input"]: r["speedup_vs_teacher_int8"] for r in mine}
     intervals = {r["input"]: [r["speedup_vs_teacher_int8_low"], r["speedup_vs_teacher_int8_high"]] for r in mine}
     t = cfg.targets
@@ -247,14 +330,24 @@ def baseline_comparison(cfg, teacher_accuracy: float, baseline: dict, shipped: d
         "speedup_vs_int8_teacher_interval": intervals,  # 95% interval of the median paired ratio (timing.interleaved)
         "size_vs_int8_teacher": shipped["file_mb"] / baseline["file_mb"],
     }
-    checks = {"accuracy_kept": ratios["accuracy_kept"] >= t.min_accuracy_kept,
-              "size": ratios["size_vs_int8_teacher"] <= t.max_size_ratio}
+    checks = {
+        "accuracy_kept": ratios["accuracy_kept"] >= t.min_accuracy_kept,
+        "size": ratios["size_vs_int8_teacher"] <= t.max_size_ratio,
+    }
     # a speed-up counts as met only when its interval's lower bound reaches the target
     checks.update({f"speedup {name}": intervals[name][0] >= t.min_speedup for name in speedups})
     if not speedups:  # nothing timed (no lengths within the position table, no sentences): cannot count as met
         checks["speedup"] = False
-    return {"baseline": baseline, "teacher_fp32_accuracy": teacher_accuracy, "shipped": shipped, "threads": threads, **ratios,
-            "targets": t.model_dump(), "meets": checks, "all_met": all(checks.values())}
+    return {
+        "baseline": baseline,
+        "teacher_fp32_accuracy": teacher_accuracy,
+        "shipped": shipped,
+        "threads": threads,
+        **ratios,
+        "targets": t.model_dump(),
+        "meets": checks,
+        "all_met": all(checks.values()),
+    }
 
 
 def comparison_lines(comparison: dict) -> list[str]:
@@ -263,10 +356,18 @@ def comparison_lines(comparison: dict) -> list[str]:
     t = comparison["targets"]
     mark = {True: "met", False: "NOT met"}
     intervals = comparison.get("speedup_vs_int8_teacher_interval") or {}
-    speed = ", ".join(f"{v:.2f}x at {k}" + (f" (95% interval {intervals[k][0]:.2f}-{intervals[k][1]:.2f})" if k in intervals else "")
-                      for k, v in comparison["speedup_vs_int8_teacher"].items()) or "not measured"
+    speed = (
+        ", ".join(
+            f"{v:.2f}x at {k}"
+            + (f" (95% interval {intervals[k][0]:.2f}-{intervals[k][1]:.2f})" if k in intervals else "")
+            for k, v in comparison["speedup_vs_int8_teacher"].items()
+        )
+        or "not measured"
+    )
     meets = comparison["meets"]
-    speed_ok = all(v for k, v in meets.items() if k.startswith("speedup")) if comparison["speedup_vs_int8_teacher"] else False
+    speed_ok = (
+        all(v for k, v in meets.items() if k.startswith("speedup")) if comparison["speedup_vs_int8_teacher"] else False
+    )
     return [
         f"baseline (no distillation): teacher ONNX int8, accuracy {b['accuracy']:.4f}, {b['file_mb']:.1f} MB",
         f"shipped student ({s['variant']}): accuracy {s['accuracy']:.4f}, {s['file_mb']:.1f} MB",

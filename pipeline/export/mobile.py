@@ -36,12 +36,16 @@ PROVIDERS = {
 
 def _partitions(info) -> dict:
     """A usability_checker.PartitioningInfo as plain figures."""
-    return {"nodes": info.num_nodes, "supported_nodes": info.num_supported_nodes,
-            "supported_share": round(info.num_supported_nodes / max(info.num_nodes, 1), 4),
-            "partitions": info.num_partitions, "unsupported_ops": sorted(info.unsupported_ops),
-            "nodes_unsupported_due_to_op": info.nodes_unsupported_due_to_op,
-            "nodes_unsupported_due_to_dynamic_shape": info.nodes_unsupported_due_to_dynamic_input,
-            "verdict": info.suitability().name}
+    return {
+        "nodes": info.num_nodes,
+        "supported_nodes": info.num_supported_nodes,
+        "supported_share": round(info.num_supported_nodes / max(info.num_nodes, 1), 4),
+        "partitions": info.num_partitions,
+        "unsupported_ops": sorted(info.unsupported_ops),
+        "nodes_unsupported_due_to_op": info.nodes_unsupported_due_to_op,
+        "nodes_unsupported_due_to_dynamic_shape": info.nodes_unsupported_due_to_dynamic_input,
+        "verdict": info.suitability().name,
+    }
 
 
 def usability(model_path: Path, vocab_size: int | None = None) -> dict:
@@ -55,6 +59,7 @@ def usability(model_path: Path, vocab_size: int | None = None) -> dict:
         dynamic_inputs, dynamic_values = checker.check_shapes(model.graph, quiet)
         providers = {}
         for name, (platform, ops_file) in PROVIDERS.items():
+
             def check(fixed_inputs: bool, ops_file=ops_file):
                 if ops_file is None:
                     return checker.check_nnapi_partitions(model, fixed_inputs)
@@ -62,9 +67,13 @@ def usability(model_path: Path, vocab_size: int | None = None) -> dict:
 
             as_is = _partitions(check(True))
             fixed = _partitions(check(False)) if dynamic_inputs else None
-            providers[name] = {"platform": platform, "as_shipped": as_is, "with_fixed_shapes": fixed,
-                               "verdict": as_is["verdict"],
-                               "verdict_with_fixed_shapes": fixed["verdict"] if fixed else as_is["verdict"]}
+            providers[name] = {
+                "platform": platform,
+                "as_shipped": as_is,
+                "with_fixed_shapes": fixed,
+                "verdict": as_is["verdict"],
+                "verdict_with_fixed_shapes": fixed["verdict"] if fixed else as_is["verdict"],
+            }
     result = {
         "tool": "onnxruntime.tools.check_onnx_model_mobile_usability (functions of mobile_helpers.usability_checker)",
         "model": Path(model_path).name,
@@ -75,11 +84,16 @@ def usability(model_path: Path, vocab_size: int | None = None) -> dict:
     }
     if vocab_size is not None:
         result["coreml_dimension_limit"] = {
-            "limit": COREML_MAX_DIMENSION, "embedding_rows": vocab_size, "exceeded": vocab_size > COREML_MAX_DIMENSION,
-            "note": (f"CoreML refuses tensors with a dimension above {COREML_MAX_DIMENSION}: the {vocab_size}-row word-"
-                     "embedding table keeps its Gather on the CPU; a trimmed vocabulary (export.trim_vocab) can get under it"
-                     if vocab_size > COREML_MAX_DIMENSION else
-                     f"the {vocab_size}-row word-embedding table is within CoreML's {COREML_MAX_DIMENSION} dimension limit")}
+            "limit": COREML_MAX_DIMENSION,
+            "embedding_rows": vocab_size,
+            "exceeded": vocab_size > COREML_MAX_DIMENSION,
+            "note": (
+                f"CoreML refuses tensors with a dimension above {COREML_MAX_DIMENSION}: the {vocab_size}-row word-"
+                "embedding table keeps its Gather on the CPU; a trimmed vocabulary (export.trim_vocab) can get under it"
+                if vocab_size > COREML_MAX_DIMENSION
+                else f"the {vocab_size}-row word-embedding table is within CoreML's {COREML_MAX_DIMENSION} dimension limit"
+            ),
+        }
     return result
 
 
@@ -87,29 +101,44 @@ def _recommendation(providers: dict) -> str:
     """The checker's conclusion in one sentence."""
     try_them = [name for name, p in providers.items() if p["verdict_with_fixed_shapes"] != "NO"]
     if not try_them:
-        return ("use the CPU execution provider: neither NNAPI nor CoreML can take enough of this graph in few enough "
-                "partitions to pay for the copies between CPU and accelerator")
+        return (
+            "use the CPU execution provider: neither NNAPI nor CoreML can take enough of this graph in few enough "
+            "partitions to pay for the copies between CPU and accelerator"
+        )
     fixed_only = [name for name in try_them if providers[name]["verdict"] == "NO"]
-    note = (f" ({', '.join(fixed_only)} only once the batch and sequence axes are fixed: "
-            "python -m onnxruntime.tools.make_dynamic_shape_fixed)" if fixed_only else "")
+    note = (
+        f" ({', '.join(fixed_only)} only once the batch and sequence axes are fixed: "
+        "python -m onnxruntime.tools.make_dynamic_shape_fixed)"
+        if fixed_only
+        else ""
+    )
     return f"compare {', '.join(try_them)} against the CPU execution provider on a device{note}"
 
 
 def markdown(result: dict) -> str:
     """The bundle README's table of the checker's verdicts."""
-    rows = ["| execution provider | nodes it takes (as shipped) | partitions | verdict | with fixed shapes | operators it lacks |",
-            "|---|---:|---:|---|---|---|"]
+    rows = [
+        "| execution provider | nodes it takes (as shipped) | partitions | verdict | with fixed shapes | operators it lacks |",
+        "|---|---:|---:|---|---|---|",
+    ]
     for name, p in result["providers"].items():
         as_is, fixed = p["as_shipped"], p["with_fixed_shapes"] or p["as_shipped"]
         lacking = ", ".join(f"`{op}`" for op in as_is["unsupported_ops"]) or "none"
-        rows.append(f"| {name} ({p['platform']}) | {as_is['supported_nodes']}/{as_is['nodes']} "
-                    f"({100 * as_is['supported_share']:.0f}%) | {as_is['partitions']} | {p['verdict']} | "
-                    f"{p['verdict_with_fixed_shapes']} ({fixed['supported_nodes']}/{fixed['nodes']} nodes, "
-                    f"{fixed['partitions']} partitions) | {lacking} |")
-    lines = [f"ONNX Runtime's mobile usability checker on `{result['model']}`:", "", *rows, "",
-             f"Dynamic inputs: {', '.join(f'`{n}`' for n in result['dynamic_inputs']) or 'none'} "
-             f"({result['values_with_dynamic_shape']} values with a dynamic shape; NNAPI takes fixed shapes only). "
-             f"Recommendation: {result['recommendation']}."]
+        rows.append(
+            f"| {name} ({p['platform']}) | {as_is['supported_nodes']}/{as_is['nodes']} "
+            f"({100 * as_is['supported_share']:.0f}%) | {as_is['partitions']} | {p['verdict']} | "
+            f"{p['verdict_with_fixed_shapes']} ({fixed['supported_nodes']}/{fixed['nodes']} nodes, "
+            f"{fixed['partitions']} partitions) | {lacking} |"
+        )
+    lines = [
+        f"ONNX Runtime's mobile usability checker on `{result['model']}`:",
+        "",
+        *rows,
+        "",
+        f"Dynamic inputs: {', '.join(f'`{n}`' for n in result['dynamic_inputs']) or 'none'} "
+        f"({result['values_with_dynamic_shape']} values with a dynamic shape; NNAPI takes fixed shapes only). "
+        f"Recommendation: {result['recommendation']}.",
+    ]
     if "coreml_dimension_limit" in result:
         lines.append(f"CoreML vocabulary limit: {result['coreml_dimension_limit']['note']}.")
     return "\n".join(lines)
@@ -123,14 +152,22 @@ def check_bundle(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recom
     if recommended != "fp32":
         result["fp32"] = usability(shipped.fp32_path, vocab)
     if static:
-        result["static_qdq_int8"] = {"built": True, **(result["shipped"] if recommended == "int8_static"
-                                                       else usability(static.path, vocab))}
+        result["static_qdq_int8"] = {
+            "built": True,
+            **(result["shipped"] if recommended == "int8_static" else usability(static.path, vocab)),
+        }
     else:
         result["static_qdq_int8"] = {"built": False, "why": "export.static_int8 or export.quantize is off"}
     verdicts = {name: p["verdict_with_fixed_shapes"] for name, p in result["shipped"]["providers"].items()}
-    log.info("[export] mobile usability (%s): %s; %s", result["shipped"]["model"],
-             ", ".join(f"{name} {verdict}" for name, verdict in verdicts.items()), result["shipped"]["recommendation"])
+    log.info(
+        "[export] mobile usability (%s): %s; %s",
+        result["shipped"]["model"],
+        ", ".join(f"{name} {verdict}" for name, verdict in verdicts.items()),
+        result["shipped"]["recommendation"],
+    )
     if static and recommended != "int8_static":
         fixed = {name: p["verdict_with_fixed_shapes"] for name, p in result["static_qdq_int8"]["providers"].items()}
-        log.info("[export] mobile usability (%s): %s", static.path.name, ", ".join(f"{n} {v}" for n, v in fixed.items()))
+        log.info(
+            "[export] mobile usability (%s): %s", static.path.name, ", ".join(f"{n} {v}" for n, v in fixed.items())
+        )
     return result

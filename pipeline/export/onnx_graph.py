@@ -24,7 +24,6 @@ from ..errors import ModelError
 from ..families import LAYER_SCOPE
 from ..metrics import classification_report
 
-
 INPUT_NAMES = ["input_ids", "attention_mask"]
 
 
@@ -75,8 +74,9 @@ class HiddenStates(_OneOutput):
     FIELD = "last_hidden_state"
 
 
-def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: list[str] | None = None,
-                segments: bool = False) -> None:
+def export_onnx(
+    module: torch.nn.Module, path: Path, opset: int, output_names: list[str] | None = None, segments: bool = False
+) -> None:
     """A single-file ONNX graph with dynamic batch and sequence axes (dynamo exporter).
 
     ``module`` takes (input_ids, attention_mask[, token_type_ids]); wrap a HF model in
@@ -95,10 +95,19 @@ def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: l
         warnings.simplefilter("ignore", FutureWarning)  # raised inside torch.onnx on this version
         warnings.filterwarnings("ignore", message=".*axis name.*will not be used")  # dynamo's Dim renaming note
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(module.eval(), example, str(path), dynamo=True, opset_version=opset,
-                          input_names=names, output_names=output_names or OUTPUT_NAMES,
-                          dynamic_shapes={name: {0: batch, 1: seq} for name in names},
-                          external_data=False, optimize=True, verbose=False)
+        torch.onnx.export(
+            module.eval(),
+            example,
+            str(path),
+            dynamo=True,
+            opset_version=opset,
+            input_names=names,
+            output_names=output_names or OUTPUT_NAMES,
+            dynamic_shapes={name: {0: batch, 1: seq} for name in names},
+            external_data=False,
+            optimize=True,
+            verbose=False,
+        )
     if Path(str(path) + ".data").exists():
         raise RuntimeError(f"ONNX export of {path} wrote an external data file; the bundle needs a single file")
     # Below its native opset the exporter converts down and, when that fails, keeps
@@ -109,7 +118,8 @@ def export_onnx(module: torch.nn.Module, path: Path, opset: int, output_names: l
         raise ModelError(
             f"ONNX export of {Path(path).name} wrote opset {written}, not the requested export.opset {opset} "
             f"(torch {torch.__version__} cannot write opset {opset} for this model). Set export.opset to {written} "
-            "or another opset the exporter writes (18..23).")
+            "or another opset the exporter writes (18..23)."
+        )
 
 
 def node_scopes(model) -> dict[str, str]:
@@ -141,8 +151,15 @@ def weight_matmuls(path: Path) -> list[dict]:
         layer = LAYER_SCOPE.search(scope)
         weight = node.input[1]
         head = any(key in scope or key in weight for key in ("pooler", "classifier"))
-        found.append({"name": node.name, "op": node.op_type, "scope": scope, "head": head,
-                      "layer": int(layer.group(1)) if layer else None})
+        found.append(
+            {
+                "name": node.name,
+                "op": node.op_type,
+                "scope": scope,
+                "head": head,
+                "layer": int(layer.group(1)) if layer else None,
+            }
+        )
     return found
 
 
@@ -195,8 +212,12 @@ def batch_invariance(path, split, pad: int, one_per_call: np.ndarray, batch_size
     batched = onnx_logits(path, split, pad, batch_size)
     changed = int((batched.argmax(-1) != one_per_call.argmax(-1)).sum())
     diff = float(np.abs(batched - one_per_call).max())
-    return {"batch_size": batch_size, "predictions_changed": changed, "max_abs_logit_diff": diff,
-            "invariant": changed == 0 and diff <= 1e-4}
+    return {
+        "batch_size": batch_size,
+        "predictions_changed": changed,
+        "max_abs_logit_diff": diff,
+        "invariant": changed == 0 and diff <= 1e-4,
+    }
 
 
 @torch.no_grad()
@@ -212,7 +233,12 @@ def torch_logits(model, split, pad: int, batch_size: int = 64) -> np.ndarray:
 def variant_metrics(logits, reference, labels, names, path, parameters) -> dict:
     """evaluate's metric keys for one exported variant, plus agreement with the PyTorch student and file facts."""
     report = classification_report(labels, logits.argmax(-1), names)
-    return {**report, "agreement_with_pytorch": float((logits.argmax(-1) == reference.argmax(-1)).mean()),
-            "max_abs_logit_diff_vs_pytorch": float(np.abs(logits - reference).max()),
-            "file": path.name, "file_mb": path.stat().st_size / 1e6, "parameters": parameters,
-            "onnx_initializer_elements": onnx_parameters(path)}
+    return {
+        **report,
+        "agreement_with_pytorch": float((logits.argmax(-1) == reference.argmax(-1)).mean()),
+        "max_abs_logit_diff_vs_pytorch": float(np.abs(logits - reference).max()),
+        "file": path.name,
+        "file_mb": path.stat().st_size / 1e6,
+        "parameters": parameters,
+        "onnx_initializer_elements": onnx_parameters(path),
+    }

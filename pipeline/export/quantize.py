@@ -12,8 +12,14 @@ import warnings
 from pathlib import Path
 
 import onnx
-from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_dynamic,
-                                      quantize_static)
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
 
 from ..errors import require_room
 from ..metrics import classification_report
@@ -39,15 +45,35 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
     edge_layers = {num_layers - 1} | ({0} if num_layers > 2 else set())
     edges = [n["name"] for n in nodes if n["layer"] in edge_layers]
     candidates = [
-        {"name": "per_channel_embeddings", "per_channel": True, "reduce_range": False, "exclude": [],
-         "op_types": ["MatMul", "Gather"], "why": "all weight MatMuls and the embedding tables int8, per-channel scales"},
-        {"name": "per_channel", "per_channel": True, "reduce_range": False, "exclude": [],
-         "why": "all weight MatMuls int8, per-channel scales"},
-        {"name": "per_channel_fp32_head", "per_channel": True, "reduce_range": False, "exclude": head,
-         "why": "pooler and classifier kept fp32"},
-        {"name": "per_channel_fp32_head_edges_reduce_range", "per_channel": True, "reduce_range": True,
-         "exclude": head + edges,
-         "why": f"pooler, classifier and encoder layer(s) {sorted(edge_layers)} kept fp32; 7-bit weights"},
+        {
+            "name": "per_channel_embeddings",
+            "per_channel": True,
+            "reduce_range": False,
+            "exclude": [],
+            "op_types": ["MatMul", "Gather"],
+            "why": "all weight MatMuls and the embedding tables int8, per-channel scales",
+        },
+        {
+            "name": "per_channel",
+            "per_channel": True,
+            "reduce_range": False,
+            "exclude": [],
+            "why": "all weight MatMuls int8, per-channel scales",
+        },
+        {
+            "name": "per_channel_fp32_head",
+            "per_channel": True,
+            "reduce_range": False,
+            "exclude": head,
+            "why": "pooler and classifier kept fp32",
+        },
+        {
+            "name": "per_channel_fp32_head_edges_reduce_range",
+            "per_channel": True,
+            "reduce_range": True,
+            "exclude": head + edges,
+            "why": f"pooler, classifier and encoder layer(s) {sorted(edge_layers)} kept fp32; 7-bit weights",
+        },
     ]
     ladder, seen = [], set()
     for setting in candidates:
@@ -68,10 +94,18 @@ def quantize_with_budget(ladder, fp32_path, int8_path, work, test, pad, fp32_acc
         logits = onnx_logits(candidate, test, pad)
         accuracy = float((logits.argmax(-1) == test.labels).mean())
         drop = 100 * (fp32_accuracy - accuracy)
-        attempt = {"setting": setting["name"], "why": setting["why"], "accuracy": accuracy, "drop_points": drop,
-                   "file_mb": candidate.stat().st_size / 1e6, "excluded_nodes": len(setting["exclude"])}
+        attempt = {
+            "setting": setting["name"],
+            "why": setting["why"],
+            "accuracy": accuracy,
+            "drop_points": drop,
+            "file_mb": candidate.stat().st_size / 1e6,
+            "excluded_nodes": len(setting["exclude"]),
+        }
         attempts.append(attempt)
-        log.info("[export] int8 %s: accuracy %.4f (drop %.2f points, budget %.2f)", setting["name"], accuracy, drop, budget)
+        log.info(
+            "[export] int8 %s: accuracy %.4f (drop %.2f points, budget %.2f)", setting["name"], accuracy, drop, budget
+        )
         if best is None or drop < best[0]["drop_points"] - 1e-12:
             best = (attempt, settings, candidate, logits)
         if drop <= budget:
@@ -79,13 +113,27 @@ def quantize_with_budget(ladder, fp32_path, int8_path, work, test, pad, fp32_acc
     attempt, settings, candidate, logits = best
     shutil.move(str(candidate), int8_path)
     within = attempt["drop_points"] <= budget
-    note = (f"int8 accuracy is within {budget} points of fp32 on the test split" if within else
-            f"int8 is NOT recommended: every setting tried dropped more than {budget} points "
-            f"(best: {attempt['setting']}, {attempt['drop_points']:.2f} points); ship model.onnx")
+    note = (
+        f"int8 accuracy is within {budget} points of fp32 on the test split"
+        if within
+        else f"int8 is NOT recommended: every setting tried dropped more than {budget} points "
+        f"(best: {attempt['setting']}, {attempt['drop_points']:.2f} points); ship model.onnx"
+    )
     if not within:
         log.warning("[export] %s", note)
-    return {**settings, "why": attempt["why"], "accuracy": attempt["accuracy"], "drop_points": attempt["drop_points"],
-            "within_budget": within, "note": note, "decided_on": "test split"}, attempts, logits
+    return (
+        {
+            **settings,
+            "why": attempt["why"],
+            "accuracy": attempt["accuracy"],
+            "drop_points": attempt["drop_points"],
+            "within_budget": within,
+            "note": note,
+            "decided_on": "test split",
+        },
+        attempts,
+        logits,
+    )
 
 
 def room_for_shape_inference(source: Path) -> None:
@@ -93,8 +141,12 @@ def room_for_shape_inference(source: Path) -> None:
     the source with onnx's C++ writer; on a full disk that writer leaves a truncated file without an error, and the
     quantizer fails reading it back ("Wire format was corrupt"). So the room it needs is checked first."""
     source = Path(source)
-    require_room(source.with_name(f"{source.stem}-inferred{source.suffix}"), source.stat().st_size + (1 << 20),
-                 "the export stage", "onnx's shape inference (run by onnxruntime's quantizer)")
+    require_room(
+        source.with_name(f"{source.stem}-inferred{source.suffix}"),
+        source.stat().st_size + (1 << 20),
+        "the export stage",
+        "onnx's shape inference (run by onnxruntime's quantizer)",
+    )
 
 
 def quantize_int8(source: Path, target: Path, setting: dict) -> dict:
@@ -104,18 +156,32 @@ def quantize_int8(source: Path, target: Path, setting: dict) -> dict:
     names = sorted(set(exclude) | {f"{name}_MatMul" for name in exclude})
     op_types = setting.get("op_types", ["MatMul"])
     room_for_shape_inference(source)
-    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=setting["per_channel"],
-                     reduce_range=setting["reduce_range"], op_types_to_quantize=op_types, nodes_to_exclude=names)
-    return {"method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "int8 (QInt8, symmetric)",
-            "activations": "uint8, dynamic per-tensor (computed at run time)", "op_types": op_types,
-            "per_channel": setting["per_channel"], "reduce_range": setting["reduce_range"],
-            "nodes_excluded": exclude, "setting": setting["name"]}
+    quantize_dynamic(
+        str(source),
+        str(target),
+        weight_type=QuantType.QInt8,
+        per_channel=setting["per_channel"],
+        reduce_range=setting["reduce_range"],
+        op_types_to_quantize=op_types,
+        nodes_to_exclude=names,
+    )
+    return {
+        "method": "onnxruntime.quantization.quantize_dynamic",
+        "weight_type": "int8 (QInt8, symmetric)",
+        "activations": "uint8, dynamic per-tensor (computed at run time)",
+        "op_types": op_types,
+        "per_channel": setting["per_channel"],
+        "reduce_range": setting["reduce_range"],
+        "nodes_excluded": exclude,
+        "setting": setting["name"],
+    }
 
 
 def quantize_static_int8(source: Path, target: Path, calibration: list[dict], excluded: list[str] = ()) -> dict:
     """Static QDQ int8: weights int8 per channel (every weight MatMul/Gemm and the embedding tables), activations
     uint8 with per-tensor scales fixed from ``calibration`` (batch-1 feeds of training text; MinMax), so no
     scale depends on the batch. QuantizeLinear/DequantizeLinear pairs: the format NNAPI and CoreML read."""
+
     class Feeds(CalibrationDataReader):
         def __init__(self):
             self.items = iter(calibration)
@@ -127,31 +193,63 @@ def quantize_static_int8(source: Path, target: Path, calibration: list[dict], ex
     room_for_shape_inference(source)
     with tempfile.TemporaryDirectory(dir=Path(target).parent) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Please consider to run pre-processing before quantization"
-        quantize_static(str(source), str(target), Feeds(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=["MatMul", "Gemm", "Gather"], nodes_to_exclude=names,
-                        calibrate_method=CalibrationMethod.MinMax,
-                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "CalibTensorRangeSymmetric": False,
-                                       "CalibIntermediateOutputPath": str(Path(tmp) / "augmented.onnx")})
-    return {"method": "onnxruntime.quantization.quantize_static (QDQ)", "weight_type": "int8 (QInt8, symmetric, per channel)",
-            "activations": "uint8, static per-tensor scales (MinMax over the calibration texts)",
-            "op_types": ["MatMul", "Gemm", "Gather"], "calibration_examples": len(calibration), "nodes_excluded": list(excluded)}
+        quantize_static(
+            str(source),
+            str(target),
+            Feeds(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul", "Gemm", "Gather"],
+            nodes_to_exclude=names,
+            calibrate_method=CalibrationMethod.MinMax,
+            extra_options={
+                "ActivationSymmetric": False,
+                "WeightSymmetric": True,
+                "CalibTensorRangeSymmetric": False,
+                "CalibIntermediateOutputPath": str(Path(tmp) / "augmented.onnx"),
+            },
+        )
+    return {
+        "method": "onnxruntime.quantization.quantize_static (QDQ)",
+        "weight_type": "int8 (QInt8, symmetric, per channel)",
+        "activations": "uint8, static per-tensor scales (MinMax over the calibration texts)",
+        "op_types": ["MatMul", "Gemm", "Gather"],
+        "calibration_examples": len(calibration),
+        "nodes_excluded": list(excluded),
+    }
 
 
 def quantized_node_count(path: Path) -> int:
-    return sum(node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
-               for node in onnx.load(str(path)).graph.node)
+    return sum(
+        node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+        for node in onnx.load(str(path)).graph.node
+    )
 
 
 def int8_teacher_baseline(teacher_onnx, teacher_int8, quant, test, pad, names) -> dict | None:
     """The teacher quantized exactly as the shipped student was (same quantizer and setting), on the test split."""
     if not quant:
         return None
-    quantize_int8(teacher_onnx, teacher_int8, {"name": quant["setting"], "per_channel": quant["per_channel"],
-                                                  "reduce_range": quant["reduce_range"], "op_types": quant["op_types"],
-                                                  "exclude": []})
+    quantize_int8(
+        teacher_onnx,
+        teacher_int8,
+        {
+            "name": quant["setting"],
+            "per_channel": quant["per_channel"],
+            "reduce_range": quant["reduce_range"],
+            "op_types": quant["op_types"],
+            "exclude": [],
+        },
+    )
     report = classification_report(test.labels, onnx_logits(teacher_int8, test, pad).argmax(-1), names)
-    return {"model": "teacher ONNX int8", "accuracy": report["accuracy"], "macro_f1": report["macro_f1"],
-            "file_mb": teacher_int8.stat().st_size / 1e6, "setting": quant["setting"],
-            "note": "the fine-tuned teacher exported to ONNX and quantized with the student's int8 setting (no distillation); "
-                    "same test split, same latency inputs"}
+    return {
+        "model": "teacher ONNX int8",
+        "accuracy": report["accuracy"],
+        "macro_f1": report["macro_f1"],
+        "file_mb": teacher_int8.stat().st_size / 1e6,
+        "setting": quant["setting"],
+        "note": "the fine-tuned teacher exported to ONNX and quantized with the student's int8 setting (no distillation); "
+        "same test split, same latency inputs",
+    }

@@ -67,28 +67,38 @@ def unsupported_reason(facts: dict, pairs: bool) -> str | None:
     """Why this tokenizer (tokenizer_facts) cannot become a text-in model, or None when it can be tried."""
     kind, template = facts.get("type"), facts.get("template")
     if pairs:
-        return ("the task classifies text pairs; the text-in model takes one string per example (the extensions' "
-                "tokenizer operators take one text per row), so ship the ids-in model for pairs")
+        return (
+            "the task classifies text pairs; the text-in model takes one string per example (the extensions' "
+            "tokenizer operators take one text per row), so ship the ids-in model for pairs"
+        )
     if template != f"{_role(facts, 'cls')} text {_role(facts, 'sep')}":
-        return (f"the special-token template is '{template}'; the text-in model supports 'cls text sep' templates "
-                "(truncation keeps the closing special token)")
+        return (
+            f"the special-token template is '{template}'; the text-in model supports 'cls text sep' templates "
+            "(truncation keeps the closing special token)"
+        )
     if kind == "WordPiece":
         if facts.get("pre_tokenizer") != "BertPreTokenizer" or facts.get("normalizer") != "BertNormalizer":
-            return (f"the WordPiece tokenizer uses normalizer {facts.get('normalizer')} and pre-tokenizer "
-                    f"{facts.get('pre_tokenizer')}; the extensions' BasicTokenizer operator implements BERT's own "
-                    "(BertNormalizer, BertPreTokenizer) only")
+            return (
+                f"the WordPiece tokenizer uses normalizer {facts.get('normalizer')} and pre-tokenizer "
+                f"{facts.get('pre_tokenizer')}; the extensions' BasicTokenizer operator implements BERT's own "
+                "(BertNormalizer, BertPreTokenizer) only"
+            )
         return None
     if kind == "BPE" and facts.get("byte_level") and not facts.get("normalizers"):
         return None
     if kind == "Unigram":
-        return ("the tokenizer is Unigram (SentencePiece style): onnxruntime-extensions 0.15's SentencepieceTokenizer "
-                "needs a SentencePiece model protobuf, which a tokenizers-trained tokenizer.json does not hold, and its "
-                "HfJsonTokenizer, given this tokenizer.json, gave other ids than tokenizers (no [CLS], different first "
-                "pieces; measured on the tiny config's test split); the app tokenizes with tokenizer.json and feeds the "
-                "ids-in model")
-    return (f"the tokenizer is {kind}{' (byte-level)' if facts.get('byte_level') else ''} with normalizers "
-            f"{facts.get('normalizers')}: the extension operators cover WordPiece with BERT normalization and byte-level "
-            "BPE without a normalizer; the app tokenizes with tokenizer.json and feeds the ids-in model")
+        return (
+            "the tokenizer is Unigram (SentencePiece style): onnxruntime-extensions 0.15's SentencepieceTokenizer "
+            "needs a SentencePiece model protobuf, which a tokenizers-trained tokenizer.json does not hold, and its "
+            "HfJsonTokenizer, given this tokenizer.json, gave other ids than tokenizers (no [CLS], different first "
+            "pieces; measured on the tiny config's test split); the app tokenizes with tokenizer.json and feeds the "
+            "ids-in model"
+        )
+    return (
+        f"the tokenizer is {kind}{' (byte-level)' if facts.get('byte_level') else ''} with normalizers "
+        f"{facts.get('normalizers')}: the extension operators cover WordPiece with BERT normalization and byte-level "
+        "BPE without a normalizer; the app tokenizes with tokenizer.json and feeds the ids-in model"
+    )
 
 
 def _role(facts: dict, role: str) -> str | None:
@@ -133,21 +143,45 @@ def _char_class(ranges: list[tuple[int, int]]) -> str:
 
 def _basic_tokenizer_words(texts: list[str], lowercase: bool, strip: bool, fixes: dict | None = None) -> list[str]:
     """The operator's words of each text (after ``fixes``, when given), joined by spaces (one text per Scan step)."""
-    body = helper.make_graph([
-        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
-        helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("axis", TensorProto.INT64, [], [0])),
-        helper.make_node("Constant", [], ["space"], value=helper.make_tensor("space", TensorProto.STRING, [], [b" "])),
-        helper.make_node("Unsqueeze", ["string", "zero"], ["raw_text"]),
-        *(normalization_nodes(fixes, "raw_text", "one_text") if fixes else [helper.make_node("Identity", ["raw_text"], ["one_text"])]),
-        helper.make_node("BasicTokenizer", ["one_text"], ["words"], domain=EXTENSIONS_DOMAIN, do_lower_case=int(lowercase),
-                         strip_accents=int(strip), tokenize_chinese_chars=1, tokenize_punctuation=1, remove_control_chars=1),
-        helper.make_node("StringJoin", ["words", "space", "axis"], ["joined"], domain=EXTENSIONS_DOMAIN),
-    ], "words_of_one", [helper.make_tensor_value_info("string", TensorProto.STRING, [])],
-        [helper.make_tensor_value_info("joined", TensorProto.STRING, [])])
-    graph = helper.make_graph([helper.make_node("Scan", ["texts"], ["words"], body=body, num_scan_inputs=1)], "words",
-                              [helper.make_tensor_value_info("texts", TensorProto.STRING, ["n"])],
-                              [helper.make_tensor_value_info("words", TensorProto.STRING, ["n"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(EXTENSIONS_DOMAIN, 1)])
+    body = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
+            helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("axis", TensorProto.INT64, [], [0])),
+            helper.make_node(
+                "Constant", [], ["space"], value=helper.make_tensor("space", TensorProto.STRING, [], [b" "])
+            ),
+            helper.make_node("Unsqueeze", ["string", "zero"], ["raw_text"]),
+            *(
+                normalization_nodes(fixes, "raw_text", "one_text")
+                if fixes
+                else [helper.make_node("Identity", ["raw_text"], ["one_text"])]
+            ),
+            helper.make_node(
+                "BasicTokenizer",
+                ["one_text"],
+                ["words"],
+                domain=EXTENSIONS_DOMAIN,
+                do_lower_case=int(lowercase),
+                strip_accents=int(strip),
+                tokenize_chinese_chars=1,
+                tokenize_punctuation=1,
+                remove_control_chars=1,
+            ),
+            helper.make_node("StringJoin", ["words", "space", "axis"], ["joined"], domain=EXTENSIONS_DOMAIN),
+        ],
+        "words_of_one",
+        [helper.make_tensor_value_info("string", TensorProto.STRING, [])],
+        [helper.make_tensor_value_info("joined", TensorProto.STRING, [])],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["texts"], ["words"], body=body, num_scan_inputs=1)],
+        "words",
+        [helper.make_tensor_value_info("texts", TensorProto.STRING, ["n"])],
+        [helper.make_tensor_value_info("words", TensorProto.STRING, ["n"])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(EXTENSIONS_DOMAIN, 1)]
+    )
     return list(session(model.SerializeToString()).run(None, {"texts": np.array(texts, dtype=object)})[0])
 
 
@@ -159,8 +193,19 @@ def normalization_fixes(tokenizer_json: Path, lowercase: bool, strip: bool) -> d
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     normalize = tokenizer.normalizer.normalize_str if tokenizer.normalizer else str
     spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8")).get("normalizer")
-    key = hashlib.sha256(json.dumps([FIXES_FORMAT, spec, lowercase, strip, package_version("onnxruntime-extensions"),
-                                     package_version("tokenizers")], sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                FIXES_FORMAT,
+                spec,
+                lowercase,
+                strip,
+                package_version("onnxruntime-extensions"),
+                package_version("tokenizers"),
+            ],
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:16]
     cached = FIXES_CACHE / f"bert-normalization-fixes-{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text(encoding="utf-8"))
@@ -185,7 +230,9 @@ def normalization_fixes(tokenizer_json: Path, lowercase: bool, strip: bool) -> d
     fixes = {"removed": _code_point_ranges(removed), "mapped": mapped}
     # what the fixes leave: characters the operators still split or normalize otherwise (checked the same way)
     after = _basic_tokenizer_words([f"ab{chr(cp)}cd" for cp in expected], lowercase, strip, fixes)
-    fixes["still_different"] = _code_point_ranges([cp for (cp, wanted), words in zip(expected.items(), after) if words != wanted])
+    fixes["still_different"] = _code_point_ranges(
+        [cp for (cp, wanted), words in zip(expected.items(), after) if words != wanted]
+    )
     FIXES_CACHE.mkdir(parents=True, exist_ok=True)
     partial = cached.with_suffix(f".{os.getpid()}.partial")
     partial.write_text(json.dumps(fixes, ensure_ascii=False), encoding="utf-8")
@@ -198,8 +245,9 @@ def normalization_nodes(fixes: dict, text: str, out: str) -> list:
     characters, each fixed one replaced (the short runs of removed ones by a mark), joined, and one regex removing
     the mark and the long removed ranges. It runs only for a text holding a character other than printable ASCII,
     tab and line breaks (an If on one small regex): on plain English text the fixes cost one regex pass."""
-    strings = lambda name, value: helper.make_node(  # noqa: E731
-        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.STRING, [], [value.encode("utf-8")]))
+    strings = lambda name, value: helper.make_node(  # noqa: E731 (a one-line node builder, read where it is used)
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.STRING, [], [value.encode("utf-8")])
+    )
     node = helper.make_node
     long_ranges = [(a, b) for a, b in fixes["removed"] if b - a + 1 >= LONG_RANGE]
     mark = chr(long_ranges[0][0]) if long_ranges else None
@@ -209,26 +257,57 @@ def normalization_nodes(fixes: dict, text: str, out: str) -> list:
             if mark is None:  # no long range to hide the mark in: a removed character is its own mark
                 mark, long_ranges = chr(a), [(a, a)]
             table.update({chr(cp): mark for cp in range(a, b + 1) if chr(cp) != mark})
-    fix = [strings("nothing_fixed", ""), strings("one_char", "((?s).)"),
-           node("Constant", [], ["char_axis"], value=helper.make_tensor("char_axis", TensorProto.INT64, [], [0])),
-           node("StringRegexSplitWithOffsets", [text, "one_char", "one_char"], ["chars", "char_begin", "char_end", "char_rows"],
-                domain=EXTENSIONS_DOMAIN),
-           node("StringMapping", ["chars"], ["fixed_chars"], domain=EXTENSIONS_DOMAIN,
-                map="\n".join(f"{char}\t{value}" for char, value in table.items())),
-           node("StringJoin", ["fixed_chars", "nothing_fixed", "char_axis"], ["mapped_text"], domain=EXTENSIONS_DOMAIN)]
+    fix = [
+        strings("nothing_fixed", ""),
+        strings("one_char", "((?s).)"),
+        node("Constant", [], ["char_axis"], value=helper.make_tensor("char_axis", TensorProto.INT64, [], [0])),
+        node(
+            "StringRegexSplitWithOffsets",
+            [text, "one_char", "one_char"],
+            ["chars", "char_begin", "char_end", "char_rows"],
+            domain=EXTENSIONS_DOMAIN,
+        ),
+        node(
+            "StringMapping",
+            ["chars"],
+            ["fixed_chars"],
+            domain=EXTENSIONS_DOMAIN,
+            map="\n".join(f"{char}\t{value}" for char, value in table.items()),
+        ),
+        node("StringJoin", ["fixed_chars", "nothing_fixed", "char_axis"], ["mapped_text"], domain=EXTENSIONS_DOMAIN),
+    ]
     if long_ranges:
-        fix += [strings("removed_chars", _char_class(long_ranges)),
-                node("StringRegexReplace", ["mapped_text", "removed_chars", "nothing_fixed"], ["fixed_text"],
-                     domain=EXTENSIONS_DOMAIN, global_replace=1)]
+        fix += [
+            strings("removed_chars", _char_class(long_ranges)),
+            node(
+                "StringRegexReplace",
+                ["mapped_text", "removed_chars", "nothing_fixed"],
+                ["fixed_text"],
+                domain=EXTENSIONS_DOMAIN,
+                global_replace=1,
+            ),
+        ]
     else:
         fix.append(node("Identity", ["mapped_text"], ["fixed_text"]))
-    then_branch = helper.make_graph(fix, "fix_characters", [],
-                                    [helper.make_tensor_value_info("fixed_text", TensorProto.STRING, [1])])
-    else_branch = helper.make_graph([node("Identity", [text], ["plain_text"])], "plain_text", [],
-                                    [helper.make_tensor_value_info("plain_text", TensorProto.STRING, [1])])
+    then_branch = helper.make_graph(
+        fix, "fix_characters", [], [helper.make_tensor_value_info("fixed_text", TensorProto.STRING, [1])]
+    )
+    else_branch = helper.make_graph(
+        [node("Identity", [text], ["plain_text"])],
+        "plain_text",
+        [],
+        [helper.make_tensor_value_info("plain_text", TensorProto.STRING, [1])],
+    )
     return [
-        strings("not_plain", "[^\\x{9}\\x{A}\\x{D}\\x{20}-\\x{7E}]"), strings("nothing", ""),
-        node("StringRegexReplace", [text, "not_plain", "nothing"], ["plain_part"], domain=EXTENSIONS_DOMAIN, global_replace=1),
+        strings("not_plain", "[^\\x{9}\\x{A}\\x{D}\\x{20}-\\x{7E}]"),
+        strings("nothing", ""),
+        node(
+            "StringRegexReplace",
+            [text, "not_plain", "nothing"],
+            ["plain_part"],
+            domain=EXTENSIONS_DOMAIN,
+            global_replace=1,
+        ),
         node("StringEqual", [text, "plain_part"], ["is_plain"], domain=EXTENSIONS_DOMAIN),
         node("Not", ["is_plain"], ["needs_fixes_1"]),
         node("Constant", [], ["cond_axis"], value=helper.make_tensor("cond_axis", TensorProto.INT64, [1], [0])),
@@ -245,18 +324,24 @@ def casing(facts: dict) -> tuple[bool, bool]:
 
 def fixes_summary(fixes: dict) -> tuple[dict, list[str]]:
     """metadata.json's account of the normalization fixes, and the known difference they leave (if any)."""
-    count = lambda ranges: sum(b - a + 1 for a, b in ranges)  # noqa: E731
+    count = lambda ranges: sum(b - a + 1 for a, b in ranges)  # noqa: E731 (a one-line node builder, read where it is used)
     still = fixes["still_different"]
-    summary = {"characters_mapped": len(fixes["mapped"]), "characters_removed": count(fixes["removed"]),
-               "still_different": count(still), "still_different_ranges": [f"U+{a:04X}-U+{b:04X}" for a, b in still],
-               "checked": "every Unicode code point, alone inside a word, against tokenizers"}
+    summary = {
+        "characters_mapped": len(fixes["mapped"]),
+        "characters_removed": count(fixes["removed"]),
+        "still_different": count(still),
+        "still_different_ranges": [f"U+{a:04X}-U+{b:04X}" for a, b in still],
+        "checked": "every Unicode code point, alone inside a word, against tokenizers",
+    }
     if not still:
         return summary, []
     shown = ", ".join(f"U+{a:04X}" + (f"-U+{b:04X}" if b > a else "") for a, b in still[:4])
-    return summary, [f"{count(still)} of Unicode's code points still tokenize differently from tokenizers ({shown}"
-                     f"{', ...' if len(still) > 4 else ''}; all listed in metadata.json text_model.normalization): "
-                     "code points no text should hold (unassigned) and rare ideographs the operators split as Chinese "
-                     "characters where tokenizers does not"]
+    return summary, [
+        f"{count(still)} of Unicode's code points still tokenize differently from tokenizers ({shown}"
+        f"{', ...' if len(still) > 4 else ''}; all listed in metadata.json text_model.normalization): "
+        "code points no text should hold (unassigned) and rare ideographs the operators split as Chinese "
+        "characters where tokenizers does not"
+    ]
 
 
 def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int, fixes: dict | None = None) -> list:
@@ -267,55 +352,99 @@ def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int, fixes: d
     lowercase, strip = casing(facts)
     vocab = vocabulary(tokenizer_json)
     unk, cls, sep = (facts["special_tokens"][role]["id"] for role in ("unk", "cls", "sep"))
-    scalar = lambda name, value: helper.make_node(  # noqa: E731
-        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [], [value]))
-    vector = lambda name, values: helper.make_node(  # noqa: E731
-        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+    scalar = lambda name, value: helper.make_node(  # noqa: E731 (a one-line node builder, read where it is used)
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [], [value])
+    )
+    vector = lambda name, values: helper.make_node(  # noqa: E731 (a one-line node builder, read where it is used)
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+    )
     node = helper.make_node
     return [
-        *normalization_nodes(fixes or normalization_fixes(tokenizer_json, lowercase, strip), "one_text", "normalized_text"),
-        node("BasicTokenizer", ["normalized_text"], ["all_words"], name="BasicTokenizer", domain=EXTENSIONS_DOMAIN,
-             do_lower_case=int(lowercase), strip_accents=int(strip), tokenize_chinese_chars=1, tokenize_punctuation=1,
-             remove_control_chars=1),
-        scalar("s0", 0), scalar("s1", 1), scalar("unk_id", unk), vector("v0", [0]), vector("v1", [1]),
-        vector("cls_sep", [cls, sep]), vector("content_max", [max_length - 2]),
+        *normalization_nodes(
+            fixes or normalization_fixes(tokenizer_json, lowercase, strip), "one_text", "normalized_text"
+        ),
+        node(
+            "BasicTokenizer",
+            ["normalized_text"],
+            ["all_words"],
+            name="BasicTokenizer",
+            domain=EXTENSIONS_DOMAIN,
+            do_lower_case=int(lowercase),
+            strip_accents=int(strip),
+            tokenize_chinese_chars=1,
+            tokenize_punctuation=1,
+            remove_control_chars=1,
+        ),
+        scalar("s0", 0),
+        scalar("s1", 1),
+        scalar("unk_id", unk),
+        vector("v0", [0]),
+        vector("v1", [1]),
+        vector("cls_sep", [cls, sep]),
+        vector("content_max", [max_length - 2]),
         # every word gives at least one piece, so words past max_length - 2 never reach the ids: cut them here, which
         # keeps the word x piece bookkeeping below small for a text of any length (it is quadratic in words)
         node("Slice", ["all_words", "v0", "content_max"], ["words"]),
-        node("Size", ["words"], ["word_count"]), node("Add", ["word_count", "s1"], ["word_count_1"]),
+        node("Size", ["words"], ["word_count"]),
+        node("Add", ["word_count", "s1"], ["word_count_1"]),
         node("Range", ["s0", "word_count_1", "s1"], ["word_rows"]),  # one row per word
-        node("WordpieceTokenizer", ["words", "word_rows"], ["pieces", "row_splits", "word_begin", "word_end"],
-             name="WordpieceTokenizer", domain=EXTENSIONS_DOMAIN, vocab=json.dumps(vocab, ensure_ascii=False),
-             suffix_indicator=facts.get("continuing_subword_prefix") or "##", unknown_token=_role(facts, "unk") or "[UNK]",
-             max_input_chars_per_word=facts.get("max_input_chars_per_word") or 100),
-        node("LabelEncoder", ["pieces"], ["piece_ids"], domain="ai.onnx.ml", keys_strings=list(vocab),
-             values_int64s=list(vocab.values()), default_int64=unk),
+        node(
+            "WordpieceTokenizer",
+            ["words", "word_rows"],
+            ["pieces", "row_splits", "word_begin", "word_end"],
+            name="WordpieceTokenizer",
+            domain=EXTENSIONS_DOMAIN,
+            vocab=json.dumps(vocab, ensure_ascii=False),
+            suffix_indicator=facts.get("continuing_subword_prefix") or "##",
+            unknown_token=_role(facts, "unk") or "[UNK]",
+            max_input_chars_per_word=facts.get("max_input_chars_per_word") or 100,
+        ),
+        node(
+            "LabelEncoder",
+            ["pieces"],
+            ["piece_ids"],
+            domain="ai.onnx.ml",
+            keys_strings=list(vocab),
+            values_int64s=list(vocab.values()),
+            default_int64=unk,
+        ),
         # the word of every piece: how many words begin at or before it, minus one
-        node("Size", ["pieces"], ["piece_count"]), node("Range", ["s0", "piece_count", "s1"], ["piece_index"]),
-        node("Unsqueeze", ["piece_index", "v1"], ["piece_column"]), node("Unsqueeze", ["word_begin", "v0"], ["begin_row"]),
+        node("Size", ["pieces"], ["piece_count"]),
+        node("Range", ["s0", "piece_count", "s1"], ["piece_index"]),
+        node("Unsqueeze", ["piece_index", "v1"], ["piece_column"]),
+        node("Unsqueeze", ["word_begin", "v0"], ["begin_row"]),
         node("GreaterOrEqual", ["piece_column", "begin_row"], ["after_begin"]),
         node("Cast", ["after_begin"], ["after_begin_int"], to=TensorProto.INT64),
-        node("ReduceSum", ["after_begin_int", "v1"], ["begun"], keepdims=0), node("Sub", ["begun", "s1"], ["piece_word"]),
+        node("ReduceSum", ["after_begin_int", "v1"], ["begun"], keepdims=0),
+        node("Sub", ["begun", "s1"], ["piece_word"]),
         # words holding an [UNK] piece
         node("Equal", ["piece_ids", "unk_id"], ["is_unk"]),
         node("Range", ["s0", "word_count", "s1"], ["word_index"]),
-        node("Unsqueeze", ["piece_word", "v1"], ["piece_word_column"]), node("Unsqueeze", ["word_index", "v0"], ["word_row"]),
+        node("Unsqueeze", ["piece_word", "v1"], ["piece_word_column"]),
+        node("Unsqueeze", ["word_index", "v0"], ["word_row"]),
         node("Equal", ["piece_word_column", "word_row"], ["in_word"]),
-        node("Unsqueeze", ["is_unk", "v1"], ["is_unk_column"]), node("And", ["in_word", "is_unk_column"], ["unk_in_word"]),
+        node("Unsqueeze", ["is_unk", "v1"], ["is_unk_column"]),
+        node("And", ["in_word", "is_unk_column"], ["unk_in_word"]),
         node("Cast", ["unk_in_word"], ["unk_in_word_int"], to=TensorProto.INT64),
         node("ReduceSum", ["unk_in_word_int", "v0"], ["unk_per_word"], keepdims=0),
         node("Greater", ["unk_per_word", "s0"], ["word_unknown"]),
         node("Gather", ["word_unknown", "piece_word"], ["piece_in_unknown_word"]),
         node("Gather", ["word_begin", "piece_word"], ["piece_word_begin"]),
         node("Equal", ["piece_index", "piece_word_begin"], ["first_piece"]),
-        node("Not", ["piece_in_unknown_word"], ["known_word"]), node("Or", ["first_piece", "known_word"], ["keep"]),
+        node("Not", ["piece_in_unknown_word"], ["known_word"]),
+        node("Or", ["first_piece", "known_word"], ["keep"]),
         node("Where", ["piece_in_unknown_word", "unk_id", "piece_ids"], ["fixed_ids"]),
         node("Compress", ["fixed_ids", "keep"], ["content"], axis=0),
         node("Slice", ["content", "v0", "content_max"], ["content_cut"]),  # truncation: specials + pieces <= max_length
         node("Split", ["cls_sep"], ["cls_id", "sep_id"], axis=0, num_outputs=2),
         node("Concat", ["cls_id", "content_cut", "sep_id"], ["row_ids"], axis=0),
         node("Shape", ["row_ids"], ["ids_length"]),
-        node("ConstantOfShape", ["ids_length"], ["row_mask"], value=helper.make_tensor("one", TensorProto.INT64, [1], [1])),
+        node(
+            "ConstantOfShape",
+            ["ids_length"],
+            ["row_mask"],
+            value=helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+        ),
     ]
 
 
@@ -326,24 +455,47 @@ def tokenizer_nodes(tokenizer_json: Path, facts: dict, max_length: int, fixes: d
         return wordpiece_nodes(tokenizer_json, facts, max_length, fixes), "BasicTokenizer + WordpieceTokenizer"
     # byte-level BPE: the generic HfJsonTokenizer reads tokenizer.json itself (model, merges, post-processor); it
     # knows the GPT-2 class, which does not add the prefix space, so the graph adds it when tokenizer.json does.
-    config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": _role(facts, "cls"), "eos_token": _role(facts, "sep"),
-              **{f"{role}_token": _role(facts, role) for role in ("unk", "pad") if _role(facts, role)}}
+    config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "bos_token": _role(facts, "cls"),
+        "eos_token": _role(facts, "sep"),
+        **{f"{role}_token": _role(facts, role) for role in ("unk", "pad") if _role(facts, role)},
+    }
     text = "one_text"
     nodes = []
     if facts.get("add_prefix_space"):
         # tokenizers adds the space only to a non-empty text that does not start with one
-        strings = lambda name, value: helper.make_node(  # noqa: E731
-            "Constant", [], [name], value=helper.make_tensor(name, TensorProto.STRING, [1], [value]))
-        nodes += [strings("first_not_space", b"^([^ ])"), strings("space_before", b" \\1"),
-                  helper.make_node("StringRegexReplace", ["one_text", "first_not_space", "space_before"], ["spaced_text"],
-                                   domain=EXTENSIONS_DOMAIN, global_replace=0)]
+        strings = lambda name, value: helper.make_node(  # noqa: E731 (a one-line node builder, read where it is used)
+            "Constant", [], [name], value=helper.make_tensor(name, TensorProto.STRING, [1], [value])
+        )
+        nodes += [
+            strings("first_not_space", b"^([^ ])"),
+            strings("space_before", b" \\1"),
+            helper.make_node(
+                "StringRegexReplace",
+                ["one_text", "first_not_space", "space_before"],
+                ["spaced_text"],
+                domain=EXTENSIONS_DOMAIN,
+                global_replace=0,
+            ),
+        ]
         text = "spaced_text"
-    const = lambda name, values: helper.make_node(  # noqa: E731
-        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+    const = lambda name, values: helper.make_node(  # noqa: E731 (a one-line node builder, read where it is used)
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+    )
     nodes += [
-        helper.make_node("HfJsonTokenizer", [text], ["batch_ids"], name="HfJsonTokenizer", domain=EXTENSIONS_DOMAIN,
-                         tokenizer_vocab=Path(tokenizer_json).read_text(encoding="utf-8"), tokenizer_config=json.dumps(config)),
-        const("axis0", [0]), const("keep", [max_length - 1]), const("one_long", [1]),
+        helper.make_node(
+            "HfJsonTokenizer",
+            [text],
+            ["batch_ids"],
+            name="HfJsonTokenizer",
+            domain=EXTENSIONS_DOMAIN,
+            tokenizer_vocab=Path(tokenizer_json).read_text(encoding="utf-8"),
+            tokenizer_config=json.dumps(config),
+        ),
+        const("axis0", [0]),
+        const("keep", [max_length - 1]),
+        const("one_long", [1]),
         helper.make_node("Squeeze", ["batch_ids", "axis0"], ["all_ids"]),
         # truncation as tokenizers does it for "cls text sep": the first max_length - 1 ids, then the closing special
         helper.make_node("Shape", ["all_ids"], ["all_length"]),
@@ -353,8 +505,12 @@ def tokenizer_nodes(tokenizer_json: Path, facts: dict, max_length: int, fixes: d
         helper.make_node("Slice", ["all_ids", "last", "all_length"], ["tail"]),
         helper.make_node("Concat", ["head", "tail"], ["row_ids"], axis=0),
         helper.make_node("Shape", ["row_ids"], ["ids_length"]),
-        helper.make_node("ConstantOfShape", ["ids_length"], ["row_mask"],
-                         value=helper.make_tensor("one", TensorProto.INT64, [1], [1])),
+        helper.make_node(
+            "ConstantOfShape",
+            ["ids_length"],
+            ["row_mask"],
+            value=helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+        ),
     ]
     return nodes, "HfJsonTokenizer"
 
@@ -363,11 +519,13 @@ def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: i
     """text string [batch] -> input_ids, attention_mask int64 [batch, longest]: predict.py's encoding, as ONNX."""
     pad = facts["special_tokens"]["pad"]["id"] if "pad" in facts.get("special_tokens", {}) else 0
     tokenizer, operator = tokenizer_nodes(tokenizer_json, facts, max_length, fixes)
-    const = lambda name, values: helper.make_node(  # noqa: E731
-        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+    const = lambda name, values: helper.make_node(  # noqa: E731 (a one-line node builder, read where it is used)
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+    )
     body = helper.make_graph(  # one string -> its ids and mask, padded to max_length
         [
-            const("zero", [0]), const("full", [max_length]),
+            const("zero", [0]),
+            const("full", [max_length]),
             helper.make_node("Unsqueeze", ["string", "zero"], ["one_text"]),  # [1]: a single string, never a pair
             *tokenizer,
             helper.make_node("Shape", ["row_ids"], ["row_length"]),
@@ -378,17 +536,22 @@ def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: i
         ],
         "tokenize_one",
         [helper.make_tensor_value_info("string", TensorProto.STRING, [])],
-        [helper.make_tensor_value_info("ids_row", TensorProto.INT64, [max_length]),
-         helper.make_tensor_value_info("mask_row", TensorProto.INT64, [max_length])],
+        [
+            helper.make_tensor_value_info("ids_row", TensorProto.INT64, [max_length]),
+            helper.make_tensor_value_info("mask_row", TensorProto.INT64, [max_length]),
+        ],
     )
     nodes = [
         helper.make_node("Constant", [], ["pad_id"], value=helper.make_tensor("pad_id", TensorProto.INT64, [], [pad])),
-        helper.make_node("Constant", [], ["zero_scalar"], value=helper.make_tensor("zero_scalar", TensorProto.INT64, [], [0])),
+        helper.make_node(
+            "Constant", [], ["zero_scalar"], value=helper.make_tensor("zero_scalar", TensorProto.INT64, [], [0])
+        ),
         helper.make_node("Constant", [], ["axis1"], value=helper.make_tensor("axis1", TensorProto.INT64, [1], [1])),
         helper.make_node("Constant", [], ["starts"], value=helper.make_tensor("starts", TensorProto.INT64, [1], [0])),
         # Scan, not Loop: a Loop around the extensions' BertTokenizer corrupted the heap on its second run (0.15.2)
-        helper.make_node("Scan", [TEXT_INPUT], ["padded_ids", "padded_mask"], body=body, num_scan_inputs=1,
-                         name="tokenize_batch"),
+        helper.make_node(
+            "Scan", [TEXT_INPUT], ["padded_ids", "padded_mask"], body=body, num_scan_inputs=1, name="tokenize_batch"
+        ),
         # cut to the longest row, as predict.py pads a batch only to its longest text
         helper.make_node("ReduceSum", ["padded_mask", "axis1"], ["lengths"], keepdims=0),
         helper.make_node("ReduceMax", ["lengths"], ["longest"], keepdims=1),
@@ -396,13 +559,22 @@ def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: i
         helper.make_node("Slice", ["padded_mask", "starts", "longest", "axis1"], ["attention_mask"]),
     ]
     graph = helper.make_graph(
-        nodes, "tokenizer",
+        nodes,
+        "tokenizer",
         [helper.make_tensor_value_info(TEXT_INPUT, TensorProto.STRING, ["batch"])],
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+        ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(EXTENSIONS_DOMAIN, 1),
-                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+    model = helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", opset),
+            helper.make_opsetid(EXTENSIONS_DOMAIN, 1),
+            helper.make_opsetid("ai.onnx.ml", 3),
+        ],
+    )
     onnx.checker.check_model(model)
     return model, operator
 
@@ -416,30 +588,51 @@ def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: 
     fixes = normalization_fixes(tokenizer_json, *casing(facts)) if facts.get("type") == "WordPiece" else None
     tokens, operator = tokenizer_graph(tokenizer_json, facts, max_length, opset, fixes)
     tokens.ir_version = classifier.ir_version
-    merged = compose.merge_models(tokens, classifier, io_map=[("input_ids", "input_ids"), ("attention_mask", "attention_mask")],
-                                  outputs=["logits", "input_ids"])
+    merged = compose.merge_models(
+        tokens,
+        classifier,
+        io_map=[("input_ids", "input_ids"), ("attention_mask", "attention_mask")],
+        outputs=["logits", "input_ids"],
+    )
     graph = merged.graph
-    graph.node.extend([helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
-                       helper.make_node("ArgMax", ["logits"], ["label"], axis=-1, keepdims=0)])
+    graph.node.extend(
+        [
+            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
+            helper.make_node("ArgMax", ["logits"], ["label"], axis=-1, keepdims=0),
+        ]
+    )
     ids_output = next(o for o in graph.output if o.name == "input_ids")
     labels = classifier.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
     del graph.output[:]
-    graph.output.extend([helper.make_tensor_value_info("probabilities", onnx.TensorProto.FLOAT, ["batch", labels]),
-                         helper.make_tensor_value_info("label", onnx.TensorProto.INT64, ["batch"]), ids_output])
-    merged.doc_string = (f"Text in, probabilities out: onnxruntime-extensions {operator} (truncation at "
-                         f"{max_length} tokens) in front of {Path(classifier_onnx).name}. Needs the extensions "
-                         "custom-op library (onnxruntime-extensions).")
+    graph.output.extend(
+        [
+            helper.make_tensor_value_info("probabilities", onnx.TensorProto.FLOAT, ["batch", labels]),
+            helper.make_tensor_value_info("label", onnx.TensorProto.INT64, ["batch"]),
+            ids_output,
+        ]
+    )
+    merged.doc_string = (
+        f"Text in, probabilities out: onnxruntime-extensions {operator} (truncation at "
+        f"{max_length} tokens) in front of {Path(classifier_onnx).name}. Needs the extensions "
+        "custom-op library (onnxruntime-extensions)."
+    )
     onnx.checker.check_model(merged)
     onnx.save(merged, str(target))
     summary, left = fixes_summary(fixes) if fixes else (None, [])
-    return {"file": Path(target).name, "classifier": Path(classifier_onnx).name, "operator": f"{EXTENSIONS_DOMAIN} {operator}",
-            **({"normalization": summary} if summary else {}),
-            "known_differences": KNOWN_DIFFERENCES.get(facts.get("type"), []) + left,
-            "inputs": [{"name": TEXT_INPUT, "dtype": "string", "shape": ["batch"]}],
-            "outputs": [{"name": "probabilities", "dtype": "float32", "shape": ["batch", labels]},
-                        {"name": "label", "dtype": "int64", "shape": ["batch"]},
-                        {"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
-            "truncation": max_length}
+    return {
+        "file": Path(target).name,
+        "classifier": Path(classifier_onnx).name,
+        "operator": f"{EXTENSIONS_DOMAIN} {operator}",
+        **({"normalization": summary} if summary else {}),
+        "known_differences": KNOWN_DIFFERENCES.get(facts.get("type"), []) + left,
+        "inputs": [{"name": TEXT_INPUT, "dtype": "string", "shape": ["batch"]}],
+        "outputs": [
+            {"name": "probabilities", "dtype": "float32", "shape": ["batch", labels]},
+            {"name": "label", "dtype": "int64", "shape": ["batch"]},
+            {"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
+        ],
+        "truncation": max_length,
+    }
 
 
 def session(path: Path, threads: int | None = None):
@@ -453,7 +646,7 @@ def run(path_or_session, texts: list[str], batch_size: int = 1) -> tuple[np.ndar
     runner = session(path_or_session) if isinstance(path_or_session, (str, Path)) else path_or_session
     probs, labels, ids = [], [], []
     for start in range(0, len(texts), batch_size):
-        p, lab, tok = runner.run(TEXT_OUTPUTS, {TEXT_INPUT: np.array(texts[start:start + batch_size], dtype=object)})
+        p, lab, tok = runner.run(TEXT_OUTPUTS, {TEXT_INPUT: np.array(texts[start : start + batch_size], dtype=object)})
         probs.append(p)
         labels.append(lab)
         ids += [[int(t) for t in row] for row in tok]
@@ -469,21 +662,31 @@ def check(path: Path, texts: list[str], expected_ids: list[list[int]], expected_
     same_ids = 0
     first_difference = None
     for index, (row, expected) in enumerate(zip(ids, expected_ids)):
-        if row[: len(expected)] == list(expected) and all(t == pad for t in row[len(expected):]):
+        if row[: len(expected)] == list(expected) and all(t == pad for t in row[len(expected) :]):
             same_ids += 1
         elif first_difference is None:
-            first_difference = {"index": index, "text": texts[index][:200], "text_model": row[: len(expected) + 2],
-                                "predict_py": list(expected)}
+            first_difference = {
+                "index": index,
+                "text": texts[index][:200],
+                "text_model": row[: len(expected) + 2],
+                "predict_py": list(expected),
+            }
     shifted = np.exp(expected_logits - expected_logits.max(-1, keepdims=True))
     expected_probs = shifted / shifted.sum(-1, keepdims=True)
     agreement = float((labels == expected_logits.argmax(-1)).mean()) if len(texts) else 1.0
-    return {"examples": len(texts), "token_ids_identical": same_ids, "prediction_agreement": agreement,
-            "max_abs_probability_diff": float(np.abs(probs - expected_probs).max()) if len(texts) else 0.0,
-            "exact": same_ids == len(texts) and agreement == 1.0, "first_difference": first_difference}
+    return {
+        "examples": len(texts),
+        "token_ids_identical": same_ids,
+        "prediction_agreement": agreement,
+        "max_abs_probability_diff": float(np.abs(probs - expected_probs).max()) if len(texts) else 0.0,
+        "exact": same_ids == len(texts) and agreement == 1.0,
+        "first_difference": first_difference,
+    }
 
 
-def ship(classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, records: list[dict], pad: int,
-         target: Path) -> dict:
+def ship(
+    classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, records: list[dict], pad: int, target: Path
+) -> dict:
     """Build the text-in model at ``target`` from the shipped ``classifier`` and check it on ``records`` (the test
     split): predict.py's token ids (tokenizers, truncation at ``max_length``) and the classifier's predictions on
     them must be reproduced exactly, or nothing is shipped. Returns metadata.json's ``text_model``."""
@@ -503,15 +706,26 @@ def ship(classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, r
     result = check(target, texts, ids, logits, pad)
     if not result["exact"]:
         Path(target).unlink()
-        why = (f"the extension operators did not reproduce predict.py on the test split: {result['token_ids_identical']} of "
-               f"{result['examples']} texts got identical token ids, prediction agreement {result['prediction_agreement']:.4f} "
-               f"(first difference: {result['first_difference']})")
+        why = (
+            f"the extension operators did not reproduce predict.py on the test split: {result['token_ids_identical']} of "
+            f"{result['examples']} texts got identical token ids, prediction agreement {result['prediction_agreement']:.4f} "
+            f"(first difference: {result['first_difference']})"
+        )
         log.info("[export] no text-in model: %s", why)
         return {"shipped": False, "why": why, "check": result}
-    log.info("[export] text-in model %s: identical token ids on %d/%d test texts, prediction agreement %.4f",
-             info["file"], result["token_ids_identical"], result["examples"], result["prediction_agreement"])
-    return {"shipped": True, **info, "check": {**result, "split": "test", "against": f"predict.py ({classifier.name})"},
-            "onnxruntime_extensions": package_version("onnxruntime-extensions")}
+    log.info(
+        "[export] text-in model %s: identical token ids on %d/%d test texts, prediction agreement %.4f",
+        info["file"],
+        result["token_ids_identical"],
+        result["examples"],
+        result["prediction_agreement"],
+    )
+    return {
+        "shipped": True,
+        **info,
+        "check": {**result, "split": "test", "against": f"predict.py ({classifier.name})"},
+        "onnxruntime_extensions": package_version("onnxruntime-extensions"),
+    }
 
 
 # Measured against tokenizers: WordPiece on 6,000 Rotten Tomatoes sentences plus edge cases (empty text, accents,
@@ -519,7 +733,9 @@ def ship(classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, r
 # code point (normalization_fixes, which also lists what its fixes leave); byte-level BPE on 3,000 sentences plus
 # leading spaces, tabs and an empty text: identical ids. Where they part ways besides:
 KNOWN_DIFFERENCES = {
-    "WordPiece": ["a special token typed inside the text (e.g. the literal string '[SEP]') is split like ordinary "
-                  "text by the operators, while tokenizers maps it to the special token's id"],
+    "WordPiece": [
+        "a special token typed inside the text (e.g. the literal string '[SEP]') is split like ordinary "
+        "text by the operators, while tokenizers maps it to the special token's id"
+    ],
     "BPE": ["special tokens typed inside the text (e.g. the literal string '</s>') were not compared"],
 }

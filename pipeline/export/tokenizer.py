@@ -15,14 +15,23 @@ from tokenizers import Tokenizer
 from ..errors import PipelineError
 from ..families import FAMILIES
 
-
 # Special-token roles the bundle records, each with the transformers attribute(s) that name it, in order of preference.
-ROLES = {"cls": ("cls_token", "bos_token"), "sep": ("sep_token", "eos_token"), "pad": ("pad_token",),
-         "unk": ("unk_token",), "mask": ("mask_token",)}
+ROLES = {
+    "cls": ("cls_token", "bos_token"),
+    "sep": ("sep_token", "eos_token"),
+    "pad": ("pad_token",),
+    "unk": ("unk_token",),
+    "mask": ("mask_token",),
+}
 
 
-_ROLE_NAMES = {"cls": ("[CLS]", "<s>", "<cls>", "[BOS]", "<bos>"), "sep": ("[SEP]", "</s>", "<sep>", "[EOS]", "<eos>"),
-               "pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"), "mask": ("[MASK]", "<mask>")}
+_ROLE_NAMES = {
+    "cls": ("[CLS]", "<s>", "<cls>", "[BOS]", "<bos>"),
+    "sep": ("[SEP]", "</s>", "<sep>", "[EOS]", "<eos>"),
+    "pad": ("[PAD]", "<pad>"),
+    "unk": ("[UNK]", "<unk>"),
+    "mask": ("[MASK]", "<mask>"),
+}
 
 
 _UNICODE_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
@@ -75,8 +84,13 @@ def _templates(spec: dict) -> tuple[list[str] | None, list[str] | None]:
             pair = [cls, "$A", sep, sep, "$B", sep] if kind == "RobertaProcessing" else [cls, "$A", sep, "$B", sep]
             return [cls, "$A", sep], pair
         if kind == "TemplateProcessing":
+
             def render(items):
-                return [item["SpecialToken"]["id"] if "SpecialToken" in item else "$" + item["Sequence"]["id"] for item in items]
+                return [
+                    item["SpecialToken"]["id"] if "SpecialToken" in item else "$" + item["Sequence"]["id"]
+                    for item in items
+                ]
+
             return render(post.get("single", [])), render(post.get("pair", []))
     return None, None
 
@@ -119,8 +133,9 @@ def tokenizer_facts(tokenizer_json: Path, role_tokens: dict[str, str] | None = N
             token = next((name for name in _ROLE_NAMES[role] if name in ids), None)
         if token is not None and token in ids:
             roles[role] = {"token": token, "id": ids[token]}
-    lowercase = any(n.get("type") == "Lowercase" or (n.get("type") == "BertNormalizer" and n.get("lowercase"))
-                    for n in normalizers)
+    lowercase = any(
+        n.get("type") == "Lowercase" or (n.get("type") == "BertNormalizer" and n.get("lowercase")) for n in normalizers
+    )
     strip = next((n.get("strip_accents") for n in normalizers if n.get("type") == "BertNormalizer"), None)
     if any(n.get("type") == "StripAccents" for n in normalizers):
         strip = True
@@ -143,8 +158,11 @@ def tokenizer_facts(tokenizer_json: Path, role_tokens: dict[str, str] | None = N
         "pre_tokenizers": [p.get("type") for p in pre_tokenizers],
         "byte_level": byte_level is not None,
         "add_prefix_space": bool(byte_level.get("add_prefix_space")) if byte_level else None,
-        "metaspace": ({"replacement": metaspace.get("replacement"), "prepend_scheme": metaspace.get("prepend_scheme")}
-                      if metaspace else None),
+        "metaspace": (
+            {"replacement": metaspace.get("replacement"), "prepend_scheme": metaspace.get("prepend_scheme")}
+            if metaspace
+            else None
+        ),
         "continuing_subword_prefix": model.get("continuing_subword_prefix"),
         "max_input_chars_per_word": model.get("max_input_chars_per_word"),
         "merges": len(model.get("merges") or []) if kind == "BPE" else None,
@@ -188,8 +206,9 @@ def write_bundle_tokenizer(source: Path, target_json: Path, target_vocab: Path, 
     return [Path(target_json).name, Path(target_vocab).name]
 
 
-def tokenize_texts(tokenizer_json: Path, texts: list[str], max_length: int, pairs: list[str] | None = None,
-                   segments: bool = False):
+def tokenize_texts(
+    tokenizer_json: Path, texts: list[str], max_length: int, pairs: list[str] | None = None, segments: bool = False
+):
     """Token ids as the bundle's predict.py computes them (tokenizers library, truncation, no padding);
     with ``segments`` a pair (ids, type ids)."""
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -234,26 +253,39 @@ def trimmed_student(student, prepare, records, tokenizer_json, work, test, max_l
     else:
         ids, types = tokenize_texts(trimmed_json, [r["text"] for r in records], max_length, pairs), None
     split = IdSplit(ids, test.labels, types)
-    facts = tokenizer_facts(trimmed_json, {role: entry["token"] for role, entry in full_facts["special_tokens"].items()})
+    facts = tokenizer_facts(
+        trimmed_json, {role: entry["token"] for role, entry in full_facts["special_tokens"].items()}
+    )
     kept_set = set(kept)
     differs = [list(a) != [kept[i] for i in b] for a, b in zip(test.input_ids, ids)]
     surviving = [row for row, a in enumerate(test.input_ids) if kept_set.issuperset(int(i) for i in a)]
     if any(differs[row] for row in surviving):  # a trimming bug, never a property of the data
         row = next(row for row in surviving if differs[row])
-        raise PipelineError(f"export.trim_vocab: test text {row} uses only kept tokens but the trimmed {facts['type']} "
-                            "tokenizer gives it other pieces; nothing was shipped. Report this with the tokenizer.json.")
-    info = {"enabled": True, "applied": True, "tokenizer_model": facts["type"], "kept_tokens": len(kept),
-            "original_vocab": original_vocab, "source_splits": "train, validation, unlabeled",
-            "test_texts_tokenized_differently": sum(differs), "test_texts_surviving": len(surviving),
-            "pad_id": facts["special_tokens"]["pad"]["id"], "surviving_rows": surviving}
+        raise PipelineError(
+            f"export.trim_vocab: test text {row} uses only kept tokens but the trimmed {facts['type']} "
+            "tokenizer gives it other pieces; nothing was shipped. Report this with the tokenizer.json."
+        )
+    info = {
+        "enabled": True,
+        "applied": True,
+        "tokenizer_model": facts["type"],
+        "kept_tokens": len(kept),
+        "original_vocab": original_vocab,
+        "source_splits": "train, validation, unlabeled",
+        "test_texts_tokenized_differently": sum(differs),
+        "test_texts_surviving": len(surviving),
+        "pad_id": facts["special_tokens"]["pad"]["id"],
+        "surviving_rows": surviving,
+    }
     if "unk" in facts["special_tokens"]:  # byte-level BPE has no unknown token
         info["test_unk_rate_before"] = _rate(test.input_ids, full_facts["special_tokens"]["unk"]["id"])
         info["test_unk_rate_after"] = _rate(ids, facts["special_tokens"]["unk"]["id"])
     return student, split, trimmed_json, info
 
 
-def corpus_token_ids(prepare_dir: Path, tokenizer_json: Path,
-                     splits: tuple[str, ...] = ("train", "validation", "unlabeled")) -> set[int]:
+def corpus_token_ids(
+    prepare_dir: Path, tokenizer_json: Path, splits: tuple[str, ...] = ("train", "validation", "unlabeled")
+) -> set[int]:
     """Every token id the training-side text uses, tokenized WITHOUT truncation.
 
     Untruncated: a word cut by truncation still needs all its pieces, or greedy
@@ -298,7 +330,9 @@ def trim_vocabulary(tokenizer_json: Path, keep: set[int], target: Path) -> list[
     model = spec.get("model") or {}
     kind = model.get("type")
     vocab = model.get("vocab")
-    in_model = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab))) if isinstance(vocab, list) else set()
+    in_model = (
+        set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab))) if isinstance(vocab, list) else set()
+    )
     added = {t["id"] for t in spec.get("added_tokens", [])}
     # Added tokens outside the model's vocabulary (Llama 3 / EuroBERT keep their specials only there) keep their
     # order after the kept vocabulary.
@@ -337,13 +371,18 @@ def _trim_bpe(model: dict, keep: set[int]) -> list[int]:
     merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
 
     def merged(a: str, b: str) -> str:
-        return a + (b[len(prefix):] if prefix and b.startswith(prefix) else b)
+        return a + (b[len(prefix) :] if prefix and b.startswith(prefix) else b)
 
     made_from: dict[str, list[tuple[str, str]]] = {}
     for a, b in merges:
         made_from.setdefault(merged(a, b), []).append((a, b))
-    alphabet = {t for t in vocab if len(t) == 1 or (prefix and t.startswith(prefix) and len(t) == len(prefix) + 1)
-                or (model.get("byte_fallback") and BYTE_PIECE.fullmatch(t))}  # SentencePiece BPE (Gemma): <0xNN>
+    alphabet = {
+        t
+        for t in vocab
+        if len(t) == 1
+        or (prefix and t.startswith(prefix) and len(t) == len(prefix) + 1)
+        or (model.get("byte_fallback") and BYTE_PIECE.fullmatch(t))
+    }  # SentencePiece BPE (Gemma): <0xNN>
     wanted = {token_of[i] for i in keep} | alphabet
     if model.get("unk_token") in vocab:
         wanted.add(model["unk_token"])

@@ -11,11 +11,19 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import PipelineError
 from ..inference import TokenizedSplit
 from ..models import count_parameters, load_classifier
-from ..errors import PipelineError
-from .onnx_graph import (LogitsOnly, batch_invariance, export_onnx, onnx_logits, split_feeds, strip_node_metadata, torch_logits,
-                         variant_metrics)
+from .onnx_graph import (
+    LogitsOnly,
+    batch_invariance,
+    export_onnx,
+    onnx_logits,
+    split_feeds,
+    strip_node_metadata,
+    torch_logits,
+    variant_metrics,
+)
 from .quantize import int8_teacher_baseline, quantization_ladder, quantize_static_int8, quantize_with_budget
 from .tokenizer import IdSplit, tokenize_texts, tokenizer_facts, trimmed_student
 
@@ -102,14 +110,30 @@ def export_student(inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
     reference = torch_logits(model, inputs.test, inputs.pad)  # the PyTorch student every variant is compared with
     tokenizer_json = inputs.student / "tokenizer.json"
     trim = cfg.trim_vocab and trim_supported(tokenizer_facts(tokenizer_json))
-    full = export_fp32(model, inputs.test, inputs.pad, tokenizer_json,
-                       (work if trim else out) / "model.onnx", reference, reference, inputs.names, cfg)
+    full = export_fp32(
+        model,
+        inputs.test,
+        inputs.pad,
+        tokenizer_json,
+        (work if trim else out) / "model.onnx",
+        reference,
+        reference,
+        inputs.names,
+        cfg,
+    )
     if cfg.trim_vocab and not trim:
-        reason = (f"vocabulary trimming supports WordPiece, BPE and Unigram tokenizers; this tokenizer is "
-                  f"{full.facts['type']}, so the full vocabulary is shipped")
+        reason = (
+            f"vocabulary trimming supports WordPiece, BPE and Unigram tokenizers; this tokenizer is "
+            f"{full.facts['type']}, so the full vocabulary is shipped"
+        )
         log.info("[export] export.trim_vocab skipped: %s", reason)
-        full.trim = {"enabled": False, "requested": True, "applied": False, "reason": reason,
-                     "tokenizer_model": full.facts["type"]}
+        full.trim = {
+            "enabled": False,
+            "requested": True,
+            "applied": False,
+            "reason": reason,
+            "tokenizer_model": full.facts["type"],
+        }
     return export_trimmed(full, inputs, cfg, out, work) if trim else full
 
 
@@ -126,8 +150,19 @@ def export_fp32(model, test, pad, tokenizer_json, path, own_logits, reference, n
     fp32 = variant_metrics(logits, reference, test.labels, names, path, count_parameters(model))
     fp32["batch_invariance"] = batch_invariance(path, test, pad, logits)
     facts = tokenizer_facts(tokenizer_json, role_tokens)
-    return Shipped(model=model, test=test, pad=pad, tokenizer_json=tokenizer_json, facts=facts,
-                   fp32_path=path, fp32_logits=logits, fp32=fp32, reference=reference, parity=parity, ladder=ladder)
+    return Shipped(
+        model=model,
+        test=test,
+        pad=pad,
+        tokenizer_json=tokenizer_json,
+        facts=facts,
+        fp32_path=path,
+        fp32_logits=logits,
+        fp32=fp32,
+        reference=reference,
+        parity=parity,
+        ladder=ladder,
+    )
 
 
 def export_checked(student, path, split, pad, reference, cfg):
@@ -149,23 +184,49 @@ def export_checked(student, path, split, pad, reference, cfg):
 
 def export_trimmed(full: Shipped, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
     """A smaller embedding table: the student cut to the tokens the training text uses, exported and checked again."""
-    model, test, tokenizer_json, trim = trimmed_student(full.model, inputs.prepare, inputs.test_records, full.tokenizer_json,
-                                                        work, full.test,
-                                                        inputs.max_length, full.facts)
+    model, test, tokenizer_json, trim = trimmed_student(
+        full.model,
+        inputs.prepare,
+        inputs.test_records,
+        full.tokenizer_json,
+        work,
+        full.test,
+        inputs.max_length,
+        full.facts,
+    )
     pad = trim["pad_id"]
     roles = {role: entry["token"] for role, entry in full.facts["special_tokens"].items()}
-    shipped = export_fp32(model, test, pad, tokenizer_json, out / "model.onnx", torch_logits(model, test, pad),
-                          full.reference, inputs.names, cfg, roles)
+    shipped = export_fp32(
+        model,
+        test,
+        pad,
+        tokenizer_json,
+        out / "model.onnx",
+        torch_logits(model, test, pad),
+        full.reference,
+        inputs.names,
+        cfg,
+        roles,
+    )
     before, after = full.fp32, shipped.fp32
     # texts whose pieces all survive: the same ids, so the same predictions (up to float noise of a smaller table)
     surviving = trim.pop("surviving_rows")
     if surviving:
-        trim["surviving_max_abs_logit_diff"] = float(np.abs(full.fp32_logits[surviving] - shipped.fp32_logits[surviving]).max())
+        trim["surviving_max_abs_logit_diff"] = float(
+            np.abs(full.fp32_logits[surviving] - shipped.fp32_logits[surviving]).max()
+        )
         trim["surviving_prediction_agreement"] = float(
-            (full.fp32_logits[surviving].argmax(-1) == shipped.fp32_logits[surviving].argmax(-1)).mean())
+            (full.fp32_logits[surviving].argmax(-1) == shipped.fp32_logits[surviving].argmax(-1)).mean()
+        )
     shipped.trim = {**trim, "before": _brief(before), "after": _brief(after)}
-    log.info("[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
-             trim["kept_tokens"], before["file_mb"], after["file_mb"], before["accuracy"], after["accuracy"])
+    log.info(
+        "[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
+        trim["kept_tokens"],
+        before["file_mb"],
+        after["file_mb"],
+        before["accuracy"],
+        after["accuracy"],
+    )
     return shipped
 
 
@@ -174,13 +235,24 @@ def quantize_dynamic(shipped: Shipped, names, cfg, out: Path, work: Path) -> Int
     if not cfg.quantize:
         return None
     path = out / "model.int8.onnx"
-    setting, attempts, logits = quantize_with_budget(shipped.ladder, shipped.fp32_path, path, work, shipped.test, shipped.pad,
-                                                     shipped.fp32["accuracy"], cfg.max_int8_drop)
+    setting, attempts, logits = quantize_with_budget(
+        shipped.ladder,
+        shipped.fp32_path,
+        path,
+        work,
+        shipped.test,
+        shipped.pad,
+        shipped.fp32["accuracy"],
+        cfg.max_int8_drop,
+    )
     metrics = variant_metrics(logits, shipped.reference, shipped.test.labels, names, path, shipped.fp32["parameters"])
     metrics["drop_points"] = setting["drop_points"]
     metrics["batch_invariance"] = batch_invariance(path, shipped.test, shipped.pad, logits)
-    log.info("[export] dynamic int8 in batches of 64: %d of %d test predictions change (activation scales per batch)",
-             metrics["batch_invariance"]["predictions_changed"], len(shipped.test))
+    log.info(
+        "[export] dynamic int8 in batches of 64: %d of %d test predictions change (activation scales per batch)",
+        metrics["batch_invariance"]["predictions_changed"],
+        len(shipped.test),
+    )
     return Int8(path=path, setting=setting, attempts=attempts, metrics=metrics, logits=logits)
 
 
@@ -205,26 +277,51 @@ def quantize_static(shipped: Shipped, inputs: Inputs, cfg, seed: int, out: Path,
         settings = quantize_static_int8(shipped.fp32_path, candidate, calibration, excluded)
         logits = onnx_logits(candidate, shipped.test, shipped.pad)
         accuracy = float((logits.argmax(-1) == shipped.test.labels).mean())
-        attempt = {"kept_fp32": name, "accuracy": accuracy, "drop_points": 100 * (fp32_accuracy - accuracy),
-                   "file_mb": candidate.stat().st_size / 1e6, "excluded_nodes": len(excluded)}
+        attempt = {
+            "kept_fp32": name,
+            "accuracy": accuracy,
+            "drop_points": 100 * (fp32_accuracy - accuracy),
+            "file_mb": candidate.stat().st_size / 1e6,
+            "excluded_nodes": len(excluded),
+        }
         attempts.append(attempt)
-        log.info("[export] static int8 (kept fp32: %s): accuracy %.4f (drop %.2f points, budget %.2f)", name, accuracy,
-                 attempt["drop_points"], cfg.max_int8_drop)
+        log.info(
+            "[export] static int8 (kept fp32: %s): accuracy %.4f (drop %.2f points, budget %.2f)",
+            name,
+            accuracy,
+            attempt["drop_points"],
+            cfg.max_int8_drop,
+        )
         if best is None or attempt["drop_points"] < best[0]["drop_points"] - 1e-12:
             best = (attempt, settings, candidate, logits)
         if attempt["drop_points"] <= cfg.max_int8_drop:
             break
     attempt, settings, candidate, logits = best
     shutil.move(str(candidate), path)
-    metrics = variant_metrics(logits, shipped.reference, shipped.test.labels, inputs.names, path, shipped.fp32["parameters"])
+    metrics = variant_metrics(
+        logits, shipped.reference, shipped.test.labels, inputs.names, path, shipped.fp32["parameters"]
+    )
     metrics["drop_points"] = attempt["drop_points"]
     metrics["batch_invariance"] = batch_invariance(path, shipped.test, shipped.pad, logits)
-    setting = {**settings, "kept_fp32": attempt["kept_fp32"], "drop_points": attempt["drop_points"],
-               "within_budget": attempt["drop_points"] <= cfg.max_int8_drop, "attempts": attempts,
-               "calibration": {"split": "train", "examples": len(calibration), "seed": [seed, 11],
-                               "method": "MinMax", "one_text_per_call": True}}
-    log.info("[export] static int8 in batches of 64: %d test predictions change (max logit difference %.1e)",
-             metrics["batch_invariance"]["predictions_changed"], metrics["batch_invariance"]["max_abs_logit_diff"])
+    setting = {
+        **settings,
+        "kept_fp32": attempt["kept_fp32"],
+        "drop_points": attempt["drop_points"],
+        "within_budget": attempt["drop_points"] <= cfg.max_int8_drop,
+        "attempts": attempts,
+        "calibration": {
+            "split": "train",
+            "examples": len(calibration),
+            "seed": [seed, 11],
+            "method": "MinMax",
+            "one_text_per_call": True,
+        },
+    }
+    log.info(
+        "[export] static int8 in batches of 64: %d test predictions change (max logit difference %.1e)",
+        metrics["batch_invariance"]["predictions_changed"],
+        metrics["batch_invariance"]["max_abs_logit_diff"],
+    )
     return Int8(path=path, setting=setting, attempts=attempts, metrics=metrics, logits=logits)
 
 
@@ -235,7 +332,9 @@ def export_teacher(inputs: Inputs, int8: Int8 | None, cfg, work: Path) -> Teache
     export_onnx(LogitsOnly(eager), onnx_path, cfg.opset, segments=inputs.segments)
     strip_node_metadata(onnx_path)  # as the student's: the exporter's stack traces would count in the size compared
     del eager
-    baseline = int8_teacher_baseline(onnx_path, int8_path, int8.setting if int8 else None, inputs.test, inputs.pad, inputs.names)
+    baseline = int8_teacher_baseline(
+        onnx_path, int8_path, int8.setting if int8 else None, inputs.test, inputs.pad, inputs.names
+    )
     return Teacher(onnx=onnx_path, int8=int8_path if int8 else None, baseline=baseline)
 
 
@@ -245,8 +344,11 @@ def choose_variant(cfg, int8: Int8 | None, static: Int8 | None, rows: list[dict]
     accurate, else static (the same answer whatever the batch); fp32 when no int8 variant fits."""
     fits = {name: v for name, v in (("int8", int8), ("int8_static", static)) if v and v.setting["within_budget"]}
     if not fits:
-        return "fp32", ("no int8 variant kept test accuracy within export.max_int8_drop"
-                        if int8 or static else "export.quantize is off")
+        return "fp32", (
+            "no int8 variant kept test accuracy within export.max_int8_drop"
+            if int8 or static
+            else "export.quantize is off"
+        )
     if len(fits) == 1:
         name = next(iter(fits))
         return name, f"the only int8 variant within {cfg.max_int8_drop} points of fp32"
@@ -257,20 +359,28 @@ def choose_variant(cfg, int8: Int8 | None, static: Int8 | None, rows: list[dict]
     if dynamic and fixed and dynamic.get(key) and fixed.get(key):
         for faster, slower, name in ((fixed, dynamic, "int8_static"), (dynamic, fixed, "int8")):
             if faster[f"{key}_low"] > slower[f"{key}_high"]:
-                return name, (f"both int8 variants fit the budget; {'static' if name == 'int8_static' else 'dynamic'} is "
-                              f"faster on real sentences ({faster[key]:.2f}x vs {slower[key]:.2f}x the int8 teacher at "
-                              f"{threads} thread, 95% intervals apart)")
+                return name, (
+                    f"both int8 variants fit the budget; {'static' if name == 'int8_static' else 'dynamic'} is "
+                    f"faster on real sentences ({faster[key]:.2f}x vs {slower[key]:.2f}x the int8 teacher at "
+                    f"{threads} thread, 95% intervals apart)"
+                )
     a, b = int8.metrics["accuracy"], static.metrics["accuracy"]
     if a > b:
-        return "int8", f"both fit the budget and neither is clearly faster; dynamic is more accurate ({a:.4f} vs {b:.4f})"
-    return "int8_static", (f"both fit the budget and neither is clearly faster; static is as accurate or more "
-                           f"({b:.4f} vs {a:.4f}) and answers the same whatever the batch")
+        return (
+            "int8",
+            f"both fit the budget and neither is clearly faster; dynamic is more accurate ({a:.4f} vs {b:.4f})",
+        )
+    return "int8_static", (
+        f"both fit the budget and neither is clearly faster; static is as accurate or more "
+        f"({b:.4f} vs {a:.4f}) and answers the same whatever the batch"
+    )
 
 
 def shipped_graph(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> Path:
     """The recommended variant's ids-in graph."""
-    return {"int8": int8.path if int8 else None, "int8_static": static.path if static else None}.get(recommended,
-                                                                                                   shipped.fp32_path)
+    return {"int8": int8.path if int8 else None, "int8_static": static.path if static else None}.get(
+        recommended, shipped.fp32_path
+    )
 
 
 def _brief(metrics: dict) -> dict:
