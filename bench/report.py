@@ -202,6 +202,13 @@ SECTIONS: list[Section] = [
     Section("clothing_default.md", "Clothing reviews: the default recipe", "data",
             "`configs/clothing.yaml`, the bert_small recipe on Women's E-Commerce Clothing Reviews (recommended or "
             "not): the default student, the int8 teacher and the peers from raw text, one text per call."),
+    Section("base_teacher_mpnet_base.md", "A BERT-base-class teacher (mpnet_base): every model from raw text", "data",
+            "`configs/mpnet_base.yaml`: all-mpnet-base-v2 (110M parameters, 12 layers of width 768) fine-tuned on the "
+            "default split and distilled into 3 of its layers with FFN pruned to 1,024 of 3,072; the student, the int8 "
+            "teacher and the peers from raw text, one text per call (docs/base-teacher.md)."),
+    Section("phone_table_mpnet_base.md", "The base student's shipped files against the int8 base teacher", "data",
+            "Every variant of the mpnet_base run as its bundle ships it: accuracy one text per call, file size, ms per "
+            "sentence and the speed-up against the int8 base teacher with its 95% interval."),
     Section("static_seeds_clothing.md", "Clothing reviews: the static student over three seeds", "data",
             "As for bert_small: three distillation seeds of the static student on the clothing reviews."),
     Section("debates.json", "Debates: the default recipe on 2016 debate statements", "data",
