@@ -1145,4 +1145,13 @@ def load_config(
 
 
 def to_yaml(config: PipelineConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML, without the keys that mean nothing for its student kind (NO_MEANING): written as
+    a run's config.yaml, it loads back as the same config (those keys, given, would be refused)."""
+    tree = config.model_dump(mode="json")
+    for key in NO_MEANING.get(config.student.kind, {}):
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node[part]
+        node.pop(leaf, None)
+    return yaml.safe_dump(tree, sort_keys=False)

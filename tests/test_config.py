@@ -110,3 +110,19 @@ def test_cli_validate_prints_resolved_config():
     result = run_cli("validate", "tiny", "seed=5")
     assert result.returncode == 0, result.stderr
     assert "seed: 5" in result.stdout and "name: tiny" in result.stdout
+
+
+@pytest.mark.parametrize("overrides", [[], ["student.kind=static", "student.ffn_size=null", "distill.loss.attention=0",
+                                            "distill.loss.value_relation=0"]], ids=["transformer", "static"])
+def test_a_resolved_config_loads_back_as_the_same_config(tmp_path, overrides):
+    """A run's config.yaml (to_yaml) holds every key that means something for its student kind and none that would
+    be refused when the file is loaded again (student.static for a transformer, layers for a static student)."""
+    from pipeline.config import to_yaml
+
+    config = load_config("bert_small", overrides)
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(config))
+    again = load_config(str(path))
+    assert to_yaml(again) == path.read_text()
+    assert again.student.kind == config.student.kind and again.distill.loss == config.distill.loss
+    assert again.teacher == config.teacher and again.data == config.data and again.export == config.export
