@@ -12,6 +12,9 @@ Compose.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import multiprocessing.process
 import os
 import shutil
 import subprocess
@@ -48,24 +51,24 @@ def _refuse(what: str):
     return refuse
 
 
+@contextlib.contextmanager
 def _guarded(item):
     """The unit tier's promise, enforced around a ``unit`` test's setup (its fixtures, module-wide ones included) and
     call: starting a subprocess, a multiprocessing process, a pipeline run or any stage's ``run`` raises TierBreach."""
-    import contextlib
-    import importlib
-    import multiprocessing.process
-
     if not item.get_closest_marker("unit"):
-        return contextlib.nullcontext()
+        yield
+        return
+    # Imported here, not at the top: tests/test_tiers.py loads this plugin alone (-p tests.tiers) in suites that
+    # have no pipeline on their path.
     import pipeline.runner as runner
 
-    patch = pytest.MonkeyPatch()
-    patch.setattr(subprocess.Popen, "_execute_child", _refuse("started a subprocess"))
-    patch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("started a multiprocessing process"))
-    patch.setattr(runner, "run_pipeline", _refuse("ran the pipeline"))
-    for stage in runner.STAGES:
-        patch.setattr(importlib.import_module(f"stages.{stage}"), "run", _refuse(f"ran the {stage} stage"))
-    return contextlib.closing(type("Undo", (), {"close": lambda self: patch.undo()})())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "_execute_child", _refuse("started a subprocess"))
+        patch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("started a multiprocessing process"))
+        patch.setattr(runner, "run_pipeline", _refuse("ran the pipeline"))
+        for stage in runner.STAGES:
+            patch.setattr(importlib.import_module(f"stages.{stage}"), "run", _refuse(f"ran the {stage} stage"))
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
