@@ -85,10 +85,11 @@ test: lint
 	$(PY) -m pytest -q -m unit $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 	$(PY) -m pytest -q -m "not unit" $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
-# ruff's linter and formatter on pipeline/ and stages/ (pyproject.toml; also .pre-commit-config.yaml).
+# ruff's linter and formatter, then mypy, on pipeline/ and stages/ (pyproject.toml; also .pre-commit-config.yaml).
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline stages
 	$(PY) -m ruff format --check pipeline stages
+	$(PY) -m mypy
 
 # The unit tier: every test that needs no pipeline run and no outside tool (tests/tiers.py); a few minutes.
 test-fast: $(STAMP)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -118,9 +117,9 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    from run_all import machine_facts
+    from common import machine_line
 
-    return f"{os.cpu_count()}-core CPU ({machine_facts()['cpu_model']})"
+    return machine_line()
 
 
 def precision(run_dir: Path) -> str:

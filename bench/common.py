@@ -1,5 +1,5 @@
-"""What the bench scripts share, kept once: the import path, the product's stage order, ``emit`` and the header
-every results file carries, ``spread`` and ``link_upstream``.
+"""What the bench scripts share, kept once: the import path, the product's stage order, the machine (one line for
+headers, ``machine_facts`` for JSON), ``emit`` and the header every results file carries, ``spread`` and ``link_upstream``.
 
 Importing this module is cheap: the pipeline's own names (``STAGES``, ``link_stage``) are loaded on first use,
 so bench/report.py renders BENCHMARKS.md without importing torch.
@@ -8,6 +8,7 @@ so bench/report.py renders BENCHMARKS.md without importing torch.
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import os
 import platform
 import re
@@ -39,9 +40,9 @@ def __getattr__(name: str):
 
 # ---------------------------------------------------------------- the header of every results file
 
-HEADER_KEYS = ("command", "date", "machine")
+HEADER_KEYS = ("command", "date", "machine")  # required; "commit" is read when present (files before it lack it)
 _HEADER = {"command": re.compile(r"^Command: `(.+)`\s*$"), "date": re.compile(r"^Date: (.+?)\s*$"),
-           "machine": re.compile(r"^Machine: (.+?)\s*$")}
+           "machine": re.compile(r"^Machine: (.+?)\s*$"), "commit": re.compile(r"^Commit: (.+?)\s*$")}
 HEADER_SEARCH_LINES = 12  # the header sits at the top (after an optional "# " title)
 
 
@@ -83,21 +84,72 @@ def machine_line() -> str:
     return line + (f", {len(gpus)} x {gpus[0]}" if gpus else "")
 
 
+def machine_facts() -> dict:
+    cpu = platform.processor() or platform.machine()
+    physical = None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info = fh.read()
+        for line in info.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and cpu in (platform.processor(), platform.machine()):
+                cpu = value.strip()
+            if key.strip() == "cpu cores" and physical is None:
+                physical = int(value.strip())
+    except OSError:
+        pass
+    memory_gb = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    memory_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    versions = {}
+    for package in ("torch", "onnxruntime", "transformers", "accelerate", "onnx", "numpy", "mlflow"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"cpu_model": cpu, "logical_cpus": os.cpu_count(), "usable_cpus": usable, "cores_per_socket": physical,
+            "memory_gb": memory_gb, "os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
+            "python": platform.python_version(), "versions": versions, "git": git_revision()}
+
+
+def git_revision() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def command_line(script: str, argv: list[str] | None = None) -> str:
     """'python bench/x.py <args>' as it was called (``argv`` defaults to sys.argv[1:])."""
     args = sys.argv[1:] if argv is None else argv
     return " ".join(["python", script, *(shlex.quote(str(a)) for a in args)])
 
 
-def header_lines(command: str, machine: str | None = None, date: str | None = None) -> list[str]:
-    """The three lines bench/report.py reads: the command that made the file, the date and the machine."""
+def header_lines(command: str, machine: str | None = None, date: str | None = None, commit: str | None = None) -> list[str]:
+    """The lines bench/report.py reads: the command that made the file, the date, the machine and the commit it
+    ran at (with "+ uncommitted changes" when the tree differed)."""
     return [f"Command: `{command}`  ", f"Date: {date or dt.date.today().isoformat()}  ",
-            f"Machine: {machine or machine_line()}", ""]
+            f"Machine: {machine or machine_line()}  ", f"Commit: {commit or git_revision() or 'unknown (no git)'}", ""]
 
 
-def with_header(lines: list[str], command: str, machine: str | None = None, date: str | None = None) -> list[str]:
+def with_header(lines: list[str], command: str, machine: str | None = None, date: str | None = None,
+                commit: str | None = None) -> list[str]:
     """``lines`` with the header inserted after their "# " title (or first, without one)."""
-    head = header_lines(command, machine, date)
+    head = header_lines(command, machine, date, commit)
     if lines and lines[0].startswith("# "):
         rest = lines[1:]
         while rest and not rest[0].strip():
@@ -107,7 +159,8 @@ def with_header(lines: list[str], command: str, machine: str | None = None, date
 
 
 def read_header(text: str) -> dict | None:
-    """{command, date, machine} from a results file's top lines, or None when any of the three is missing."""
+    """{command, date, machine[, commit]} from a results file's top lines, or None when one of the first three is
+    missing."""
     found = {}
     for line in text.splitlines()[:HEADER_SEARCH_LINES]:
         for key, pattern in _HEADER.items():

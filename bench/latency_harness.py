@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
+from common import command_line, cpu_flags, emit  # noqa: E402  (also puts the repository on the import path)
 from pipeline.export.latency import ort_runner, torch_runner  # noqa: E402
 from pipeline.export.onnx_graph import LogitsOnly, export_onnx  # noqa: E402
 from pipeline.export.quantize import quantize_int8  # noqa: E402
@@ -37,10 +36,6 @@ from pipeline import timing  # noqa: E402
 from pipeline.config import PipelineConfig  # noqa: E402
 from pipeline.models import load_classifier  # noqa: E402
 
-
-def cpu_flags() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "AVX512-BF16" if "avx512_bf16" in flags else "AVX2" if "avx2" in flags else platform.processor() or "cpu"
 
 
 def feeds(ids: list[int]) -> dict:

@@ -11,7 +11,7 @@
 `make bench` runs bench/run_all.py, which measures (bench.json, attention_kl.*) and then renders with this
 module; `make bench-report` only renders. Every results file is one section of BENCHMARKS.md, in the order of
 SECTIONS below, each under its part, and each names the command that made the file, its date and its machine:
-from the file's header (the `Command:` / `Date:` / `Machine:` lines that bench/common.py's `header_lines` and
+from the file's header (the `Command:` / `Date:` / `Machine:` / `Commit:` lines that bench/common.py's `header_lines` and
 `emit` write) or, for a JSON file, from its `command` / `date` / `machine` keys (top level, `header` or `meta`).
 A results file without that header, or one SECTIONS does not name, stops the render with an error: nothing in
 BENCHMARKS.md comes from a file whose origin is unknown, and nothing in it is written by hand.
@@ -37,7 +37,7 @@ from typing import Callable
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, ROOT, header_lines, read_header  # noqa: E402
+from common import BENCH, ROOT, header_lines, read_header, with_header  # noqa: E402
 
 RESULTS = BENCH / "results"
 OUT = ROOT / "BENCHMARKS.md"
@@ -392,6 +392,7 @@ def _source_lines(section: Section, header: dict, ctx: Context, present_data: li
     files = [section.file, *present_data]
     return [f"Command: `{header['command']}`  ", f"Date: {short_date(header['date'])}  ",
             f"Machine: {header['machine']}  ",
+            *([f"Commit: {header['commit']}  "] if header.get("commit") else []),
             "Files: " + ", ".join(f"[`{name}`]({ctx.link(name)})" for name in files)]
 
 
@@ -860,21 +861,14 @@ def readme_table(results: Path = RESULTS) -> str:
 
 # ---------------------------------------------------------------- stamping a copied file
 
-def stamp(path: Path, command: str, machine: str | None = None, date: str | None = None) -> None:
+def stamp(path: Path, command: str, machine: str | None = None, date: str | None = None,
+          commit: str | None = None) -> None:
     """Head a results file copied from a run folder with the header (after its "# " title); refuses a file that
     has one."""
     text = path.read_text()
     if read_header(text):
         raise ReportError(f"{path} already has a header")
-    lines = text.splitlines()
-    head = header_lines(command, machine, date or dt.date.today().isoformat())
-    if lines and lines[0].startswith("# "):
-        rest = lines[1:]
-        while rest and not rest[0].strip():
-            rest = rest[1:]
-        lines = [lines[0], "", *head, *rest]
-    else:
-        lines = [*head, *lines]
+    lines = with_header(text.splitlines(), command, machine, date or dt.date.today().isoformat(), commit)
     path.write_text("\n".join(lines) + "\n")
 
 

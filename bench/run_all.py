@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -47,7 +45,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, ROOT, STAGES, link_upstream, spread  # noqa: E402  (also puts the repository on the path)
+from common import BENCH, ROOT, STAGES, link_upstream, machine_facts, spread  # noqa: E402  (also puts the repository on the path)
 import report as report_module  # noqa: E402  (BENCHMARKS.md: bench/report.py renders every results file)
 from report import LATENCY_MODELS  # noqa: E402
 
@@ -80,55 +78,6 @@ def file_mb(path: Path) -> float | None:
 
 
 # ---------------------------------------------------------------- machine
-
-
-def machine_facts() -> dict:
-    cpu = platform.processor() or platform.machine()
-    physical = None
-    try:
-        with open("/proc/cpuinfo") as fh:
-            info = fh.read()
-        for line in info.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and cpu in (platform.processor(), platform.machine()):
-                cpu = value.strip()
-            if key.strip() == "cpu cores" and physical is None:
-                physical = int(value.strip())
-    except OSError:
-        pass
-    memory_gb = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    memory_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    versions = {}
-    for package in ("torch", "onnxruntime", "transformers", "accelerate", "onnx", "numpy", "mlflow"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {"cpu_model": cpu, "logical_cpus": os.cpu_count(), "usable_cpus": usable, "cores_per_socket": physical,
-            "memory_gb": memory_gb, "os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
-            "python": platform.python_version(), "versions": versions, "git": git_revision()}
-
-
-def git_revision() -> str | None:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def load_average() -> float | None:

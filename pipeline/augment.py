@@ -20,14 +20,16 @@ Everything is a pure function of the seed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
 
-def word_spans(ids: list[int], continuation: np.ndarray) -> list[tuple[int, int]]:
+def word_spans(ids: Sequence[int], continuation: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) token spans of the words between the first and last (special) token: a piece marked as a
     continuation (``continuation_mask``) joins the word before it."""
-    spans = []
+    spans: list[tuple[int, int]] = []
     for position in range(1, len(ids) - 1):
         if continuation[ids[position]] and spans:
             spans[-1] = (spans[-1][0], position + 1)
@@ -55,7 +57,7 @@ def nearest_words(embeddings: torch.Tensor, candidates: np.ndarray, k: int, chun
 
 
 def augment(
-    sentences: list[list[int]],
+    sentences: Sequence[Sequence[int]],
     copies: int,
     seed: int,
     *,
@@ -84,7 +86,7 @@ def augment(
                 elif draw < mask_prob + replace_prob and end - start == 1 and ids[start] in neighbours:
                     words.append([int(rng.choice(neighbours[ids[start]]))])
                 else:
-                    words.append(ids[start:end])
+                    words.append(list(ids[start:end]))
             if rng.random() < ngram_prob and len(words) > 1:
                 n = int(rng.integers(1, min(5, len(words)) + 1))
                 first = int(rng.integers(0, len(words) - n + 1))
@@ -121,7 +123,7 @@ def continuation_mask(tokenizer) -> np.ndarray:
     return mask
 
 
-def word_candidates(tokenizer, sentences: list[list[int]]) -> np.ndarray:
+def word_candidates(tokenizer, sentences: Sequence[Sequence[int]]) -> np.ndarray:
     """Ids of alphabetic whole-word tokens that occur in ``sentences`` (replacement candidates)."""
     marker, marks_start = word_marker(tokenizer)
     seen = np.unique(np.fromiter((t for ids in sentences for t in ids), dtype=np.int64))

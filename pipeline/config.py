@@ -383,7 +383,9 @@ class BaselinesConfig(Section):
     """What mobile teams ship instead (stages/baselines.py): trained on the run's splits, timed by the export."""
 
     enabled: bool = True
-    peers: list[Literal["tfidf", "fasttext", "static"]] = Field(["tfidf", "fasttext", "static"], min_length=1)
+    peers: list[Literal["tfidf", "fasttext", "static", "model2vec"]] = Field(
+        ["tfidf", "fasttext", "static", "model2vec"], min_length=1
+    )
     tfidf_c: list[Annotated[float, Field(gt=0)]] = Field(
         [1.0, 4.0, 16.0, 32.0, 64.0], min_length=1, description="logistic regression C values tried on validation"
     )

@@ -525,7 +525,7 @@ def tokenize_to_disk(
     encode,
     texts: pd.Series,
     pairs: pd.Series | None,
-    labels: np.ndarray,
+    labels: np.ndarray | list[int],
     folder: Path,
     desc: str = "tokenize",
     progress: bool = False,

@@ -17,6 +17,7 @@ import logging
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from transformers import (
@@ -601,7 +602,7 @@ class UsedRowsEmbedding(torch.nn.Module):
         return table
 
 
-def train_used_rows_only(model, used_ids: torch.Tensor):
+def train_used_rows_only(model, used_ids: torch.Tensor | np.ndarray):
     """Swap ``model``'s word embeddings for a :class:`UsedRowsEmbedding` of ``used_ids`` (sorted ids, any array);
     returns the function that puts the full table (trained rows written back) in again, e.g. before saving."""
     used_ids = torch.as_tensor(used_ids)

@@ -7,7 +7,11 @@ micro- to milliseconds:
 * ``fasttext``: fastText supervised (the ``fasttext-numpy2`` build of Facebook's bindings), a small grid
   on validation, then quantized to ``.ftz`` (retrained after quantization), the file mobile apps ship;
 * ``static``: model2vec-style static embeddings from the teacher (every vocabulary token through its encoder
-  on its own, PCA, SIF frequency weights; pipeline/static_model.py) + logistic regression on the weighted mean.
+  on its own, PCA, SIF frequency weights; pipeline/static_model.py) + logistic regression on the weighted mean;
+* ``model2vec``: what a model2vec user ships: the same static vectors (SIF-scaled, as model2vec's distiller
+  bakes them) fine-tuned together with a small MLP head by model2vec's own trainer
+  (``StaticModelForClassification``, early stopping on validation), saved as its numpy-only
+  ``StaticModelPipeline``.
 
 Each peer predicts from raw text (``predict_one``: one text per call, the way an app calls it), saves one file
 (its size is what ships) and loads from it. The baselines stage trains and scores them; the export times them
@@ -28,18 +32,20 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .static_model import pca, sif_weights
 
-PEERS = ("tfidf", "fasttext", "static")
+PEERS = ("tfidf", "fasttext", "static", "model2vec")
 TITLES = {
     "tfidf": "TF-IDF 1-2 grams + logistic regression",
     "fasttext": "fastText supervised (quantized .ftz)",
     "static": "static embeddings from the teacher + logistic regression",
+    "model2vec": "model2vec classifier (its trainer, on the teacher's static vectors)",
 }
-FILES = {"tfidf": "tfidf.npz", "fasttext": "fasttext.ftz", "static": "static.npz"}
+FILES = {"tfidf": "tfidf.npz", "fasttext": "fasttext.ftz", "static": "static.npz", "model2vec": "model2vec.zip"}
 _WORDS = re.compile(r"\w+|[^\w\s]")
 
 
@@ -354,7 +360,93 @@ class StaticPeer:
             )
 
 
-LOADERS = {"tfidf": TfidfPeer, "fasttext": FastTextPeer, "static": StaticPeer}
+# ---------------------------------------------------------------- model2vec's own classifier
+
+
+class Model2VecPeer:
+    """model2vec's ``StaticModelForClassification`` on the static peer's vectors: the embeddings and the token
+    weights are trained with the head (its default: one hidden layer of 512), then converted to its inference
+    pipeline. The pipeline's folder (safetensors and JSON, no pickle) is stored in one zip without compression,
+    so the file size is what an app ships."""
+
+    name = "model2vec"
+
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+
+    @classmethod
+    def train(cls, tokenizer_json, vectors, weights, texts, labels, val_texts, val_labels, seed):
+        """``vectors`` [vocabulary, dim] and ``weights`` [vocabulary] as the static peer computed them."""
+        from model2vec import StaticModel
+        from model2vec.train import StaticModelForClassification
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        # model2vec's distiller multiplies each token's vector by its SIF weight and normalizes the mean
+        static = StaticModel(
+            vectors=(vectors * weights[:, None]).astype(np.float32),
+            tokenizer=tokenizer,
+            normalize=True,
+            base_model_name="the run's teacher",
+        )
+        classifier = StaticModelForClassification.from_static_model(model=static, out_dim=int(labels.max()) + 1)
+        try:
+            classifier.fit(
+                list(texts),
+                [int(y) for y in labels],
+                X_val=list(val_texts),
+                y_val=[int(y) for y in val_labels],
+                random_seed=seed,
+                device="cpu",
+            )
+        except ValueError as exc:  # model2vec's checks of the data (one class only, empty texts)
+            raise PeerUnfit(f"model2vec's trainer refused the training texts ({exc})") from None
+        peer = cls(classifier.to_pipeline())
+        val_accuracy = float((peer.predict(val_texts) == np.asarray(val_labels)).mean())
+        return peer, {
+            "dim": int(vectors.shape[1]),
+            "head": "model2vec default (1 hidden layer of 512, ReLU); embeddings and token weights trained",
+            "vectors": "the static peer's (each token alone through the teacher, PCA), scaled by SIF weights",
+            "early_stopping": "model2vec's (validation accuracy, patience 5)",
+            "validation_accuracy": val_accuracy,
+        }
+
+    def predict(self, texts) -> np.ndarray:
+        return np.array([self.predict_one(t) for t in texts], dtype=np.int64)
+
+    def predict_one(self, text: str) -> int:
+        return int(self.pipeline.predict([text], use_multiprocessing=False)[0])
+
+    def save(self, path: Path) -> None:
+        import zipfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            self.pipeline.save_pretrained(tmp)
+            with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+                for file in sorted(Path(tmp).rglob("*")):
+                    if file.is_file():
+                        archive.write(file, file.relative_to(tmp).as_posix())
+
+    @classmethod
+    def load(cls, path: Path):
+        import zipfile
+
+        from model2vec.inference import StaticModelPipeline
+
+        with tempfile.TemporaryDirectory() as tmp:
+            with zipfile.ZipFile(path) as archive:
+                archive.extractall(tmp)
+            return cls(StaticModelPipeline.from_pretrained(tmp))
+
+
+LOADERS: dict[str, Any] = {
+    "tfidf": TfidfPeer,
+    "fasttext": FastTextPeer,
+    "static": StaticPeer,
+    "model2vec": Model2VecPeer,
+}
 
 
 def load_peer(folder: Path, name: str):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import functools
 import hashlib
 import importlib
 import json
@@ -34,10 +35,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, cast
 
 from .config import PipelineConfig, to_yaml
 from .errors import ConfigError, LockedError, PipelineError, disk_full_error
 from .integrity import MANIFEST, DigestCache, damaged_outputs, output_identity, output_listing, path_digest
+from .stage_api import Stage
 from .tracking import Tracker, config_hash, redact_uri, run_status
 
 log = logging.getLogger("pipeline")
@@ -61,8 +64,8 @@ def replace_folder(finished: Path, target: Path) -> None:
         os.replace(finished, target)
 
 
-def stage_module(name: str):
-    return importlib.import_module(f"stages.{name}")
+def stage_module(name: str) -> Stage:
+    return cast(Stage, importlib.import_module(f"stages.{name}"))
 
 
 def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
@@ -89,9 +92,9 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
         return resolved if resolved.exists() else None
 
     student = config.student
-    candidates = {
+    candidates: dict[str, Callable[[], Path | None]] = {
         "data.path": data_path,
-        **{f"data.{split}": (lambda split=split: data_path(split)) for split in ("train", "validation", "test")},
+        **{f"data.{split}": functools.partial(data_path, split) for split in ("train", "validation", "test")},
         "teacher.model": lambda: model_folder(config.teacher.model),
         "teacher.tokenizer": lambda: model_folder(config.teacher.tokenizer, tokenizer_only=True),
         "student.pretrained": lambda: model_folder(student.pretrained) if student.init == "pretrained" else None,
@@ -621,7 +624,7 @@ def run_pipeline(
                     )
                     if full is None:
                         with contextlib.suppress(AttributeError):
-                            exc.pipeline_stage = name  # for the CLI's one-paragraph error
+                            setattr(exc, "pipeline_stage", name)  # noqa: B010  (an attribute Exception does not declare) for the CLI's one-paragraph error
                         raise
                     raise full from exc
                 ran.append(name)

@@ -1,7 +1,8 @@
 """Baselines: what a mobile team would ship instead, trained and scored on this run's splits.
 
-TF-IDF + logistic regression, fastText (quantized) and model2vec-style static
-embeddings from the teacher + logistic regression (pipeline/peers.py), each
+TF-IDF + logistic regression, fastText (quantized), model2vec-style static
+embeddings from the teacher + logistic regression, and model2vec's own classifier
+trained on those static vectors (pipeline/peers.py), each
 tuned on the validation split, saved as the one file an app would ship, read
 back from that file and scored on the test split one text per call (as an app
 calls it): accuracy, macro-F1, file size, training time. The export stage times them one text per call, side by
@@ -13,7 +14,7 @@ A peer whose library refuses this run's data (TF-IDF on texts of only emoji and 
 a tiny vocabulary at every setting it retries) is skipped with the reason, in baselines.json "skipped" and the
 log; the other peers and the run go on.
 
-Outputs: peers/ (tfidf.npz, fasttext.ftz, static.npz: no pickle), baselines.json.
+Outputs: peers/ (tfidf.npz, fasttext.ftz, static.npz, model2vec.zip: no pickle), baselines.json.
 """
 
 from __future__ import annotations
@@ -27,8 +28,20 @@ import numpy as np
 from pipeline.inference import TokenizedSplit, label_names
 from pipeline.metrics import classification_report
 from pipeline.models import load_classifier, load_tokenizer
-from pipeline.peers import FILES, TITLES, FastTextPeer, PeerUnfit, StaticPeer, TfidfPeer, file_mb, load_peer, timed
-from pipeline.static_model import isolated_token_vectors, token_counts
+from pipeline.peers import (
+    FILES,
+    TITLES,
+    FastTextPeer,
+    Model2VecPeer,
+    PeerUnfit,
+    StaticPeer,
+    TfidfPeer,
+    file_mb,
+    load_peer,
+    timed,
+)
+from pipeline.stage_api import Context
+from pipeline.static_model import isolated_token_vectors, pca, sif_weights, token_counts
 
 log = logging.getLogger("pipeline")
 
@@ -37,7 +50,7 @@ AFTER = ["prepare", "teacher"]
 VERSION = 3  # bump when the output changes for the same inputs (history: git log)
 
 
-def run(ctx) -> dict:
+def run(ctx: Context) -> dict:
     if not ctx.is_main:  # seconds of single-process work
         return {}
     config, cfg = ctx.config, ctx.config.baselines
@@ -50,12 +63,14 @@ def run(ctx) -> dict:
     texts, labels = read_splits(prepare, names)
     out = ctx.out / "peers"
     out.mkdir(exist_ok=True)  # a rerun after an interruption overwrites what it left
+    static = StaticInputs(prepare, teacher_dir)  # the teacher's token vectors: computed once for two peers
     trainers = {
         "tfidf": lambda: TfidfPeer.train(
             texts["train"], labels["train"], texts["validation"], labels["validation"], cfg.tfidf_c, config.seed
         ),
         "fasttext": lambda: fasttext_peer(texts, labels, cfg),
-        "static": lambda: static_peer(prepare, teacher_dir, labels, cfg, config.seed),
+        "static": lambda: static_peer(static, labels, cfg, config.seed),
+        "model2vec": lambda: model2vec_peer(static, texts, labels, cfg, config.seed),
     }
     peers, skipped = {}, {}
     for name in cfg.peers:
@@ -104,8 +119,10 @@ def run(ctx) -> dict:
             for key in ("accuracy", "macro_f1", "file_mb", "train_seconds")
         }
     )
-    best = max(peers, key=lambda n: peers[n]["accuracy"]) if peers else None
-    return {"best_peer": best, "best_peer_accuracy": peers[best]["accuracy"] if best else None}
+    if not peers:
+        return {"best_peer": None, "best_peer_accuracy": None}
+    best = max(peers, key=lambda n: peers[n]["accuracy"])
+    return {"best_peer": best, "best_peer_accuracy": peers[best]["accuracy"]}
 
 
 def read_splits(prepare, names) -> tuple[dict, dict]:
@@ -127,16 +144,31 @@ def fasttext_peer(texts, labels, cfg):
         )
 
 
-def static_peer(prepare, teacher_dir, labels, cfg, seed):
+class StaticInputs:
+    """What the static and model2vec peers both start from, computed on first use: each vocabulary token alone
+    through the fine-tuned teacher's encoder, the training text's token counts and the tokenized splits."""
+
+    def __init__(self, prepare, teacher_dir):
+        self.prepare, self.tokenizer_json = prepare, teacher_dir / "model" / "tokenizer.json"
+        self._teacher_dir, self._computed = teacher_dir, None
+
+    def get(self):
+        """(isolated token vectors [vocabulary, hidden], training token counts, token ids per split)."""
+        if self._computed is None:
+            teacher = load_classifier(str(self._teacher_dir / "model")).eval()
+            tokenizer = load_tokenizer(str(self._teacher_dir / "model"))
+            isolated = isolated_token_vectors(teacher, tokenizer)
+            splits = {s: TokenizedSplit(self.prepare, s) for s in ("train", "validation")}
+            ids = {s: [np.asarray(x) for x in splits[s].input_ids] for s in splits}
+            self._computed = isolated, token_counts(ids["train"], teacher.config.vocab_size), ids
+        return self._computed
+
+
+def static_peer(static: StaticInputs, labels, cfg, seed):
     """model2vec's recipe on the fine-tuned teacher: each token alone through the encoder, PCA, SIF weights."""
-    teacher = load_classifier(str(teacher_dir / "model")).eval()
-    tokenizer = load_tokenizer(str(teacher_dir / "model"))
-    isolated = isolated_token_vectors(teacher, tokenizer)
-    splits = {s: TokenizedSplit(prepare, s) for s in ("train", "validation")}
-    ids = {s: [np.asarray(x) for x in splits[s].input_ids] for s in splits}
-    counts = token_counts(ids["train"], teacher.config.vocab_size)
+    isolated, counts, ids = static.get()
     return StaticPeer.train(
-        teacher_dir / "model" / "tokenizer.json",
+        static.tokenizer_json,
         isolated,
         counts,
         min(cfg.static_dim, isolated.shape[1]),
@@ -145,6 +177,22 @@ def static_peer(prepare, teacher_dir, labels, cfg, seed):
         ids["validation"],
         labels["validation"],
         cfg.static_c,
+        seed,
+    )
+
+
+def model2vec_peer(static: StaticInputs, texts, labels, cfg, seed):
+    """model2vec's trainer on the static peer's vectors (the same PCA width and SIF weights)."""
+    isolated, counts, _ = static.get()
+    vectors = pca(isolated.astype(np.float64), min(cfg.static_dim, isolated.shape[1])).astype(np.float32)
+    return Model2VecPeer.train(
+        static.tokenizer_json,
+        vectors,
+        sif_weights(counts).astype(np.float32),
+        texts["train"],
+        labels["train"],
+        texts["validation"],
+        labels["validation"],
         seed,
     )
 

@@ -45,6 +45,7 @@ from pipeline.errors import CacheError
 from pipeline.inference import RELATION_ROWS, TokenizedSplit, TrainingData, pad_id
 from pipeline.models import load_classifier, load_tokenizer
 from pipeline.objective import target_plan, teacher_targets
+from pipeline.stage_api import Context
 
 log = logging.getLogger("pipeline")
 
@@ -78,7 +79,7 @@ def fingerprint_inputs(config) -> dict:
     }
 
 
-def run(ctx) -> dict:
+def run(ctx: Context) -> dict:
     config = ctx.config
     prepare, teacher_dir = ctx.input("prepare"), ctx.input("teacher")
     teacher = load_classifier(str(teacher_dir / "model")).to(ctx.device).eval()
@@ -249,7 +250,8 @@ def capture_shard(
     """
     lengths = data.lengths
     by_length = first + np.argsort(lengths[first:last], kind="stable")
-    records, logits = [None] * (last - first), np.zeros((last - first, teacher.config.num_labels), np.float32)
+    records: list[np.ndarray] = [np.empty(0)] * (last - first)  # every slot is written below
+    logits = np.zeros((last - first, teacher.config.num_labels), np.float32)
     for start in range(0, last - first, batch_size):
         global_ids = by_length[start : start + batch_size]
         batch = data.batch(global_ids, pad, dist.device)

@@ -35,6 +35,7 @@ from pipeline.models import (
 from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
+from pipeline.stage_api import Context
 from pipeline.static_model import (
     build_static_student,
     context_vectors,
@@ -52,7 +53,7 @@ AFTER = ["prepare", "teacher", "capture"]
 VERSION = 1
 
 
-def run(ctx) -> dict:
+def run(ctx: Context) -> dict:
     config = ctx.config
     seed = config.distill.seed if config.distill.seed is not None else config.seed
     set_seed(seed)

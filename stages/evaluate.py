@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from pipeline.metrics import attention_health, classification_report
 from pipeline.models import count_parameters, load_classifier, load_tokenizer
 from pipeline.objective import target_plan
 from pipeline.plots import plot_attention_pair, plot_confusion
+from pipeline.stage_api import Context
 
 log = logging.getLogger("pipeline")
 
@@ -33,7 +35,7 @@ AFTER = ["prepare", "teacher", "distill"]
 VERSION = 1
 
 
-def run(ctx) -> dict:
+def run(ctx: Context) -> dict:
     config = ctx.config
     prepare, teacher_dir, distill_dir = ctx.input("prepare"), ctx.input("teacher"), ctx.input("distill")
     names, pad = label_names(prepare), pad_id(prepare)
@@ -45,7 +47,7 @@ def run(ctx) -> dict:
     if not ctx.is_main:
         return {}
     t_pred, s_pred = t_logits.argmax(-1), s_logits.argmax(-1)
-    metrics = {
+    metrics: dict[str, Any] = {
         "split": "test",
         "examples": len(test),
         "teacher": {
@@ -107,7 +109,7 @@ def attention_report(ctx, teacher, student, prepare, pad) -> dict:
     indices = np.arange(min(64, len(validation)))
     batch = validation.batch(indices, pad, ctx.device)
     tokenizer = load_tokenizer(str(ctx.input("teacher") / "model"))
-    report = {}
+    report: dict[str, dict] = {}
     for who, model, layers in (("teacher", teacher, plan.teacher_layers), ("student", student, plan.student_layers)):
         with capture_projections(model, layers, ("query", "key", "value")) as captured:
             model(**model_inputs(batch))

@@ -73,6 +73,7 @@ from pipeline.export.variants import (
     shipped_graph,
 )
 from pipeline.inference import TokenizedSplit, label_names, pad_id
+from pipeline.stage_api import Context
 from pipeline.summary import headline_metrics
 from pipeline.timing import Laps
 
@@ -83,7 +84,7 @@ AFTER = ["prepare", "teacher", "baselines", "distill"]
 VERSION = 6  # bump when the output changes for the same inputs (history: git log)
 
 
-def run(ctx) -> dict:
+def run(ctx: Context) -> dict:
     """The export, step by step: each step below builds one thing; the figures are rendered into every output at the end."""
     if not ctx.is_main:  # export, measurement and registration happen once
         return {}
@@ -298,7 +299,9 @@ def log_outcome(figures: Figures, bundle: Path) -> None:
         figures.parity["max_abs_logit_diff"],
         fp32["accuracy"],
         fp32["file_mb"],
-        f", int8 acc {int8['accuracy']:.4f} ({int8['file_mb']:.1f} MB, {figures.quant['setting']})" if int8 else "",
+        f", int8 acc {int8['accuracy']:.4f} ({int8['file_mb']:.1f} MB, {(figures.quant or {}).get('setting')})"
+        if int8
+        else "",
         figures.recommended,
         bundle,
     )

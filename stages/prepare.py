@@ -23,6 +23,7 @@ import sys
 
 from pipeline.data import SPLITS, load_splits, tokenize_split, tokenize_to_disk, uses_segment_ids
 from pipeline.models import load_tokenizer, teacher_model_config, tokenizer_reference
+from pipeline.stage_api import Context
 
 log = logging.getLogger("pipeline")
 
@@ -39,7 +40,7 @@ def fingerprint_inputs(config) -> dict:
     return {**reads, "pair_format": PAIR_FORMAT} if config.data.text_pair_column else reads
 
 
-def run(ctx) -> dict:
+def run(ctx: Context) -> dict:
     if not ctx.is_main:  # cheap, single-process work; other ranks wait at the barrier
         return {}
     cfg = ctx.config.data

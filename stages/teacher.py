@@ -25,6 +25,7 @@ from pipeline.models import (
     tokenizer_reference,
     train_used_rows_only,
 )
+from pipeline.stage_api import Context
 from pipeline.training import cross_entropy_loss, fit
 
 log = logging.getLogger("pipeline")
@@ -34,7 +35,7 @@ AFTER = ["prepare"]
 VERSION = 1
 
 
-def run(ctx) -> dict:
+def run(ctx: Context) -> dict:
     config = ctx.config
     set_seed(config.seed)
     prepare = ctx.input("prepare")

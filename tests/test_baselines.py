@@ -29,7 +29,7 @@ def test_recorded_peer_figures_come_from_the_shipped_files(static_run):
     run_dir = static_run["run_dir"]
     recorded = read_json(run_dir / "baselines" / "baselines.json")
     texts, labels, _ = splits(run_dir)
-    assert recorded["enabled"] and sorted(recorded["peers"]) == ["fasttext", "static", "tfidf"]
+    assert recorded["enabled"] and sorted(recorded["peers"]) == ["fasttext", "model2vec", "static", "tfidf"]
     for name, figures in recorded["peers"].items():
         peer = load_peer(run_dir / "baselines" / "peers", name)
         one_per_call = np.array([peer.predict_one(t) for t in texts["test"]])  # as an app calls it: what is recorded
@@ -37,6 +37,24 @@ def test_recorded_peer_figures_come_from_the_shipped_files(static_run):
         assert list(peer.predict(texts["test"])) == list(one_per_call)  # and the batched path agrees
         assert figures["file_mb"] == pytest.approx((run_dir / "baselines" / figures["file"]).stat().st_size / 1e6, abs=1e-3)
         assert figures["train_seconds"] > 0
+
+
+def test_model2vec_peer_ships_its_numpy_pipeline_trained_on_the_static_peers_vectors(static_run):
+    """model2vec's own classifier: its StaticModelPipeline folder (safetensors and JSON: nothing to unpickle) in one
+    stored zip, on the static peer's PCA width, its validation accuracy recomputed from the shipped file."""
+    import zipfile
+
+    run_dir = static_run["run_dir"]
+    recorded = read_json(run_dir / "baselines" / "baselines.json")["peers"]
+    settings = recorded["model2vec"]["settings"]
+    assert settings["dim"] == recorded["static"]["settings"]["dim"]  # the same vectors, as the docstring says
+    with zipfile.ZipFile(run_dir / "baselines" / "peers" / "model2vec.zip") as archive:
+        names = archive.namelist()
+        assert {info.compress_type for info in archive.infolist()} == {zipfile.ZIP_STORED}
+    assert names and all(name.endswith((".safetensors", ".json")) for name in names), names
+    texts, labels, _ = splits(run_dir)
+    shipped = load_peer(run_dir / "baselines" / "peers", "model2vec")
+    assert settings["validation_accuracy"] == float((shipped.predict(texts["validation"]) == labels["validation"]).mean())
 
 
 def test_tfidf_picks_the_c_with_the_best_validation_accuracy(static_run):

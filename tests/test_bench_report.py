@@ -92,11 +92,12 @@ def test_a_partial_results_folder_renders_what_it_has(results_copy, tmp_path):
 def test_stamp_adds_the_header_once(tmp_path):
     path = tmp_path / "sweep.md"
     path.write_text("# Sweep `budget` on `bert_small`\n\n| a |\n|---|\n")
-    report.stamp(path, "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml", "a test machine", "2026-12-02")
+    report.stamp(path, "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml", "a test machine", "2026-12-02",
+                 "abc1234")
     from common import read_header
 
     assert read_header(path.read_text()) == {"command": "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml",
-                                             "date": "2026-12-02", "machine": "a test machine"}
+                                             "date": "2026-12-02", "machine": "a test machine", "commit": "abc1234"}
     assert path.read_text().startswith("# Sweep `budget` on `bert_small`\n\nCommand: `make sweep")
     with pytest.raises(report.ReportError, match="already has a header"):
         report.stamp(path, "again")

@@ -14,7 +14,7 @@ LAYERS = [  # lowest first: a module imports from its own layer or the ones belo
     ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker",
                 "model_packages"}),
     ("architectures and losses", {"families", "attention", "losses", "terms", "peers"}),
-    ("config and data", {"config", "data", "inference"}),
+    ("config and data", {"config", "data", "inference", "stage_api"}),  # stage_api: the config as a type only
     ("models and training", {"models", "pruning", "training", "objective", "cache"}),
     ("export (the bundle)", {f"export.{path.stem}" for path in (PIPELINE / "export").glob("*.py")} - {"export.__init__"}),
     ("results", {"summary", "tracking"}),
@@ -106,3 +106,33 @@ def test_imports_reads_every_form():
     inside = ("from .. import errors\nfrom ..config import load_config\nfrom . import files\nfrom .variants import Inputs\n"
               "from pipeline.export.mobile import usability\n")
     assert imports(inside, modules, "export") == {"errors", "config", "export.files", "export.variants", "export.mobile"}
+
+
+# ---------------------------------------------------------------- bench/: scripts that import each other by name
+
+BENCH = PIPELINE.parent / "bench"
+
+
+def bench_graph() -> dict[str, set[str]]:
+    """bench/'s modules (bench/x.py is "x", bench/probes/y.py is "probes.y") and the bench modules each imports at any
+    depth: the scripts put bench/ on sys.path (bench/common.py) and import each other by plain name."""
+    files = {path.relative_to(BENCH).with_suffix("").as_posix().replace("/", "."): path for path in BENCH.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for name, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        edges[name] = {module for module in found if module in files} - {name}
+    return edges
+
+
+def test_bench_scripts_import_in_one_direction():
+    """bench/common.py is the leaf every script imports; no circle (run_all -> report -> ablation -> run_all was one:
+    the machine's description now lives in common)."""
+    edges = bench_graph()
+    assert {"common", "report", "run_all", "ablation"} <= set(edges) and not edges["common"], edges.get("common")
+    assert cycle(edges) is None, f"import cycle in bench/: {' -> '.join(cycle(edges))}"
+    assert cycle({**edges, "common": {"report"}}) is not None  # the check sees one when it is added

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +68,10 @@ def side_by_side(
     sentence_ids = {name: full_ids for name in models}
     sentence_ids["student ONNX fp32"] = shipped_ids
     if int8:
+        teacher_int8 = teacher.int8
+        assert teacher_int8 is not None, "the int8 student is timed against the int8 teacher, built with it"
         models["teacher ONNX int8"] = model_entry(
-            "onnxruntime", lambda t: ort_runner(teacher.int8, t), full_facts, teacher_pt.config
+            "onnxruntime", lambda t: ort_runner(teacher_int8, t), full_facts, teacher_pt.config
         )
         models["student ONNX int8"] = model_entry(
             "onnxruntime", lambda t: ort_runner(int8.path, t), shipped.facts, shipped.model.config
@@ -151,6 +154,18 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
             # sentence once per round. Rounds are added until every speed-up's interval is narrow (timing.interleaved).
             repeat = max(1, math.ceil(cfg.latency_runs / cfg.latency_rounds)) if label != "sentences" else 1
             # the rounds stop on the student's variants: the speed-ups the bundle claims
+            # (minutes per setting for a base-size teacher on two cores: say what is being timed, and when it ends)
+            log.info(
+                "[export] timing %d models, %s, %d thread(s): %d-%d interleaved rounds",
+                len(runners),
+                f"{length} tokens"
+                if label != "sentences"
+                else f"{len(inputs[reference or next(iter(inputs))])} real sentences",
+                threads,
+                cfg.latency_rounds,
+                cfg.latency_max_rounds,
+            )
+            started = time.perf_counter()
             timed = timing.interleaved(
                 runners,
                 inputs,
@@ -161,6 +176,11 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
                 reference=reference,
                 max_spread=cfg.latency_max_spread,
                 watch=[name for name in models if name.startswith(("student ONNX", "student ExecuTorch"))],
+            )
+            log.info(
+                "[export] timed in %.0f s, %d rounds",
+                time.perf_counter() - started,
+                max(figures["rounds"] for figures in timed.values()),
             )
             for name, figures in timed.items():
                 paired = {

@@ -8,6 +8,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class Shipped:
     """The student as shipped: model, tokenizer and test split in its own (maybe trimmed) vocabulary, and its fp32 graph."""
 
     model: object
-    test: object  # the test split in the shipped vocabulary (TokenizedSplit or tokenizer.IdSplit)
+    test: Any  # the test split in the shipped vocabulary (TokenizedSplit or tokenizer.IdSplit)
     pad: int
     tokenizer_json: Path
     facts: dict  # tokenizer.tokenizer_facts of tokenizer_json
