@@ -206,6 +206,8 @@ def headline_metrics(evaluate: dict, export: dict) -> dict[str, float]:
     versus_peers = (export.get("from_text") or {}).get("versus_peers")
     if versus_peers:
         out["accuracy_margin_over_best_peer_points"] = versus_peers["accuracy_margin_points"]
+        if "macro_f1_margin_points" in versus_peers:  # runs exported before it was recorded lack it
+            out["macro_f1_margin_over_best_peer_points"] = versus_peers["macro_f1_margin_points"]
         out["latency_vs_fastest_peer"] = versus_peers["latency_vs_fastest_peer"]
     comparison = export.get("versus_int8_teacher")
     if comparison:

@@ -115,6 +115,10 @@ def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static
     best = max(peers, key=lambda p: rows[p]["accuracy"])
     assert versus["best_peer"] == best
     assert versus["accuracy_margin_points"] == pytest.approx(100 * (rows["student"]["accuracy"] - rows[best]["accuracy"]), abs=0.01)
+    best_f1 = max(peers, key=lambda p: rows[p]["macro_f1"])  # may differ from the most accurate: checked apart
+    assert versus["best_macro_f1_peer"] == best_f1 and versus["best_peer_macro_f1"] == rows[best_f1]["macro_f1"]
+    assert versus["macro_f1_margin_points"] == pytest.approx(
+        100 * (rows["student"]["macro_f1"] - rows[best_f1]["macro_f1"]), abs=0.01)
     fastest = min(peers, key=lambda p: rows[p]["median_ms"])
     assert versus["latency_vs_fastest_peer"] == pytest.approx(rows["student"]["median_ms"] / rows[fastest]["median_ms"], rel=0.01)
     # the static student went through the bundle like any other: text-in model, evaluation, summary and README

@@ -247,6 +247,7 @@ def mlflow_metrics(figures: Figures) -> dict:
             flat.update(
                 {
                     "vs_peers/accuracy_margin_points": versus["accuracy_margin_points"],
+                    "vs_peers/macro_f1_margin_points": versus["macro_f1_margin_points"],
                     "vs_peers/latency_vs_fastest_peer": versus["latency_vs_fastest_peer"],
                 }
             )

@@ -86,8 +86,11 @@ def measure(
 
 
 def comparison(rows: dict, peers: dict, student: str, teacher: str) -> dict:
-    """The student against the peers: accuracy margin over the most accurate one, latency against the fastest."""
+    """The student against the peers: accuracy margin over the most accurate one, macro-F1 margin over the one with
+    the best macro-F1 (a peer that misses the minority class can lead on accuracy alone), latency against the
+    fastest."""
     best = max(peers, key=lambda p: rows[p]["accuracy"])
+    best_f1 = max(peers, key=lambda p: rows[p]["macro_f1"])
     fastest = min(peers, key=lambda p: rows[p]["median_ms"])
     s = rows[student]
     return {
@@ -95,6 +98,10 @@ def comparison(rows: dict, peers: dict, student: str, teacher: str) -> dict:
         "best_peer_title": TITLES[best],
         "best_peer_accuracy": rows[best]["accuracy"],
         "accuracy_margin_points": round(100 * (s["accuracy"] - rows[best]["accuracy"]), 2),
+        "best_macro_f1_peer": best_f1,
+        "best_macro_f1_peer_title": TITLES[best_f1],
+        "best_peer_macro_f1": rows[best_f1]["macro_f1"],
+        "macro_f1_margin_points": round(100 * (s["macro_f1"] - rows[best_f1]["macro_f1"]), 2),
         "fastest_peer": fastest,
         "fastest_peer_title": TITLES[fastest],
         "fastest_peer_ms": rows[fastest]["median_ms"],
@@ -124,6 +131,11 @@ def lines(from_text: dict) -> list[str]:
             f"{c['accuracy_margin_points']:+.2f} points; latency {c['latency_vs_fastest_peer']:.2f}x the fastest "
             f"peer's ({c['fastest_peer']} {c['fastest_peer_ms']:.3f} ms)"
         )
+        if "macro_f1_margin_points" in c:  # metrics.json files written before it lack it
+            out.append(
+                f"  student vs best peer by macro-F1 ({c['best_macro_f1_peer']} {c['best_peer_macro_f1']:.4f}): "
+                f"{c['macro_f1_margin_points']:+.2f} points"
+            )
     for name, why in (from_text.get("skipped_peers") or {}).items():  # the baselines stage could not train it
         out.append(f"  {name} skipped: {why}")
     return out

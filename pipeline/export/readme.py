@@ -208,6 +208,11 @@ def peers_section(measured: dict) -> str:
             f"({c['best_peer_title']}, {c['best_peer_accuracy']:.4f}) and takes {c['latency_vs_fastest_peer']:.2f}x "
             f"the time of the fastest ({c['fastest_peer_title']}, {c['fastest_peer_ms']:.3f} ms per text)."
         )
+        if "macro_f1_margin_points" in c:
+            text += (
+                f" By macro-F1 it is {c['macro_f1_margin_points']:+.2f} points from the best peer "
+                f"({c['best_macro_f1_peer_title']}, {c['best_peer_macro_f1']:.4f})."
+            )
     for name, why in (measured.get("skipped_peers") or {}).items():  # the baselines stage could not train it
         text += f"\n\nNot compared with {name}: {why.rstrip('.')}."
     return text
