@@ -6,42 +6,10 @@ of a fresh process (seen in one-off probes on this machine). So every fit runs h
 fastText, and hands back a file and its validation accuracy.
 
 Each worker ends with the pipeline process that started it, however that ends (``kill -9`` included):
-:func:`end_with_parent` is the pool's initializer.
+pipeline/parent_death.py's ``end_with_parent`` is the pool's initializer.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-
-def end_with_parent(parent: int) -> None:
-    """Pool initializer: this worker is killed when its parent process dies. Linux: the kernel's parent-death
-    signal (prctl PR_SET_PDEATHSIG); elsewhere a thread that watches the parent's pid. Either way, a parent already
-    gone before this ran ends the worker at once."""
-    import signal
-    import threading
-    import time
-
-    armed = False
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            PR_SET_PDEATHSIG = 1
-            armed = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-        except (OSError, AttributeError):
-            armed = False
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
-    if not armed:
-
-        def watch():
-            while os.getppid() == parent:
-                time.sleep(1.0)
-            os._exit(1)
-
-        threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
 
 
 def fit(

@@ -184,7 +184,8 @@ class FastTextPeer:
         PeerUnfit when no setting trains: fastText's reason for each."""
         from concurrent.futures.process import BrokenProcessPool
 
-        from .fasttext_worker import end_with_parent, fit
+        from .fasttext_worker import fit
+        from .parent_death import end_with_parent
 
         work = Path(work)
         train_file, validation_file = work / "fasttext.train.txt", work / "fasttext.validation.txt"

@@ -40,8 +40,9 @@ def test_recorded_peer_figures_come_from_the_shipped_files(static_run):
 
 
 def test_model2vec_peer_ships_its_numpy_pipeline_trained_on_the_static_peers_vectors(static_run):
-    """model2vec's own classifier: its StaticModelPipeline folder (safetensors and JSON: nothing to unpickle) in one
-    stored zip, on the static peer's PCA width, its validation accuracy recomputed from the shipped file."""
+    """model2vec's own classifier: its StaticModelPipeline folder (safetensors, JSON and its model card: nothing to
+    unpickle) in one stored zip, on the static peer's PCA width, its validation accuracy recomputed from the shipped
+    file."""
     import zipfile
 
     run_dir = static_run["run_dir"]
@@ -51,7 +52,8 @@ def test_model2vec_peer_ships_its_numpy_pipeline_trained_on_the_static_peers_vec
     with zipfile.ZipFile(run_dir / "baselines" / "peers" / "model2vec.zip") as archive:
         names = archive.namelist()
         assert {info.compress_type for info in archive.infolist()} == {zipfile.ZIP_STORED}
-    assert names and all(name.endswith((".safetensors", ".json")) for name in names), names
+    assert "model.safetensors" in names and "head.safetensors" in names, names
+    assert all(name.endswith((".safetensors", ".json", ".md")) for name in names), names
     texts, labels, _ = splits(run_dir)
     shipped = load_peer(run_dir / "baselines" / "peers", "model2vec")
     assert settings["validation_accuracy"] == float((shipped.predict(texts["validation"]) == labels["validation"]).mean())
@@ -103,7 +105,7 @@ def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static
     from_text = metadata["from_text"]
     assert from_text == metrics["from_text"] and from_text["measured"]
     rows = {r["model"]: r for r in from_text["rows"]}
-    assert set(rows) == {"student", "teacher_int8", "tfidf", "fasttext", "static"}
+    assert set(rows) == {"student", "teacher_int8", "tfidf", "fasttext", "static", "model2vec"}
     peers = read_json(run_dir / "baselines" / "baselines.json")["peers"]
     for name in peers:  # the baselines stage measured them one text per call already: the export reuses it
         assert rows[name]["accuracy"] == peers[name]["accuracy"]
@@ -136,11 +138,11 @@ def test_budget_table_and_plot_show_peers_as_references_only(static_run, tmp_pat
     (folder / "static" / "export" / "metrics.json").write_text(
         (static_run["run_dir"] / "export" / "metrics.json").read_text())
     references = reference_points(folder, ["static"])
-    assert sorted(r["kind"] for r in references) == ["peer", "peer", "peer", "teacher"]
+    assert sorted(r["kind"] for r in references) == ["peer"] * 4 + ["teacher"]
     rows = [{"variant": "static", "description": "d", "text_accuracy": 0.7, "text_ms": 0.05, "mb": 1.0, "retention": 0.9,
              "latency_ms": 0.01}]
     table = markdown_table(rows, [], [], "static", references)
-    assert table.count("peer (reference, not picked)") == 3
+    assert table.count("peer (reference, not picked)") == 4
     assert pareto_plot(rows, tmp_path / "ladder.png", "t", "static", references).stat().st_size > 0
 
 

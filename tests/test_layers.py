@@ -11,7 +11,7 @@ import pytest
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 
 LAYERS = [  # lowest first: a module imports from its own layer or the ones below, never above
-    ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker",
+    ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker", "parent_death",
                 "model_packages"}),
     ("architectures and losses", {"families", "attention", "losses", "terms", "peers"}),
     ("config and data", {"config", "data", "inference", "stage_api"}),  # stage_api: the config as a type only

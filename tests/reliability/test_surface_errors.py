@@ -595,3 +595,40 @@ def test_a_skipped_peer_is_named_with_its_reason_in_the_summary_and_the_bundle_r
                 "skipped_peers": {"tfidf": why}}
     assert lines(measured)[-1] == f"  tfidf skipped: {why}"
     assert peers_section(measured).endswith(f"\n\nNot compared with tfidf: {why}.")
+
+
+@pytest.mark.pipeline
+def test_ranks_end_when_the_launcher_is_killed(tmp_path):
+    """`make distill NPROC=2`: a kill -9 of the launcher (Accelerate's, which pipeline.launch becomes) used to leave
+    both ranks running: each rank now arms the parent-death signal against it at start-up (pipeline/cli.py)."""
+    import signal
+    import time
+
+    import psutil
+
+    from tests.helpers import ONE_THREAD
+
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.launch", "--nproc", "2", "--", "tiny", "--runs-dir", str(tmp_path)],
+        cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(0.5)
+            ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True)
+                     if "pipeline" in cmdline(p) and "run" in cmdline(p)]
+        assert len(ranks) == 2, f"two ranks did not start: {[cmdline(p) for p in ranks]}"
+        time.sleep(5)  # past the ranks' start-up, where the signal is armed
+        assert all(p.is_running() for p in ranks), "a rank ended before the launcher was killed"
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+        _, alive = psutil.wait_procs(ranks, timeout=20)
+        assert not alive, f"still running 20 s after kill -9 of the launcher: {[cmdline(p) for p in alive]}"
+    finally:  # nothing this test started outlives it, whatever the outcome
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait(timeout=30)
+        for process in ranks:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
