@@ -492,7 +492,8 @@ def _report_step(ctx, trainer: Trainer, progress: Progress, bar, window: _Window
         + [torch.as_tensor(v).detach().float().reshape(()).to(loss.device) for v in terms.values()]
     ).tolist()
     elapsed = max(time.time() - window.start, 1e-9)
-    bar.set_postfix(loss=f"{values[0]:.4f}", samples_s=f"{window.samples / elapsed:.0f}")
+    # refresh=False: the next update draws it, so a bar logged once a minute (no terminal) stays once a minute
+    bar.set_postfix(loss=f"{values[0]:.4f}", samples_s=f"{window.samples / elapsed:.0f}", refresh=False)
     metrics = {f"train/{k}": v for k, v in zip(terms, values[1:])}
     metrics.update(
         {

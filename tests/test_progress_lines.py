@@ -35,3 +35,25 @@ def test_other_ranks_log_nothing(monkeypatch, caplog):
         bar.update(2)
         bar.close()
     assert caplog.records == []
+
+
+def test_the_training_loops_loss_readout_does_not_log_a_line_each_time(monkeypatch, caplog):
+    """pipeline/training.py's _report_step sets the bar's loss every few steps: with the minute's interval, that must
+    not log a line each time (it did: set_postfix redraws unless told not to)."""
+    from pipeline import training
+
+    monkeypatch.setattr(runner, "SHOW_BARS", False)
+    import torch
+
+    window = types.SimpleNamespace(start=0.0, samples=64)
+    ctx = types.SimpleNamespace(tracker=types.SimpleNamespace(log_metrics=lambda *a, **k: None))
+    trainer = types.SimpleNamespace(scheduler=types.SimpleNamespace(get_last_lr=lambda: [1e-4]))
+    progress = types.SimpleNamespace(global_step=1)
+
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        bar = context().progress(total=100, desc="distill epoch 1/3")
+        for _ in range(5):
+            bar.update(1)
+            training._report_step(ctx, trainer, progress, bar, window, torch.tensor(0.5), {"ce": torch.tensor(0.4)})
+        bar.close()
+    assert len([r for r in caplog.records if "distill epoch" in r.getMessage()]) <= 2, [r.getMessage() for r in caplog.records]
