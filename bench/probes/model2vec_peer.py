@@ -2,7 +2,7 @@
 as the baselines stage trains it, without rerunning the stage (a run made with an older peer list keeps its
 fingerprint). Prints its training seconds, file size, test accuracy and macro-F1 one text per call, and the mean
 ms per text over the first 300 test texts (one thread, not interleaved with the other models: a rough figure).
-Run: python bench/probes/model2vec_peer.py runs/mpnet_base [--config mpnet_base]"""
+Run: python bench/probes/model2vec_peer.py runs/mpnet_base [--config mpnet_base] [--seed 0]"""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a run folder with prepare/ and teacher/ complete")
     parser.add_argument("--config", help="the config it ran (default: the folder's name)")
+    parser.add_argument("--seed", type=int, help="model2vec's training seed (default: the config's seed)")
     args = parser.parse_args()
 
     import numpy as np
@@ -37,7 +38,8 @@ def main() -> None:
     texts, labels = read_splits(prepare, names)
     config = load_config(args.config or args.run.name)
     start = time.perf_counter()
-    peer, settings = model2vec_peer(StaticInputs(prepare, teacher), texts, labels, config.baselines, config.seed)
+    peer, settings = model2vec_peer(StaticInputs(prepare, teacher), texts, labels, config.baselines,
+                                    config.seed if args.seed is None else args.seed)
     print(f"trained in {time.perf_counter() - start:.0f} s (token vectors from the teacher included): {settings}")
     with tempfile.TemporaryDirectory() as tmp:
         peer.save(Path(tmp) / "model2vec.zip")
