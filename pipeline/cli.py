@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from .errors import ConfigError, PipelineError, disk_full_error, exception_chain
+from .parent_death import end_with_parent
 
 log = logging.getLogger("pipeline")
 
@@ -233,8 +234,6 @@ def parse(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank started by the launcher (torch elastic, through Accelerate)
-        from .parent_death import end_with_parent
-
         end_with_parent(os.getppid())  # a kill -9 of the launcher ends this rank too (it would run on, orphaned)
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(args.debug, rank)

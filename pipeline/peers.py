@@ -29,6 +29,7 @@ import os
 import re
 import tempfile
 import time
+import zipfile
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -421,8 +422,6 @@ class Model2VecPeer:
         return int(self.pipeline.predict([text], use_multiprocessing=False)[0])
 
     def save(self, path: Path) -> None:
-        import zipfile
-
         with tempfile.TemporaryDirectory() as tmp:
             self.pipeline.save_pretrained(tmp)
             with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
@@ -432,8 +431,6 @@ class Model2VecPeer:
 
     @classmethod
     def load(cls, path: Path):
-        import zipfile
-
         from model2vec.inference import StaticModelPipeline
 
         with tempfile.TemporaryDirectory() as tmp:

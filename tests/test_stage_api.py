@@ -25,7 +25,7 @@ def protocol_members(protocol: type) -> dict[str, object]:
 
 def missing_or_different(implementation: type, protocol: type) -> list[str]:
     """What ``implementation`` lacks of ``protocol``, or has with other parameters or as another kind of member."""
-    fields = typing.get_type_hints(implementation) if hasattr(implementation, "__annotations__") else {}
+    fields = typing.get_type_hints(implementation)
     problems = []
     absent = object()
     for name, declared in protocol_members(protocol).items():

@@ -158,9 +158,7 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
             log.info(
                 "[export] timing %d models, %s, %d thread(s): %d-%d interleaved rounds",
                 len(runners),
-                f"{length} tokens"
-                if label != "sentences"
-                else f"{len(inputs[reference or next(iter(inputs))])} real sentences",
+                f"{length} tokens" if label != "sentences" else f"{len(next(iter(inputs.values())))} real sentences",
                 threads,
                 cfg.latency_rounds,
                 cfg.latency_max_rounds,

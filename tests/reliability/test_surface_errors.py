@@ -551,6 +551,29 @@ def cmdline(process) -> list[str]:
         return []
 
 
+def kill9_then_survivors(parent: subprocess.Popen, started: list) -> list:
+    """kill -9 ``parent``, then the processes of ``started`` (psutil) still running 20 s later."""
+    import signal
+
+    import psutil
+
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=30)
+    return psutil.wait_procs(started, timeout=20)[1]
+
+
+def end_all(parent: subprocess.Popen, started: list) -> None:
+    """Nothing a test started outlives it, whatever the outcome."""
+    import psutil
+
+    if parent.poll() is None:
+        parent.kill()
+    parent.wait(timeout=30)
+    for process in started:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
 @pytest.mark.pipeline
 def test_fasttext_workers_end_when_the_pipeline_is_killed(tmp_path):
     """A kill -9 of the pipeline in the middle of the fastText grid used to leave its spawned workers (and, through
@@ -573,17 +596,10 @@ def test_fasttext_workers_end_when_the_pipeline_is_killed(tmp_path):
         assert workers, "no fastText worker started"
         time.sleep(2)  # the workers' initializer has run (they are waiting in slowfit.fit)
         children = psutil.Process(parent.pid).children(recursive=True)  # the workers and the resource tracker
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait(timeout=30)
-        _, alive = psutil.wait_procs(children, timeout=20)
+        alive = kill9_then_survivors(parent, children)
         assert not alive, f"still running 20 s after kill -9 of the pipeline: {[cmdline(p) for p in alive]}"
-    finally:  # nothing this test started outlives it, whatever the outcome
-        if parent.poll() is None:
-            parent.kill()
-        parent.wait(timeout=30)
-        for process in children:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
+    finally:
+        end_all(parent, children)
 
 
 def test_a_skipped_peer_is_named_with_its_reason_in_the_summary_and_the_bundle_readme():
@@ -621,14 +637,7 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
         assert len(ranks) == 2, f"two ranks did not start: {[cmdline(p) for p in ranks]}"
         time.sleep(5)  # past the ranks' start-up, where the signal is armed
         assert all(p.is_running() for p in ranks), "a rank ended before the launcher was killed"
-        os.kill(launcher.pid, signal.SIGKILL)
-        launcher.wait(timeout=30)
-        _, alive = psutil.wait_procs(ranks, timeout=20)
+        alive = kill9_then_survivors(launcher, ranks)
         assert not alive, f"still running 20 s after kill -9 of the launcher: {[cmdline(p) for p in alive]}"
-    finally:  # nothing this test started outlives it, whatever the outcome
-        if launcher.poll() is None:
-            launcher.kill()
-        launcher.wait(timeout=30)
-        for process in ranks:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
+    finally:
+        end_all(launcher, ranks)
