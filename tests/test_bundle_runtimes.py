@@ -112,6 +112,23 @@ def test_text_model_agrees_with_predict_py_on_unclean_text(bundle, predict):
     assert "decode them with replacement" in (bundle / "README.md").read_text()
 
 
+def test_text_model_refuses_bytes_that_are_not_utf8(bundle, predict):
+    """Raw bytes that are not UTF-8 (as a C API caller can pass them; numpy 'S' arrays reach onnxruntime as bytes)
+    used to tokenize to other ids than predict.py's (which decodes with replacement first): now the model refuses
+    them, and the same text decoded with replacement gets predict.py's ids."""
+    import onnxruntime as ort
+
+    raw = b"a caf\xe9 film \xff\xfe ok"
+    session = TM.session(bundle / "model.text.onnx")
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail, match="Input strings must be valid UTF-8"):
+        session.run(TM.TEXT_OUTPUTS, {TM.TEXT_INPUT: np.array([raw], dtype="S")})
+    decoded = raw.decode("utf-8", "replace")
+    _, _, ids = TM.run(session, [decoded])
+    expected = predict.BundleClassifier(bundle).tokenizer.encode(decoded).ids
+    assert ids[0][: len(expected)] == expected
+    assert "refuses them" in (bundle / "README.md").read_text()
+
+
 def _train(kind: str, folder: Path) -> Path:
     """A small tokenizer trained offline: RoBERTa-style byte-level BPE or SentencePiece-style Unigram."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
@@ -216,6 +233,31 @@ def test_node_runs_the_bundle_like_predict_py(node, bundle, predict, tiny_run, t
         assert np.abs(got - want).max() < 1e-5, model
         accuracy = float(np.mean([row["label"] == label for row, label in zip(rows, gold)]))
         assert accuracy == pytest.approx(chosen["accuracy"], abs=1e-12), model  # the recorded test accuracy
+
+
+@pytest.mark.external  # Node.js
+def test_node_answers_a_damaged_model_file_with_one_error(node, bundle, tiny_run, tmp_path):
+    """A listed model file changed on disk, and an unlisted one of random bytes (.onnx and .ort): one "error:" line
+    naming the file and exit 2, as predict.py answers them; never a stack trace."""
+    import random
+    import shutil
+    import subprocess
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    texts = tiny_run["run_dir"] / "prepare" / "test.jsonl"
+    (copy / "model.int8.onnx").write_bytes(random.Random(1).randbytes(4096))
+    for name in ("other.onnx", "other.ort"):
+        (copy / name).write_bytes(random.Random(name).randbytes(4096))
+    for name, says in [("model.int8.onnx", "is damaged: its sha256"),
+                       ("other.onnx", "is not a model onnxruntime-node can load"),
+                       ("other.ort", "is not a model onnxruntime-node can load")]:
+        proc = subprocess.run([node, str(NODE_DIR / "predict.mjs"), str(copy), str(texts), name],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], (name, proc.stderr)
+        assert str(copy / name) in lines[0] and proc.stdout == ""
 
 
 def test_mobile_usability_verdicts_recorded_and_match_the_checker_cli(bundle):
@@ -338,6 +380,14 @@ def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, 
                 assert [name for name, _ in shown["rows"]] == reference.labels
                 # WebAssembly's int8 kernels round differently from the native CPU ones: ~3e-3 measured on the tiny run
                 assert all(abs(p - expected["probabilities"][name]) < 1e-2 for name, p in shown["rows"]), (shown, expected)
+            # a damaged model file: the page says which file and what to do, and classifies nothing
+            model_file = metadata["demo"]["model"]
+            (copy / model_file).write_bytes(b"\0" * 4096)
+            browser("Page.navigate", url=f"http://127.0.0.1:{port}/demo.html?damaged")
+            assert browser.wait_for("document.body && ['1', 'error'].includes(document.body.dataset.ready)", 90)
+            assert browser.js("document.body.dataset.ready") == "error"
+            assert browser.js("document.getElementById('status').textContent") == (
+                f"error: {model_file} is damaged: its sha256 differs from metadata.json; copy the bundle again")
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -17,7 +17,8 @@ import pytest
 from pipeline.export.latency import latency_inputs
 from pipeline.export.onnx_graph import (HiddenStates, LogitsOnly, batch_invariance, export_onnx, onnx_logits, ort_session,
                                         strip_node_metadata, torch_logits)
-from pipeline.export.quantize import quantization_ladder, quantize_int8, quantize_static_int8, quantized_node_count
+from pipeline.export.quantize import (cpu_int8_kernels, quantization_ladder, quantize_int8, quantize_static_int8,
+                                      quantized_node_count)
 from pipeline.export.tokenizer import corpus_token_ids, tokenize_texts, trim_embeddings, trim_vocabulary
 from pipeline.config import load_config
 from pipeline.runner import read_manifest
@@ -86,6 +87,7 @@ def test_metadata_tells_a_mobile_team_everything(bundle, tiny_run):
     assert metadata["recommended_because"] and "one text per call" in metadata["accuracy_measured"]
     quant = metadata["quantization"]
     assert quant["per_channel"] is True and "MatMul" in quant["op_types"] and quant["attempts"] and quant["within_budget"]
+    assert quant["measured_on"] == cpu_int8_kernels()  # which kind of CPU chose the setting
     static = metadata["static_quantization"]
     assert static["calibration"]["examples"] == load_config("tiny").export.calibration_examples
     assert static["within_budget"] and "QDQ" in static["method"]
@@ -278,9 +280,10 @@ def test_over_budget_int8_ships_fp32_with_trimmed_vocabulary(tiny_run, tmp_path)
     assert summary["recommended"] == "fp32" and metadata["recommended"] == "fp32" and not metadata["int8_recommended"]
     assert "NOT recommended" in metadata["quantization"]["note"]
     attempts = metadata["quantization"]["attempts"]
-    # 1-layer student: 3 rungs (no separate edge-layer rung)
-    assert [a["setting"] for a in attempts] == ["per_channel_embeddings", "per_channel", "per_channel_fp32_head"]
-    assert attempts[2]["excluded_nodes"] == 2  # pooler dense + classifier
+    # 1-layer student: 4 rungs (no separate edge-layer rung)
+    assert [a["setting"] for a in attempts] == ["per_channel_embeddings", "per_channel_embeddings_reduce_range",
+                                                "per_channel", "per_channel_fp32_head"]
+    assert attempts[3]["excluded_nodes"] == 2  # pooler dense + classifier
     assert {"model.ort", "model.int8.ort"} <= {p.name for p in bundle.iterdir()}
     assert metadata["variants"]["fp32"]["ort_file"] == "model.ort"
     assert set(metadata["files"]) == {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {"metadata.json"}

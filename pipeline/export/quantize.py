@@ -33,9 +33,13 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
 
     1. per-channel int8 weights on every weight MatMul and int8 embedding
        tables (Gather): the embeddings are most of a small student's bytes,
-    2. per-channel int8 weights on every weight MatMul, embeddings fp32,
-    3. the same, keeping the pooler and classifier in fp32,
-    4. also keeping the first (if deeper than 2 layers) and last encoder layers
+    2. the same with 7-bit weights (reduce_range): on x86 CPUs without VNNI (AVX2 only) onnxruntime multiplies
+       uint8 activations by int8 weights with VPMADDUBSW, which adds two products in int16 and saturates when
+       both are large (2 x 255 x 127 > 32767). Measured on the MPNet-base student on an AVX2 machine: 8-bit
+       weights 0.64, 7-bit 0.83 (fp32 0.83); ARM phones and VNNI CPUs do not saturate,
+    3. per-channel int8 weights on every weight MatMul, embeddings fp32,
+    4. the same, keeping the pooler and classifier in fp32,
+    5. also keeping the first (if deeper than 2 layers) and last encoder layers
        in fp32, with reduce_range (7-bit weights).
     Activations are quantized dynamically (uint8, per tensor, at run time).
     Settings that would leave nothing quantized are dropped.
@@ -52,6 +56,15 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
             "exclude": [],
             "op_types": ["MatMul", "Gather"],
             "why": "all weight MatMuls and the embedding tables int8, per-channel scales",
+        },
+        {
+            "name": "per_channel_embeddings_reduce_range",
+            "per_channel": True,
+            "reduce_range": True,
+            "exclude": [],
+            "op_types": ["MatMul", "Gather"],
+            "why": "all weight MatMuls and the embedding tables int8, 7-bit weights (no int16 saturation on x86 "
+            "CPUs without VNNI)",
         },
         {
             "name": "per_channel",
@@ -83,6 +96,23 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
         seen.add(key)
         ladder.append(setting)
     return ladder
+
+
+def cpu_int8_kernels() -> str:
+    """How this CPU multiplies int8, which decides whether 8-bit weights saturate (see quantization_ladder): the
+    ladder's accuracies are measured here, so metadata.json says which kind of machine measured them."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return f"{platform.machine()}: no int16 saturation in onnxruntime's int8 kernels"
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return "x86 (CPU flags unreadable)"
+    vnni = sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    if vnni:
+        return f"x86 with {', '.join(vnni)}: int8 products summed in int32 (8-bit weights do not saturate)"
+    return "x86 without VNNI (AVX2): uint8 x int8 products summed in pairs in int16 (8-bit weights can saturate)"
 
 
 def quantize_with_budget(ladder, fp32_path, int8_path, work, test, pad, fp32_accuracy, budget):
@@ -130,6 +160,7 @@ def quantize_with_budget(ladder, fp32_path, int8_path, work, test, pad, fp32_acc
             "within_budget": within,
             "note": note,
             "decided_on": "test split",
+            "measured_on": cpu_int8_kernels(),
         },
         attempts,
         logits,
@@ -177,10 +208,13 @@ def quantize_int8(source: Path, target: Path, setting: dict) -> dict:
     }
 
 
-def quantize_static_int8(source: Path, target: Path, calibration: list[dict], excluded: list[str] = ()) -> dict:
+def quantize_static_int8(
+    source: Path, target: Path, calibration: list[dict], excluded: list[str] = (), reduce_range: bool = False
+) -> dict:
     """Static QDQ int8: weights int8 per channel (every weight MatMul/Gemm and the embedding tables), activations
     uint8 with per-tensor scales fixed from ``calibration`` (batch-1 feeds of training text; MinMax), so no
-    scale depends on the batch. QuantizeLinear/DequantizeLinear pairs: the format NNAPI and CoreML read."""
+    scale depends on the batch. QuantizeLinear/DequantizeLinear pairs: the format NNAPI and CoreML read.
+    ``reduce_range``: 7-bit weights, for x86 CPUs without VNNI (see quantization_ladder)."""
 
     class Feeds(CalibrationDataReader):
         def __init__(self):
@@ -199,6 +233,7 @@ def quantize_static_int8(source: Path, target: Path, calibration: list[dict], ex
             Feeds(),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
+            reduce_range=reduce_range,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             op_types_to_quantize=["MatMul", "Gemm", "Gather"],
@@ -213,7 +248,8 @@ def quantize_static_int8(source: Path, target: Path, calibration: list[dict], ex
         )
     return {
         "method": "onnxruntime.quantization.quantize_static (QDQ)",
-        "weight_type": "int8 (QInt8, symmetric, per channel)",
+        "weight_type": f"int8 (QInt8, symmetric, per channel{', 7-bit' if reduce_range else ''})",
+        "reduce_range": reduce_range,
         "activations": "uint8, static per-tensor scales (MinMax over the calibration texts)",
         "op_types": ["MatMul", "Gemm", "Gather"],
         "calibration_examples": len(calibration),

@@ -40,6 +40,8 @@ def readme_values(config, metadata: dict, latency: dict) -> dict:
         verdict = "int8 quantization was switched off (export.quantize: false)."
     else:
         verdict = quant.get("note", "") + f" (setting `{quant.get('setting')}`: {quant.get('why', '') or _why(quant)})."
+        if quant.get("measured_on"):  # 8-bit weights saturate on some x86 CPUs: say which kind chose the setting
+            verdict += f" Measured on {quant['measured_on']}."
     static = metadata.get("static_quantization") or {}
     if static.get("method"):
         verdict += (

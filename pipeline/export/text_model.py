@@ -548,9 +548,13 @@ def tokenizer_graph(tokenizer_json: Path, facts: dict, max_length: int, opset: i
         ),
         helper.make_node("Constant", [], ["axis1"], value=helper.make_tensor("axis1", TensorProto.INT64, [1], [1])),
         helper.make_node("Constant", [], ["starts"], value=helper.make_tensor("starts", TensorProto.INT64, [1], [0])),
+        # Bytes that are not UTF-8 would reach the tokenizer operators as they are and give other ids than
+        # predict.py, which decodes with replacement first; StringNormalizer (no case change: the text passes
+        # unchanged) refuses them with "Input strings must be valid UTF-8", so an app decodes first, as the README asks.
+        helper.make_node("StringNormalizer", [TEXT_INPUT], ["utf8_text"], case_change_action="NONE", name="utf8_check"),
         # Scan, not Loop: a Loop around the extensions' BertTokenizer corrupted the heap on its second run (0.15.2)
         helper.make_node(
-            "Scan", [TEXT_INPUT], ["padded_ids", "padded_mask"], body=body, num_scan_inputs=1, name="tokenize_batch"
+            "Scan", ["utf8_text"], ["padded_ids", "padded_mask"], body=body, num_scan_inputs=1, name="tokenize_batch"
         ),
         # cut to the longest row, as predict.py pads a batch only to its longest text
         helper.make_node("ReduceSum", ["padded_mask", "axis1"], ["lengths"], keepdims=0),

@@ -272,10 +272,13 @@ def quantize_static(shipped: Shipped, inputs: Inputs, cfg, seed: int, out: Path,
     sample = IdSplit(ids, np.zeros(len(ids), dtype=np.int64), types)
     calibration = [split_feeds(sample, i, i + 1, shipped.pad) for i in range(len(sample))]
     fp32_accuracy, path, attempts, best = shipped.fp32["accuracy"], out / "model.int8.static.onnx", [], None
-    keep_fp32 = {"none": [], **{s["name"]: s["exclude"] for s in shipped.ladder if s["exclude"]}}
-    for step, (name, excluded) in enumerate(keep_fp32.items()):
+    # (what stays fp32, its nodes, 7-bit weights): everything int8 first, with 8- then 7-bit weights (x86 CPUs
+    # without VNNI saturate with 8: quantization_ladder), then the dynamic ladder's rungs that keep layers fp32
+    keep_fp32 = [("none", [], False), ("none_reduce_range", [], True)]
+    keep_fp32 += [(s["name"], s["exclude"], s["reduce_range"]) for s in shipped.ladder if s["exclude"]]
+    for step, (name, excluded, reduce_range) in enumerate(keep_fp32):
         candidate = work / f"int8_static_{step}.onnx"
-        settings = quantize_static_int8(shipped.fp32_path, candidate, calibration, excluded)
+        settings = quantize_static_int8(shipped.fp32_path, candidate, calibration, excluded, reduce_range)
         logits = onnx_logits(candidate, shipped.test, shipped.pad)
         accuracy = float((logits.argmax(-1) == shipped.test.labels).mean())
         attempt = {

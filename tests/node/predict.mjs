@@ -3,9 +3,13 @@
 //
 //   node predict.mjs BUNDLE_DIR TEXTS.jsonl [MODEL_FILE [BATCH_SIZE]]  ->  one JSON line per text: {ids, label, probabilities}
 //
+// A model file whose sha256 differs from metadata.json, or that onnxruntime cannot load, is one "error: ..." line on
+// stderr and exit code 2, as predict.py answers it.
+//
 // One text per call by default, as an app calls the model and as metadata.json's accuracies are measured; a larger
 // BATCH_SIZE right-pads to the longest text of the batch (as predict.py --batch-size does: dynamic int8 graphs then
 // scale activations per batch, so only the same batching gives the same numbers).
+import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as ort from "onnxruntime-node";
@@ -28,7 +32,30 @@ function encode(text) {
 }
 
 const texts = readFileSync(textsFile, "utf-8").split("\n").filter((line) => line.trim()).map((line) => JSON.parse(line).text);
-const session = await ort.InferenceSession.create(join(bundle, modelFile), { executionProviders: ["cpu"] });
+function fail(message) {
+  process.stderr.write(`error: ${message}\n`);
+  process.exit(2);
+}
+const modelPath = join(bundle, modelFile);
+const recorded = metadata.files?.[modelFile]?.sha256;
+let modelBytes;
+try {
+  modelBytes = readFileSync(modelPath);
+} catch (error) {
+  fail(`cannot read the model file ${modelPath} (${error.code ?? error.message}); copy the bundle again`);
+}
+const digest = createHash("sha256").update(modelBytes).digest("hex");
+if (recorded && digest !== recorded) {
+  fail(`${modelPath} is damaged: its sha256 ${digest.slice(0, 12)}... differs from metadata.json's ` +
+       `${recorded.slice(0, 12)}...; copy the bundle again`);
+}
+let session;
+try {
+  session = await ort.InferenceSession.create(modelBytes, { executionProviders: ["cpu"] });
+} catch (error) {
+  fail(`${modelPath} is not a model onnxruntime-node can load (${String(error.message ?? error).split("\n")[0]}); ` +
+       "give an .onnx or .ort file of this bundle");
+}
 const lines = [];
 for (let start = 0; start < texts.length; start += batchSize) {
   const batch = texts.slice(start, start + batchSize).map(encode);
