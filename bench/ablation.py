@@ -4,7 +4,7 @@
     python bench/ablation.py --only ce_only kd    # a subset
     python bench/ablation.py --extra "precision=fp32"   # overrides applied to every variant
 
-Built on the pipeline's sweeps (`python -m pipeline sweep`, pipeline/sweep.py): the
+Built on the pipeline's sweeps (`python -m pipeline sweep`, pipeline/sweep/): the
 variants below are written as two sweep files into the runs folder, `ablation` (losses
 and tuning, run through evaluate) and `depth` (run through export, for the int8
 latency the depth table trades against). The sweeps run prepare / teacher / capture

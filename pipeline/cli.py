@@ -162,7 +162,7 @@ class OneLine(logging.Filter):
 
 
 def setup_logging(debug: bool, rank: int = 0) -> None:
-    from .tracking import RedactingFilter
+    from .redaction import RedactingFilter
 
     handler = logging.StreamHandler(sys.stderr)
     prefix = f"[rank {rank}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nInterrupted. Completed stages are kept; rerun the same command to resume.", file=sys.stderr)
         return 130
     except Exception as exc:  # every failure ends as one paragraph; --debug adds the (redacted) traceback
-        from .tracking import redact
+        from .redaction import redact
 
         error = exc if isinstance(exc, PipelineError) else explain(exc, Path(args.runs_dir))
         if args.debug:

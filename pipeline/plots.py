@@ -1,7 +1,8 @@
-"""Plots people would rather look at than read: curves, confusion matrices, attention maps."""
+"""Plots people would rather look at than read: curves, confusion matrices, attention maps, a sweep's variants."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib
@@ -60,3 +61,142 @@ def plot_attention_pair(teacher: np.ndarray, student: np.ndarray, tokens: list[s
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def pareto_front(rows: list[dict], x: str) -> list[dict]:
+    """Rows no other row beats on both retention (higher) and ``x`` (lower), sorted by ``x``."""
+    points = [r for r in rows if r.get(x) is not None and r.get("retention") is not None]
+    front = [
+        r
+        for r in points
+        if not any(
+            o is not r
+            and o[x] <= r[x]
+            and o["retention"] >= r["retention"]
+            and (o[x] < r[x] or o["retention"] > r["retention"])
+            for o in points
+        )
+    ]
+    return sorted(front, key=lambda r: r[x])
+
+
+def pareto_plot(
+    rows: list[dict], path: Path, title: str, picked: str | None, references: list[dict] = (), alias: str = "picked"
+) -> Path | None:
+    """A sweep's variants: retention against latency and against size, the Pareto front joined, the pick starred
+    (labelled with the registry ``alias`` it moved); with reference points (peers, int8 teacher from raw text)
+    the ladder plot instead (ladder_plot)."""
+    if references and any(r.get("text_ms") is not None for r in rows):
+        return ladder_plot(rows, references, path, title, picked, alias)
+    panels = [
+        ("latency_ms", "shipped latency, ms (batch 1, median)", "baseline_latency_ms"),
+        ("mb", "shipped file, MB", "baseline_mb"),
+    ]
+    if not any(r.get(x) is not None and r.get("retention") is not None for x, _, _ in panels for r in rows):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, (x, label, baseline) in zip(axes, panels):
+        points = [r for r in rows if r.get(x) is not None and r.get("retention") is not None]
+        ax.scatter([r[x] for r in points], [r["retention"] for r in points], color="tab:blue", zorder=3)
+        for r in points:
+            ax.annotate(r["variant"], (r[x], r["retention"]), textcoords="offset points", xytext=(5, 4), fontsize=9)
+        front = pareto_front(rows, x)
+        if len(front) > 1:
+            ax.plot(
+                [r[x] for r in front],
+                [r["retention"] for r in front],
+                color="tab:blue",
+                alpha=0.5,
+                label="Pareto front",
+            )
+        chosen = [r for r in points if r["variant"] == picked]
+        if chosen:
+            ax.scatter(
+                [chosen[0][x]],
+                [chosen[0]["retention"]],
+                marker="*",
+                s=260,
+                color="tab:orange",
+                zorder=4,
+                label=f"{alias}: {picked}",
+            )
+        ref = next((r[baseline] for r in rows if r.get(baseline) is not None), None)
+        if ref is not None:
+            ax.axvline(ref, color="gray", linestyle="--", label="int8 teacher")
+        ax.set_xlabel(label)
+        ax.set_ylabel("retention (student / teacher accuracy)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="lower right")
+    return save_figure(fig, title, path)
+
+
+def ladder_plot(
+    rows: list[dict], references: list[dict], path: Path, title: str, picked: str | None, alias: str = "picked"
+) -> Path:
+    """Accuracy from raw text against ms per text (log) and against file size: students joined, peers and the
+    int8 teacher as grey reference points, the pick starred."""
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.4))
+    for ax, (x, label) in zip(
+        axes, [("text_ms", "ms per text from raw text (batch 1, 1 thread, median, log)"), ("mb", "file, MB")]
+    ):
+        students = sorted(
+            (r for r in rows if r.get(x) is not None and r.get("text_accuracy") is not None), key=lambda r: r[x]
+        )
+        ax.plot(
+            [r[x] for r in students],
+            [r["text_accuracy"] for r in students],
+            "o-",
+            color="tab:blue",
+            zorder=3,
+            label="students",
+        )
+        for r in students:
+            ax.annotate(r["variant"], (r[x], r["text_accuracy"]), textcoords="offset points", xytext=(5, 4), fontsize=9)
+        refs = [r for r in references if r.get(x) is not None]
+        ax.scatter(
+            [r[x] for r in refs],
+            [r["text_accuracy"] for r in refs],
+            marker="s",
+            color="gray",
+            zorder=3,
+            label="peers and int8 teacher (references)",
+        )
+        for r in refs:
+            ax.annotate(
+                r["name"].split(" (")[0].split(" + ")[0],
+                (r[x], r["text_accuracy"]),
+                textcoords="offset points",
+                xytext=(5, -10),
+                fontsize=8,
+                color="dimgray",
+            )
+        chosen = [r for r in students if r["variant"] == picked]
+        if chosen:
+            ax.scatter(
+                [chosen[0][x]],
+                [chosen[0]["text_accuracy"]],
+                marker="*",
+                s=260,
+                color="tab:orange",
+                zorder=4,
+                label=f"{alias}: {picked}",
+            )
+        if x == "text_ms":
+            ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("test accuracy (one text per call)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    return save_figure(fig, title, path)
+
+
+def save_figure(fig, title: str, path: Path) -> Path:
+    """Title, layout, then written whole and renamed into place."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

@@ -40,8 +40,9 @@ from typing import Callable, cast
 from .config import PipelineConfig, to_yaml
 from .errors import ConfigError, LockedError, PipelineError, disk_full_error
 from .integrity import MANIFEST, DigestCache, damaged_outputs, output_identity, output_listing, path_digest
+from .redaction import redact_uri
 from .stage_api import Stage
-from .tracking import Tracker, config_hash, redact_uri, run_status
+from .tracking import Tracker, config_hash, run_status
 
 log = logging.getLogger("pipeline")
 

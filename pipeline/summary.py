@@ -44,7 +44,7 @@ def latency_setting(rows: list[dict]) -> tuple[str, int] | None:
 
 def summary_rows(
     run_dir: Path, current: set[str] | None = None
-) -> tuple[list[dict], tuple[int, int] | None, dict, dict]:
+) -> tuple[list[dict], tuple[str, int] | None, dict, dict]:
     """One dict per model (name, accuracy, macro_f1, parameters, size_mb, latency_ms), plus the latency setting.
 
     ``current``: the stages whose outputs are current; figures of the others are left out, never shown as today's.

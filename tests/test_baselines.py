@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.inference import TokenizedSplit
 from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
-from pipeline.sweep import markdown_table, pareto_plot, reference_points
+from pipeline.plots import pareto_plot
+from pipeline.sweep import markdown_table, reference_points
 from stages.baselines import read_splits
 from tests.helpers import read_json
 

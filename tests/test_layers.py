@@ -12,13 +12,13 @@ PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 
 LAYERS = [  # lowest first: a module imports from its own layer or the ones below, never above
     ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker", "parent_death",
-                "model_packages"}),
+                "model_packages", "redaction"}),
     ("architectures and losses", {"families", "attention", "losses", "terms", "peers"}),
     ("config and data", {"config", "data", "inference", "stage_api"}),  # stage_api: the config as a type only
     ("models and training", {"models", "pruning", "training", "objective", "cache"}),
     ("export (the bundle)", {f"export.{path.stem}" for path in (PIPELINE / "export").glob("*.py")} - {"export.__init__"}),
-    ("results", {"summary", "tracking"}),
-    ("orchestration", {"runner", "sweep"}),
+    ("results", {"summary", "run_record", "tracking"}),
+    ("orchestration", {"runner"} | {f"sweep.{path.stem}" for path in (PIPELINE / "sweep").glob("*.py")} - {"sweep.__init__"}),
     ("entry points", {"cli", "__main__", "launch"}),
 ]
 

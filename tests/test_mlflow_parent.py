@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 
 from pipeline.config import load_config, to_yaml
-from pipeline.tracking import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_DIGEST_TAG, NOTE_TAG, RESULT_TAG, Tracker,
-                               override_args)
+from pipeline.run_record import override_args
+from pipeline.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_DIGEST_TAG, NOTE_TAG, RESULT_TAG, Tracker
 from tests.helpers import ROOT, read_json, run_cli
 
 REGISTERED = "attention-distill-tiny"

@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.runner import STAGES
-from pipeline.sweep import Constraint, choose, load_sweep, parse_pick, pareto_front
+from pipeline.plots import pareto_front
+from pipeline.sweep import Constraint, choose, load_sweep, parse_pick
 from tests.helpers import ROOT, read_json, run_cli
 
 pytestmark = pytest.mark.pipeline

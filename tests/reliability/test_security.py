@@ -138,7 +138,7 @@ def test_make_ui_binds_localhost():
 
 
 def test_redact_uri():
-    from pipeline.tracking import redact_uri
+    from pipeline.redaction import redact_uri
 
     assert redact_uri("http://bob:pa55word@mlflow.internal:5000/api") == "http://***@mlflow.internal:5000/api"
     assert redact_uri("postgresql://user:pw@db/mlflow") == "postgresql://***@db/mlflow"
@@ -150,7 +150,7 @@ def test_redact_uri():
 def test_redacting_filter_masks_messages_args_and_tracebacks(monkeypatch):
     import io
 
-    from pipeline.tracking import RedactingFilter, redact
+    from pipeline.redaction import RedactingFilter, redact
 
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://alice:uri-secret-99@127.0.0.1:1")
