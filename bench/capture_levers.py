@@ -27,7 +27,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
 from pipeline.config import PipelineConfig  # noqa: E402
-from pipeline.inference import TrainingData, pad_id  # noqa: E402
+from pipeline.splits import TrainingData, pad_id  # noqa: E402
 from pipeline.models import load_classifier  # noqa: E402
 from stages.capture import cache_layouts, capture_shard  # noqa: E402
 

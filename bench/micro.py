@@ -129,7 +129,7 @@ def training_data(folder: Path, ids, labels):
     over a train split saved as the prepare stage saves it (Arrow under ``folder/tokenized/train``)."""
     import datasets
 
-    from pipeline.inference import TrainingData
+    from pipeline.splits import TrainingData
 
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # a bar for a few hundred rows is only noise in the bench's output

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, emit  # noqa: E402  (also puts the repository on the path)
 
 from pipeline.data import global_batches  # noqa: E402
-from pipeline.inference import TokenizedSplit  # noqa: E402
+from pipeline.splits import TokenizedSplit  # noqa: E402
 
 
 def rows(lengths, batch_sizes, seed: int) -> list[dict]:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
 from pipeline.config import TrainSettings  # noqa: E402
 from pipeline.data import global_batches  # noqa: E402
-from pipeline.inference import TokenizedSplit, TrainingData, pad_id, used_token_ids  # noqa: E402
+from pipeline.splits import TokenizedSplit, TrainingData, pad_id, used_token_ids  # noqa: E402
 from pipeline.models import load_classifier, train_used_rows_only  # noqa: E402
 from pipeline.training import configure_optimizer  # noqa: E402
 

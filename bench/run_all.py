@@ -171,7 +171,7 @@ def grouping_part(config: str, overrides: list[str], runs_dir: Path, logs: Path)
 
     from pipeline.config import load_config
     from pipeline.data import global_batches, padding_efficiency
-    from pipeline.inference import TokenizedSplit
+    from pipeline.splits import TokenizedSplit
 
     rows = {}
     for grouped in (True, False):

@@ -229,7 +229,7 @@ def time_slice(kind: str, run_dir: Path, config_path: Path, steps: int, baseline
     from pipeline.cache import TeacherCache
     from pipeline.config import load_config
     from pipeline.data import global_batches
-    from pipeline.inference import TrainingData, label_names, pad_id
+    from pipeline.splits import TrainingData, label_names, pad_id
     from pipeline.models import build_student, build_teacher_for_finetune, load_classifier, load_tokenizer, tokenizer_reference
     from pipeline.objective import target_plan
     from pipeline.runner import Distributed

@@ -25,7 +25,6 @@ import tempfile
 
 import numpy as np
 
-from pipeline.inference import TokenizedSplit, label_names
 from pipeline.metrics import classification_report
 from pipeline.models import load_classifier, load_tokenizer
 from pipeline.peers import (
@@ -40,6 +39,7 @@ from pipeline.peers import (
     load_peer,
     timed,
 )
+from pipeline.splits import TokenizedSplit, label_names
 from pipeline.stage_api import Context
 from pipeline.static_model import isolated_token_vectors, pca, sif_weights, token_counts
 

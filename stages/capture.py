@@ -42,9 +42,9 @@ from pipeline.cache import (
     write_shard,
 )
 from pipeline.errors import CacheError
-from pipeline.inference import RELATION_ROWS, TokenizedSplit, TrainingData, pad_id
 from pipeline.models import load_classifier, load_tokenizer
 from pipeline.objective import target_plan, teacher_targets
+from pipeline.splits import RELATION_ROWS, TokenizedSplit, TrainingData, pad_id
 from pipeline.stage_api import Context
 
 log = logging.getLogger("pipeline")

@@ -22,7 +22,7 @@ from transformers import set_seed
 
 from pipeline.cache import TeacherCache
 from pipeline.families import check_layer_windows, layer_types
-from pipeline.inference import TokenizedSplit, TrainingData, accuracy, pad_id, predict_logits, used_token_ids
+from pipeline.inference import accuracy, predict_logits
 from pipeline.models import (
     build_student,
     count_parameters,
@@ -35,6 +35,7 @@ from pipeline.models import (
 from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import ffn_importance
+from pipeline.splits import TokenizedSplit, TrainingData, pad_id, used_token_ids
 from pipeline.stage_api import Context
 from pipeline.static_model import (
     build_static_student,

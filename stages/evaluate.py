@@ -21,11 +21,12 @@ import torch
 
 from pipeline.attention import attention_probs, capture_projections, split_heads
 from pipeline.families import attention_window
-from pipeline.inference import TokenizedSplit, label_names, model_inputs, pad_id, predict_logits
+from pipeline.inference import model_inputs, predict_logits
 from pipeline.metrics import attention_health, classification_report
 from pipeline.models import count_parameters, load_classifier, load_tokenizer
 from pipeline.objective import target_plan
 from pipeline.plots import plot_attention_pair, plot_confusion
+from pipeline.splits import TokenizedSplit, label_names, pad_id
 from pipeline.stage_api import Context
 
 log = logging.getLogger("pipeline")

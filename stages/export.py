@@ -72,7 +72,7 @@ from pipeline.export.variants import (
     read_records,
     shipped_graph,
 )
-from pipeline.inference import TokenizedSplit, label_names, pad_id
+from pipeline.splits import TokenizedSplit, label_names, pad_id
 from pipeline.stage_api import Context
 from pipeline.summary import headline_metrics
 from pipeline.timing import Laps

@@ -17,7 +17,7 @@ import logging
 
 from transformers import set_seed
 
-from pipeline.inference import TokenizedSplit, accuracy, label_names, pad_id, predict_logits, used_token_ids
+from pipeline.inference import accuracy, predict_logits
 from pipeline.models import (
     build_teacher_for_finetune,
     load_tokenizer,
@@ -25,6 +25,7 @@ from pipeline.models import (
     tokenizer_reference,
     train_used_rows_only,
 )
+from pipeline.splits import TokenizedSplit, label_names, pad_id, used_token_ids
 from pipeline.stage_api import Context
 from pipeline.training import cross_entropy_loss, fit
 

@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from pipeline.inference import TokenizedSplit
+from pipeline.splits import TokenizedSplit
 from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
 from pipeline.plots import pareto_plot
 from pipeline.sweep import markdown_table, reference_points

@@ -145,7 +145,7 @@ def test_predict_py_reproduces_onnx_accuracy_without_torch(bundle, tiny_run, tmp
 
 
 def test_predict_tokenization_matches_the_pipeline(bundle, tiny_run):
-    from pipeline.inference import TokenizedSplit
+    from pipeline.splits import TokenizedSplit
 
     sys.path.insert(0, str(bundle))
     try:
@@ -232,7 +232,7 @@ def test_the_int8_teacher_baseline_and_three_ratios(bundle, tiny_run, tmp_path_f
     assert versus["meets"]["size"] == (versus["size_vs_int8_teacher"] <= targets.max_size_ratio)
     assert versus["all_met"] == all(versus["meets"].values())
     # the int8 teacher's accuracy is real: recompute it from a fresh export and quantization of the teacher
-    from pipeline.inference import TokenizedSplit, pad_id
+    from pipeline.splits import TokenizedSplit, pad_id
     from pipeline.models import load_classifier
 
     run_dir, work = tiny_run["run_dir"], tmp_path_factory.mktemp("baseline")
@@ -408,7 +408,7 @@ def test_batch_invariance_on_real_minilm(tmp_path):
 def test_every_variant_is_scored_one_text_per_call(bundle, tiny_run):
     """The recorded accuracy of each ONNX variant is its one-text-per-call accuracy, and its batch_invariance
     record is what batches of 64 give; the variants claiming invariance (fp32, static int8) keep it."""
-    from pipeline.inference import TokenizedSplit, pad_id
+    from pipeline.splits import TokenizedSplit, pad_id
 
     metadata = read_json(bundle / "metadata.json")
     test = TokenizedSplit(tiny_run["run_dir"] / "prepare", "test")
@@ -425,7 +425,7 @@ def test_executorch_programs_match_pytorch_and_predict_py(bundle, tiny_run, tmp_
     """model.pte and model.int8.pte: parity with the PyTorch student, the recorded one-text-per-call accuracy
     reproduced by predict.py --model, in the latency table and the README."""
     from pipeline.export import executorch_program as ET
-    from pipeline.inference import TokenizedSplit, pad_id
+    from pipeline.splits import TokenizedSplit, pad_id
     from pipeline.models import load_classifier
 
     metadata = read_json(bundle / "metadata.json")
@@ -487,7 +487,7 @@ def test_vocabulary_trimming_keeps_training_text_exact(tiny_run, tmp_path):
     import torch
 
     from pipeline.data import pad_batch
-    from pipeline.inference import TokenizedSplit
+    from pipeline.splits import TokenizedSplit
     from pipeline.models import load_classifier
 
     run_dir = tiny_run["run_dir"]

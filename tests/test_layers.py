@@ -14,7 +14,7 @@ LAYERS = [  # lowest first: a module imports from its own layer or the ones belo
     ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker", "parent_death",
                 "model_packages", "redaction"}),
     ("architectures and losses", {"families", "attention", "losses", "terms", "peers"}),
-    ("config and data", {"config", "data", "inference", "stage_api"}),  # stage_api: the config as a type only
+    ("config and data", {"config", "data", "splits", "inference", "stage_api"}),  # stage_api: the config as a type only
     ("models and training", {"models", "pruning", "training", "objective", "cache"}),
     ("export (the bundle)", {f"export.{path.stem}" for path in (PIPELINE / "export").glob("*.py")} - {"export.__init__"}),
     ("results", {"summary", "run_record", "tracking"}),

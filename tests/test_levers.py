@@ -215,7 +215,7 @@ def augmented_run(tiny_run, tmp_path_factory):
 def test_augmentation_leaves_the_teacher_alone_and_labels_variants_with_logits_only(augmented_run):
     from pipeline.cache import TeacherCache
     from pipeline.config import load_config
-    from pipeline.inference import TrainingData, pad_id
+    from pipeline.splits import TrainingData, pad_id
     from pipeline.models import load_classifier
     from pipeline.runner import Distributed
     from tests.helpers import read_json

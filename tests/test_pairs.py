@@ -54,7 +54,7 @@ def pair_run(tmp_path_factory):
 
 
 def test_prepare_stores_the_tokenizers_segment_ids_for_pairs(pair_run):
-    from pipeline.inference import TokenizedSplit
+    from pipeline.splits import TokenizedSplit
     from pipeline.models import load_tokenizer
 
     test = TokenizedSplit(pair_run["prepare"], "test")
@@ -69,7 +69,8 @@ def test_prepare_stores_the_tokenizers_segment_ids_for_pairs(pair_run):
 
 
 def test_batches_carry_segment_ids_and_the_teacher_uses_them(pair_run):
-    from pipeline.inference import TokenizedSplit, TrainingData, model_inputs, pad_id
+    from pipeline.inference import model_inputs
+    from pipeline.splits import TokenizedSplit, TrainingData, pad_id
     from pipeline.models import load_classifier
 
     prepare, pad = pair_run["prepare"], pad_id(pair_run["prepare"])
@@ -105,7 +106,8 @@ def test_batches_carry_segment_ids_and_the_teacher_uses_them(pair_run):
 
 def test_predict_logits_feeds_segment_ids(pair_run):
     """The evaluation / validation path (predict_logits) equals the teacher run by hand with token_type_ids."""
-    from pipeline.inference import TokenizedSplit, pad_id, predict_logits
+    from pipeline.inference import predict_logits
+    from pipeline.splits import TokenizedSplit, pad_id
     from pipeline.models import load_classifier
 
     prepare, pad = pair_run["prepare"], pad_id(pair_run["prepare"])
@@ -177,7 +179,7 @@ def test_predict_py_feeds_the_encodings_type_ids(pair_run):
         import predict
     finally:
         sys.path.pop(0)
-    from pipeline.inference import TokenizedSplit
+    from pipeline.splits import TokenizedSplit
 
     classifier = predict.BundleClassifier(pair_run["bundle"])
     records = [json.loads(line) for line in (pair_run["prepare"] / "test.jsonl").open()][:6]
@@ -191,7 +193,8 @@ def test_predict_py_feeds_the_encodings_type_ids(pair_run):
 def test_single_sentences_store_no_segment_ids(tmp_path):
     """Without a pair column nothing changes: no token_type_ids column, no stats key, batches without the key."""
     from pipeline.data import tokenize_split, tokenize_to_disk, uses_segment_ids
-    from pipeline.inference import TokenizedSplit, model_inputs
+    from pipeline.inference import model_inputs
+    from pipeline.splits import TokenizedSplit
     from pipeline.models import load_tokenizer, random_bert_config, resolve_reference
     from pipeline.config import PACKAGED_TEACHER
 

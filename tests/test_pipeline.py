@@ -102,11 +102,11 @@ def test_capture_stores_every_example_at_its_own_index(tiny_run):
 
     from pipeline.cache import TeacherCache
     from pipeline.config import load_config
-    from pipeline.inference import pad_id
+    from pipeline.splits import pad_id
     from pipeline.models import load_classifier
     from pipeline.objective import target_plan, teacher_targets, vectors_to_probs
     from pipeline.runner import Distributed
-    from pipeline.inference import TrainingData
+    from pipeline.splits import TrainingData
 
     run_dir = tiny_run["run_dir"]
     train = TrainingData(run_dir / "prepare")

@@ -38,7 +38,7 @@ def generated(tmp_path_factory):
 def test_streamed_prepare_matches_a_direct_tokenization(generated):
     from pipeline.config import load_config
     from pipeline.data import SPLITS, load_splits
-    from pipeline.inference import TokenizedSplit
+    from pipeline.splits import TokenizedSplit
     from pipeline.models import load_tokenizer, tokenizer_reference
 
     config = load_config(str(generated["config"]))
@@ -78,7 +78,7 @@ def test_truncation_flags_of_text_pairs_match_a_naive_count():
 
 
 def test_readers_are_numpy_over_arrow_and_handle_several_chunks(tmp_path, generated):
-    from pipeline.inference import TokenIds, TokenizedSplit, TrainingData
+    from pipeline.splits import TokenIds, TokenizedSplit, TrainingData
 
     split = TokenizedSplit(generated["prepare"], "train")
     assert isinstance(split.input_ids, TokenIds) and not isinstance(split.input_ids, list)
@@ -128,7 +128,7 @@ def test_relation_subset_fills_the_budget_in_permutation_order():
 
 def test_over_budget_cache_keeps_logits_for_all_and_relations_for_some(tiny_run, tmp_path):
     from pipeline.cache import TeacherCache
-    from pipeline.inference import RELATION_ROWS, TrainingData, pad_id
+    from pipeline.splits import RELATION_ROWS, TrainingData, pad_id
 
     runs = tmp_path / "runs"
     shutil.copytree(tiny_run["run_dir"], runs / "tiny", ignore=shutil.ignore_patterns("distill", "evaluate", "export"))

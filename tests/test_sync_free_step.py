@@ -20,7 +20,8 @@ from transformers import BertConfig, BertForSequenceClassification
 from pipeline.config import load_config
 from pipeline.data import pad_batch
 from pipeline.errors import TrainingError
-from pipeline.inference import has_padding, model_inputs
+from pipeline.inference import model_inputs
+from pipeline.splits import has_padding
 from pipeline.runner import Distributed
 from pipeline.training import FiniteWatch, build_trainer, cross_entropy_loss, train_step
 

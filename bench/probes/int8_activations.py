@@ -36,8 +36,8 @@ def main() -> None:
 
     from bench.common import machine_facts
     from pipeline.export.quantize import quantize_int8
-    from pipeline.inference import TokenizedSplit, pad_id
     from pipeline.models import load_classifier
+    from pipeline.splits import TokenizedSplit, pad_id
 
     torch.set_num_threads(1)
     print(machine_facts())

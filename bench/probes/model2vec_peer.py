@@ -27,7 +27,7 @@ def main() -> None:
     import torch
 
     from pipeline.config import load_config
-    from pipeline.inference import label_names
+    from pipeline.splits import label_names
     from pipeline.metrics import classification_report
     from pipeline.peers import Model2VecPeer
     from stages.baselines import StaticInputs, model2vec_peer, read_splits

@@ -9,7 +9,7 @@ from pathlib import Path
 from pipeline.export.onnx_graph import torch_logits
 from pipeline.export.tokenizer import IdSplit, corpus_token_ids, tokenize_texts, trim_embeddings, trim_vocabulary
 from pipeline.models import load_classifier
-from pipeline.inference import TokenizedSplit
+from pipeline.splits import TokenizedSplit
 torch.set_num_threads(1)
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("run", type=Path, help="a run folder holding distill/student")

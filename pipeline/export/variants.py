@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipelineError
-from ..inference import TokenizedSplit
 from ..models import count_parameters, load_classifier
+from ..splits import TokenizedSplit
 from .onnx_graph import (
     LogitsOnly,
     batch_invariance,

@@ -226,7 +226,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_copy):
     """A NaN teacher logit in the 4th batch: the run stops at step 4 naming the term."""
     from pipeline.config import load_config
     from pipeline.data import global_batches
-    from pipeline.inference import TrainingData
+    from pipeline.splits import TrainingData
     from pipeline.integrity import output_listing
 
     config = load_config(run_copy.config)
