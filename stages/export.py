@@ -47,9 +47,11 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.export import executorch_program, from_text, mobile, ort_format, text_model
-from pipeline.export.figures import (
+from pipeline.export.files import copy_predict_script, file_table, register_onnx, render_template, write_demo
+from pipeline.export.latency import compare_with_int8_teacher, latency_markdown, side_by_side
+from pipeline.export.measurements import (
     ALIAS,
-    Figures,
+    Measurements,
     bundle_metadata,
     bundle_name,
     export_summary,
@@ -57,8 +59,6 @@ from pipeline.export.figures import (
     mlflow_metrics,
     registered_description,
 )
-from pipeline.export.files import copy_predict_script, file_table, register_onnx, render_template, write_demo
-from pipeline.export.latency import compare_with_int8_teacher, latency_markdown, side_by_side
 from pipeline.export.readme import readme_values
 from pipeline.export.tokenizer import tokenizer_files, write_bundle_tokenizer
 from pipeline.export.variants import (
@@ -133,7 +133,7 @@ def run(ctx: Context) -> dict:
         **({"onnx_int8": int8.metrics} if int8 else {}),
         **({"onnx_int8_static": static.metrics} if static else {}),
     }
-    figures = Figures(
+    measured = Measurements(
         examples=len(shipped.test),
         variants=variants,
         recommended=recommended,
@@ -153,15 +153,15 @@ def run(ctx: Context) -> dict:
             cfg, inputs.teacher, teacher.baseline, variants, recommended, latency["rows"]
         ),
     )
-    metadata = write_bundle(ctx, inputs, shipped, figures, mlflow_source(ctx))  # 5. the bundle files
+    metadata = write_bundle(ctx, inputs, shipped, measured, mlflow_source(ctx))  # 5. the bundle files
     shutil.rmtree(work)
-    ctx.write_json("metrics.json", metrics_json(figures))  # 6. metrics, MLflow
-    registration = register(ctx, figures, metadata)
-    summary = export_summary(cfg, figures, registration)
+    ctx.write_json("metrics.json", metrics_json(measured))  # 6. metrics, MLflow
+    registration = register(ctx, measured, metadata)
+    summary = export_summary(cfg, measured, registration)
     laps.lap("bundle files and MLflow")
     ctx.write_json("export.json", {**summary, "step_seconds": laps.seconds})
     log.info("[export] steps: %s", laps.line())
-    log_outcome(figures, ctx.final / "bundle")
+    log_outcome(measured, ctx.final / "bundle")
     return summary
 
 
@@ -201,9 +201,9 @@ def mlflow_source(ctx) -> dict:
     }
 
 
-def write_bundle(ctx, inputs: Inputs, shipped: Shipped, figures: Figures, source: dict) -> dict:
+def write_bundle(ctx, inputs: Inputs, shipped: Shipped, measured: Measurements, source: dict) -> dict:
     """The bundle's files besides the graphs; metadata.json last, with the sha256 of every other file. Returns the metadata."""
-    out, latency = ctx.out / "bundle", figures.latency
+    out, latency = ctx.out / "bundle", measured.latency
     ctx.write_json(
         "bundle/latency.json",
         {
@@ -225,9 +225,9 @@ def write_bundle(ctx, inputs: Inputs, shipped: Shipped, figures: Figures, source
         )
     ctx.write_json("bundle/labels.json", inputs.labels)
     copy_predict_script(out / "predict.py")
-    metadata = bundle_metadata(ctx.config, inputs, shipped, figures, source)
+    metadata = bundle_metadata(ctx.config, inputs, shipped, measured, source)
     metadata["demo"] = write_demo(
-        out, metadata["name"], metadata["variants"][figures.recommended]["file"], inputs.max_length
+        out, metadata["name"], metadata["variants"][measured.recommended]["file"], inputs.max_length
     )  # demo.html: the model in a browser (onnxruntime-web)
     if not metadata["demo"]["shipped"]:
         log.info("[export] no demo.html: %s", metadata["demo"]["why"])
@@ -237,23 +237,23 @@ def write_bundle(ctx, inputs: Inputs, shipped: Shipped, figures: Figures, source
     return metadata
 
 
-def register(ctx, figures: Figures, metadata: dict) -> dict | None:
+def register(ctx, measured: Measurements, metadata: dict) -> dict | None:
     """MLflow: the figures, the bundle and metrics.json; the recommended graph registered with alias ``candidate``."""
-    ctx.log_metrics(mlflow_metrics(figures))
-    ctx.set_tags({"attention_distill.recommended_variant": figures.recommended})
+    ctx.log_metrics(mlflow_metrics(measured))
+    ctx.set_tags({"attention_distill.recommended_variant": measured.recommended})
     ctx.log_artifacts(ctx.out / "bundle", "bundle")
     ctx.log_artifact(ctx.out / "metrics.json")
     source = metadata["source"]
     if not source["registered_model"]:
         return None
-    chosen = metadata["variants"][figures.recommended]
+    chosen = metadata["variants"][measured.recommended]
     registration = register_onnx(
         ctx.out / "bundle" / chosen["file"],
         source["mlflow_export_run_id"],
         source["registered_model"],
         ALIAS,
         {
-            "variant": figures.recommended,
+            "variant": measured.recommended,
             "file": chosen["file"],
             "sha256": metadata["files"][chosen["file"]]["sha256"],
             "test_accuracy": chosen["accuracy"],
@@ -264,9 +264,9 @@ def register(ctx, figures: Figures, metadata: dict) -> dict | None:
     try:  # the headline figures and a description: niceties, MLflow refusing them never fails the export
         import mlflow  # imported by the tracker already when registration is on
 
-        headline = headline_metrics({}, metrics_json(figures))  # the pipeline run's figures (export's part)
-        if figures.comparison:
-            headline["teacher_fp32_accuracy"] = figures.comparison["teacher_fp32_accuracy"]
+        headline = headline_metrics({}, metrics_json(measured))  # the pipeline run's figures (export's part)
+        if measured.comparison:
+            headline["teacher_fp32_accuracy"] = measured.comparison["teacher_fp32_accuracy"]
         client, name, version = mlflow.MlflowClient(), source["registered_model"], registration["version"]
         for key, value in {
             "pipeline_run_id": source["mlflow_parent_run_id"],
@@ -274,7 +274,7 @@ def register(ctx, figures: Figures, metadata: dict) -> dict | None:
         }.items():
             client.set_model_version_tag(name, version, key, value)
         client.update_model_version(
-            name, version, description=registered_description(ctx.config, figures, chosen, source)
+            name, version, description=registered_description(ctx.config, measured, chosen, source)
         )
     except Exception as exc:
         log.warning(
@@ -287,21 +287,21 @@ def register(ctx, figures: Figures, metadata: dict) -> dict | None:
         source["registered_model"],
         registration["version"],
         ALIAS,
-        figures.recommended,
+        measured.recommended,
     )
     return registration
 
 
-def log_outcome(figures: Figures, bundle: Path) -> None:
-    fp32, int8 = figures.variants["onnx_fp32"], figures.variants.get("onnx_int8")
+def log_outcome(measured: Measurements, bundle: Path) -> None:
+    fp32, int8 = measured.variants["onnx_fp32"], measured.variants.get("onnx_int8")
     log.info(
         "[export] parity max diff %.2e; fp32 acc %.4f (%.1f MB)%s; recommended %s; bundle %s",
-        figures.parity["max_abs_logit_diff"],
+        measured.parity["max_abs_logit_diff"],
         fp32["accuracy"],
         fp32["file_mb"],
-        f", int8 acc {int8['accuracy']:.4f} ({int8['file_mb']:.1f} MB, {(figures.quant or {}).get('setting')})"
+        f", int8 acc {int8['accuracy']:.4f} ({int8['file_mb']:.1f} MB, {(measured.quant or {}).get('setting')})"
         if int8
         else "",
-        figures.recommended,
+        measured.recommended,
         bundle,
     )

@@ -11,6 +11,6 @@ latency             every model timed side by side; the student against the int8
 ort_format          ORT-format twins for ONNX Runtime Mobile, checked against their .onnx
 mobile              ONNX Runtime's mobile usability checker (NNAPI, CoreML) as data
 from_text           raw text in, label out, one text per call: student, int8 teacher and peers
-figures             every figure built once; metadata.json, metrics.json, export.json, MLflow metrics
+measurements        every measured figure built once; metadata.json, metrics.json, export.json, MLflow
 readme              the bundle's README.md from its templates (pipeline/bundle_files/)
 """

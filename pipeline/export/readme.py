@@ -5,9 +5,9 @@ tokenizer it ships, the text-in model, ExecuTorch, the mobile checker, the peers
 from __future__ import annotations
 
 from . import from_text, mobile
-from .figures import ALIAS
 from .files import render_template
 from .latency import comparison_lines, latency_markdown
+from .measurements import ALIAS
 from .tokenizer import role_token, tokenizer_files
 
 

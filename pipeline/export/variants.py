@@ -65,7 +65,7 @@ class Inputs:
 class Shipped:
     """The student as shipped: model, tokenizer and test split in its own (maybe trimmed) vocabulary, and its fp32 graph."""
 
-    model: object
+    model: Any  # a transformers classifier (its .config is read)
     test: Any  # the test split in the shipped vocabulary (TokenizedSplit or tokenizer.IdSplit)
     pad: int
     tokenizer_json: Path

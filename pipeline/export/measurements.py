@@ -1,4 +1,4 @@
-"""Every figure the export reports, built once (Figures), and its renderings: metadata.json, metrics.json,
+"""Every figure the export reports, built once (Measurements), and its renderings: metadata.json, metrics.json,
 export.json and the MLflow metrics compute none of their own."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ALIAS = "candidate"  # the registered model's alias for the newest export
 
 
 @dataclass
-class Figures:
+class Measurements:
     """Every figure the export reports, built once. metadata.json, metrics.json, export.json, the README,
     latency.json/.md and MLflow render these and compute none of their own."""
 
@@ -47,10 +47,10 @@ def bundle_name(config) -> str:
     return f"attention-distill-{config.name}"
 
 
-def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, source: dict) -> dict:
+def bundle_metadata(config, inputs: Inputs, shipped: Shipped, measured: Measurements, source: dict) -> dict:
     """metadata.json, without its "files" table (added once every other file is written)."""
-    cfg, variants, max_length = config.export, figures.variants, inputs.max_length
-    variant_files = {"fp32": ("model.onnx", "onnx_fp32", None if figures.int8_recommended else "model.ort")}
+    cfg, variants, max_length = config.export, measured.variants, inputs.max_length
+    variant_files = {"fp32": ("model.onnx", "onnx_fp32", None if measured.int8_recommended else "model.ort")}
     if "onnx_int8" in variants:
         variant_files["int8"] = ("model.int8.onnx", "onnx_int8", "model.int8.ort")
     if "onnx_int8_static" in variants:
@@ -104,24 +104,29 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
         },
         "accuracy_measured": "one text per call (batch 1, unpadded), as predict.py, the Kotlin/Swift/JS examples and the "
         "text-in model run it; batch_invariance says which variants answer the same in batches",
-        "recommended": figures.recommended,
-        "recommended_because": figures.because,
-        "int8_recommended": figures.int8_recommended,
+        "recommended": measured.recommended,
+        "recommended_because": measured.because,
+        "int8_recommended": measured.int8_recommended,
         "quantization": {
-            **(figures.quant or {"enabled": False}),
-            "attempts": figures.attempts,
+            **(measured.quant or {"enabled": False}),
+            "attempts": measured.attempts,
             "max_int8_drop_points": cfg.max_int8_drop,
         },
-        "static_quantization": figures.static or {"enabled": False},
-        "executorch": figures.executorch,
-        "parity": {**figures.parity, "tolerance": cfg.parity_tolerance, "split": "test", "examples": figures.examples},
-        "vocab_trim": figures.trim,
-        "versus_int8_teacher": figures.comparison,
-        "from_text": figures.from_text,
-        "ort_format": figures.ort,
-        "text_model": figures.text_model,
-        "mobile_usability": figures.mobile,
-        "evaluation": {"split": "test", "examples": figures.examples},
+        "static_quantization": measured.static or {"enabled": False},
+        "executorch": measured.executorch,
+        "parity": {
+            **measured.parity,
+            "tolerance": cfg.parity_tolerance,
+            "split": "test",
+            "examples": measured.examples,
+        },
+        "vocab_trim": measured.trim,
+        "versus_int8_teacher": measured.comparison,
+        "from_text": measured.from_text,
+        "ort_format": measured.ort,
+        "text_model": measured.text_model,
+        "mobile_usability": measured.mobile,
+        "evaluation": {"split": "test", "examples": measured.examples},
         "latency_file": "latency.json",
         "source": source,
         "runtime": {
@@ -134,34 +139,34 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, figures: Figures, 
     }
 
 
-def metrics_json(figures: Figures) -> dict:
+def metrics_json(measured: Measurements) -> dict:
     """metrics.json: per-variant test metrics (evaluate's keys) and the summary figures."""
     return {
         "split": "test",
-        "examples": figures.examples,
-        **figures.variants,
-        "recommended": figures.recommended,
-        "int8_recommended": figures.int8_recommended,
-        "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
-        "latency": figures.latency["rows"],
-        "vocab_trim": figures.trim,
-        "versus_int8_teacher": figures.comparison,
-        "from_text": figures.from_text,
-        "executorch": figures.executorch,
+        "examples": measured.examples,
+        **measured.variants,
+        "recommended": measured.recommended,
+        "int8_recommended": measured.int8_recommended,
+        "parity_max_abs_diff": measured.parity["max_abs_logit_diff"],
+        "latency": measured.latency["rows"],
+        "vocab_trim": measured.trim,
+        "versus_int8_teacher": measured.comparison,
+        "from_text": measured.from_text,
+        "executorch": measured.executorch,
     }
 
 
-def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
+def export_summary(cfg, measured: Measurements, registration: dict | None) -> dict:
     """export.json and the stage's summary figures (the manifest)."""
-    fp32, comparison, quant = figures.variants["onnx_fp32"], figures.comparison, figures.quant
+    fp32, comparison, quant = measured.variants["onnx_fp32"], measured.comparison, measured.quant
     summary = {
         "opset": cfg.opset,
-        "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
-        "parity_agreement": figures.parity["prediction_agreement"],
+        "parity_max_abs_diff": measured.parity["max_abs_logit_diff"],
+        "parity_agreement": measured.parity["prediction_agreement"],
         "fp32_accuracy": fp32["accuracy"],
         "fp32_mb": fp32["file_mb"],
-        "recommended": figures.recommended,
-        "text_model_shipped": figures.text_model["shipped"],
+        "recommended": measured.recommended,
+        "text_model_shipped": measured.text_model["shipped"],
     }
     if comparison:
         summary.update(
@@ -176,7 +181,7 @@ def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
             }
         )
     if quant:
-        int8 = figures.variants["onnx_int8"]
+        int8 = measured.variants["onnx_int8"]
         summary.update(
             {
                 "int8_accuracy": int8["accuracy"],
@@ -185,13 +190,13 @@ def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
                 "int8_setting": quant["setting"],
             }
         )
-    if figures.static:
-        static = figures.variants["onnx_int8_static"]
+    if measured.static:
+        static = measured.variants["onnx_int8_static"]
         summary.update(
             {
                 "int8_static_accuracy": static["accuracy"],
                 "int8_static_mb": static["file_mb"],
-                "int8_static_drop_points": figures.static["drop_points"],
+                "int8_static_drop_points": measured.static["drop_points"],
                 "int8_static_batch_invariant": static["batch_invariance"]["invariant"],
             }
         )
@@ -200,9 +205,9 @@ def export_summary(cfg, figures: Figures, registration: dict | None) -> dict:
     return summary
 
 
-def mlflow_metrics(figures: Figures) -> dict:
+def mlflow_metrics(measured: Measurements) -> dict:
     """The figures as flat MLflow metrics."""
-    variants, comparison = figures.variants, figures.comparison
+    variants, comparison = measured.variants, measured.comparison
     flat = {
         f"{v}/{k}": variants[v][k]
         for v in variants
@@ -210,18 +215,18 @@ def mlflow_metrics(figures: Figures) -> dict:
     }
     flat.update(
         {
-            "parity_max_abs_diff": figures.parity["max_abs_logit_diff"],
-            "int8_recommended": float(figures.int8_recommended),
+            "parity_max_abs_diff": measured.parity["max_abs_logit_diff"],
+            "int8_recommended": float(measured.int8_recommended),
         }
     )
-    if figures.quant:
-        flat["onnx_int8/drop_points"] = figures.quant["drop_points"]
-    if figures.static:
-        flat["onnx_int8_static/drop_points"] = figures.static["drop_points"]
+    if measured.quant:
+        flat["onnx_int8/drop_points"] = measured.quant["drop_points"]
+    if measured.static:
+        flat["onnx_int8_static/drop_points"] = measured.static["drop_points"]
     flat.update(
         {f"{v}/batch_changed_predictions": variants[v]["batch_invariance"]["predictions_changed"] for v in variants}
     )
-    for name, info in (figures.executorch.get("variants") or {}).items():
+    for name, info in (measured.executorch.get("variants") or {}).items():
         flat.update(
             {
                 f"executorch_{name}/{k}": info[k]
@@ -231,18 +236,18 @@ def mlflow_metrics(figures: Figures) -> dict:
     flat.update(
         {
             f"latency_ms/{r['model'].replace(' ', '_')}_{r['input'].replace('=', '')}_t{r['threads']}": r["median_ms"]
-            for r in figures.latency["rows"]
+            for r in measured.latency["rows"]
         }
     )
-    if figures.from_text.get("measured"):
-        for row in figures.from_text["rows"]:
+    if measured.from_text.get("measured"):
+        for row in measured.from_text["rows"]:
             flat.update(
                 {
                     f"from_text/{row['model']}_{k}": row[k]
                     for k in ("accuracy", "macro_f1", "median_ms", "p25_ms", "p75_ms")
                 }
             )
-        versus = figures.from_text["versus_peers"]
+        versus = measured.from_text["versus_peers"]
         if versus:
             flat.update(
                 {
@@ -272,16 +277,16 @@ def mlflow_metrics(figures: Figures) -> dict:
     return flat
 
 
-def registered_description(config, figures: Figures, chosen: dict, source: dict) -> str:
+def registered_description(config, measured: Measurements, chosen: dict, source: dict) -> str:
     """The registered model version's description in the MLflow UI: what it is, its figures, where it came from."""
     lines = [
         config.description or f"Distilled student of config `{config.name}`.",
         "",
-        f"ONNX {figures.recommended} student (the variant the bundle ships): test accuracy {chosen['accuracy']:.4f}, "
-        f"macro-F1 {chosen['macro_f1']:.4f}, {chosen['file_mb']:.1f} MB, on {figures.examples} test examples.",
+        f"ONNX {measured.recommended} student (the variant the bundle ships): test accuracy {chosen['accuracy']:.4f}, "
+        f"macro-F1 {chosen['macro_f1']:.4f}, {chosen['file_mb']:.1f} MB, on {measured.examples} test examples.",
     ]
-    if figures.comparison:
-        lines += [f"- {line}" for line in comparison_lines(figures.comparison)[2:]]
+    if measured.comparison:
+        lines += [f"- {line}" for line in comparison_lines(measured.comparison)[2:]]
     lines += [
         "",
         f"Pipeline run {source['mlflow_parent_run_id']} (experiment `{source['mlflow_experiment']}`); "
