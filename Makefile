@@ -31,7 +31,7 @@ help:  ## list targets
 	@echo "  make sweep CONFIG=bert_small SWEEP=configs/sweeps/depth.yaml [PICK=\"retention>=0.98\"]   variants, table, champion"
 	@echo "  make test                          run the test suite"
 	@echo "  make test-fast                     the unit tier only (no pipeline run, no process, no outside tool)"
-	@echo "  make lint                          ruff check and ruff format --check on pipeline/ and stages/"
+	@echo "  make lint                          ruff (lint, format) on pipeline/ stages/ tests/ bench/, mypy on pipeline/ stages/"
 	@echo "  make status CONFIG=bert_small      done / stale / pending per stage"
 	@echo "  make ui                            MLflow UI for runs/mlflow.db on http://127.0.0.1:$(PORT)"
 	@echo "  make server                        a team-like MLflow server (PostgreSQL if available) on 127.0.0.1"
@@ -85,10 +85,11 @@ test: lint
 	$(PY) -m pytest -q -m unit $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 	$(PY) -m pytest -q -m "not unit" $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
-# ruff's linter and formatter, then mypy, on pipeline/ and stages/ (pyproject.toml; also .pre-commit-config.yaml).
+# ruff's linter and formatter on pipeline/, stages/, tests/ and bench/, then mypy on pipeline/ and stages/
+# (pyproject.toml; also .pre-commit-config.yaml).
 lint: $(STAMP)
-	$(PY) -m ruff check pipeline stages
-	$(PY) -m ruff format --check pipeline stages
+	$(PY) -m ruff check pipeline stages tests bench
+	$(PY) -m ruff format --check pipeline stages tests bench
 	$(PY) -m mypy
 
 # The unit tier: every test that needs no pipeline run and no outside tool (tests/tiers.py); a few minutes.

@@ -115,13 +115,20 @@ def run_case(n: int, head_dim: int, chunk_size: int | None, repeats: int, thread
         times.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.process_time() - c0) * 1000)  # all threads; less hurt by a busy machine
     return {
-        "n": n, "heads": HEADS, "head_dim": head_dim, "batch": 1,
-        "method": "naive" if chunk_size is None else "chunked", "chunk_size": chunk_size,
-        "peak_mib": peak_kib / 1024, "memory_method": method,
+        "n": n,
+        "heads": HEADS,
+        "head_dim": head_dim,
+        "batch": 1,
+        "method": "naive" if chunk_size is None else "chunked",
+        "chunk_size": chunk_size,
+        "peak_mib": peak_kib / 1024,
+        "memory_method": method,
         "score_matrix_mib": HEADS * n * n * 4 / MIB,  # one fp32 [1,H,N,N] tensor, for scale
         "time_ms": {"min": min(times), "median": statistics.median(times), "max": max(times)},
         "cpu_ms_median": statistics.median(cpu),
-        "repeats": repeats, "loss": loss, "torch_threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "loss": loss,
+        "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
 
@@ -133,13 +140,14 @@ LIVE_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # every tensor >= 64 KiB is its 
 
 
 def spawn(n, head_dim, chunk_size, repeats, threads, env=None) -> dict:
-    case = json.dumps(
-        {"n": n, "head_dim": head_dim, "chunk_size": chunk_size, "repeats": repeats, "threads": threads}
-    )
+    case = json.dumps({"n": n, "head_dim": head_dim, "chunk_size": chunk_size, "repeats": repeats, "threads": threads})
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | (env or {})
     out = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--case", case],
-        check=True, capture_output=True, text=True, env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -226,9 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads per case (default 1: steady figures on a shared machine)")
-    p.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), help="head dims to measure (default 32 64)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads per case (default 1: steady figures on a shared machine)"
+    )
+    p.add_argument(
+        "--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), help="head dims to measure (default 32 64)"
+    )
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
     args = p.parse_args(argv)
 
@@ -250,18 +261,29 @@ def main(argv: list[str] | None = None) -> int:
         for hd in args.head_dims:
             for chunk in (None, args.chunk_size):
                 r = measure(n, hd, chunk, repeats, args.threads)
-                print(f"N={n:5d} head_dim={hd} {r['method']:8s} live peak {r['peak_live_mib']:7.1f} MiB, "
-                      f"default-glibc RSS peak {r['peak_rss_default_mib']:7.1f} MiB, "
-                      f"median {r['time_ms']['median']:8.1f} ms", file=sys.stderr, flush=True)
+                print(
+                    f"N={n:5d} head_dim={hd} {r['method']:8s} live peak {r['peak_live_mib']:7.1f} MiB, "
+                    f"default-glibc RSS peak {r['peak_rss_default_mib']:7.1f} MiB, "
+                    f"median {r['time_ms']['median']:8.1f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 results.append(r)
 
     meta = {
-        "quick": args.quick, "head_dims": args.head_dims, "chunk_size": args.chunk_size, "repeats": repeats,
-        "memory_method": results[0]["memory_method"], "torch": results[0]["torch"],
-        "threads": results[0]["torch_threads"], "cpus": os.cpu_count(),
-        "loadavg_1min_at_start": load_start, "loadavg_1min_at_end": round(os.getloadavg()[0], 2),
+        "quick": args.quick,
+        "head_dims": args.head_dims,
+        "chunk_size": args.chunk_size,
+        "repeats": repeats,
+        "memory_method": results[0]["memory_method"],
+        "torch": results[0]["torch"],
+        "threads": results[0]["torch_threads"],
+        "cpus": os.cpu_count(),
+        "loadavg_1min_at_start": load_start,
+        "loadavg_1min_at_end": round(os.getloadavg()[0], 2),
         "machine": f"{platform.system()} {platform.machine()} ({platform.processor() or 'cpu'})",
-        "machine_line": machine_line(), "date": dt.date.today().isoformat(),
+        "machine_line": machine_line(),
+        "date": dt.date.today().isoformat(),
         "command": command_line("bench/attention_kl.py", argv),
     }
     md = to_markdown(results, meta)

@@ -22,8 +22,13 @@ from common import ROOT, command_line, emit
 
 
 def predict_py(bundle: Path, model: str, test: Path, batch: int) -> float:
-    proc = subprocess.run([sys.executable, "predict.py", "--model", model, "--eval", str(test), "--batch-size", str(batch)],
-                          cwd=bundle, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "predict.py", "--model", model, "--eval", str(test), "--batch-size", str(batch)],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode:
         raise SystemExit(f"predict.py --model {model} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["accuracy"]
@@ -32,8 +37,12 @@ def predict_py(bundle: Path, model: str, test: Path, batch: int) -> float:
 def node(bundle: Path, model: str, test: Path) -> float | None:
     if shutil.which("node") is None or not (ROOT / "tests" / "node" / "node_modules").is_dir():
         return None
-    proc = subprocess.run(["node", str(ROOT / "tests" / "node" / "predict.mjs"), str(bundle), str(test), model],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        ["node", str(ROOT / "tests" / "node" / "predict.mjs"), str(bundle), str(test), model],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode:
         raise SystemExit(f"the Node check on {model} failed:\n{proc.stderr[-2000:]}")
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
@@ -55,15 +64,21 @@ def main(argv=None) -> int:
             files += [(variant["ort_file"], name, variant["accuracy"])]
     for name, info in ((metadata.get("executorch") or {}).get("variants") or {}).items():
         files.append((info["file"], f"ExecuTorch {name}", info["accuracy"]))
-    lines = [f"# Recorded accuracy against the bundle's own runners: {args.run}", "",
-             f"`python bench/bundle_agreement.py {args.run}`; {metadata['evaluation']['examples']} test texts.", "",
-             "| file | variant | recorded (one text per call) | predict.py, batch 1 | predict.py, batch 64 | Node.js, one per call |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# Recorded accuracy against the bundle's own runners: {args.run}",
+        "",
+        f"`python bench/bundle_agreement.py {args.run}`; {metadata['evaluation']['examples']} test texts.",
+        "",
+        "| file | variant | recorded (one text per call) | predict.py, batch 1 | predict.py, batch 64 | Node.js, one per call |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for file, name, recorded in files:
         one, batched = predict_py(bundle, file, test, 1), predict_py(bundle, file, test, 64)
         js = node(bundle, file, test) if file.endswith((".onnx", ".ort")) else None
-        lines.append(f"| `{file}` | {name} | {recorded:.4f} | {one:.4f}{'' if one == recorded else ' (differs)'} | "
-                     f"{batched:.4f} | {'-' if js is None else f'{js:.4f}'} |")
+        lines.append(
+            f"| `{file}` | {name} | {recorded:.4f} | {one:.4f}{'' if one == recorded else ' (differs)'} | "
+            f"{batched:.4f} | {'-' if js is None else f'{js:.4f}'} |"
+        )
         print(lines[-1], flush=True)
     emit(lines, args.out, command=command_line("bench/bundle_agreement.py", argv))
     return 0

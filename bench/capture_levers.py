@@ -25,18 +25,21 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
-from pipeline.config import PipelineConfig  # noqa: E402
-from pipeline.splits import TrainingData, pad_id  # noqa: E402
-from pipeline.models import load_classifier  # noqa: E402
-from stages.capture import cache_layouts, capture_shard  # noqa: E402
+from common import command_line, emit  # (also puts the repository on the import path)
+
+from pipeline.config import PipelineConfig
+from pipeline.models import load_classifier
+from pipeline.splits import TrainingData, pad_id
+from stages.capture import cache_layouts, capture_shard
 
 
 class Sample:
     """``count`` seeded training examples of ``data``, in the index space capture_shard reads (lengths, batch)."""
 
     def __init__(self, data: TrainingData, count: int, seed: int, by_length: bool):
-        picked = np.sort(np.random.default_rng(seed).choice(data.relational, size=min(count, data.relational), replace=False))
+        picked = np.sort(
+            np.random.default_rng(seed).choice(data.relational, size=min(count, data.relational), replace=False)
+        )
         self.data, self.ids = data, picked
         # capture_shard orders by length; "data order" gives every example the same length key, so the stable sort
         # keeps the sampled order
@@ -54,8 +57,9 @@ class Context:
         return torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
 
-def examples_per_second(teacher, sample: Sample, plan, layout, batch_size: int, pad: int, ctx: Context,
-                        inference_mode: bool, threads: int) -> float:
+def examples_per_second(
+    teacher, sample: Sample, plan, layout, batch_size: int, pad: int, ctx: Context, inference_mode: bool, threads: int
+) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -84,35 +88,54 @@ def main() -> None:
     plan, layout, _ = cache_layouts(config, teacher.config, data)
     pad, cores = pad_id(prepare), torch.get_num_threads()
     bf16 = config.precision == "bf16"
-    default = {"batch_size": config.capture.batch_size, "by_length": True, "inference_mode": False, "bf16": bf16,
-               "threads": cores}
+    default = {
+        "batch_size": config.capture.batch_size,
+        "by_length": True,
+        "inference_mode": False,
+        "bf16": bf16,
+        "threads": cores,
+    }
     settings = [("the stage's settings", {})]
-    settings += [(f"capture.batch_size {b}", {"batch_size": b}) for b in (16, 32, 64, 128, 256) if b != default["batch_size"]]
-    settings += [("batches in data order (not by length)", {"by_length": False}),
-                 ("torch.inference_mode", {"inference_mode": True}),
-                 ("1 torch thread", {"threads": 1})]
+    settings += [
+        (f"capture.batch_size {b}", {"batch_size": b}) for b in (16, 32, 64, 128, 256) if b != default["batch_size"]
+    ]
+    settings += [
+        ("batches in data order (not by length)", {"by_length": False}),
+        ("torch.inference_mode", {"inference_mode": True}),
+        ("1 torch thread", {"threads": 1}),
+    ]
     if bf16:
         settings.append(("fp32 (no bf16 autocast)", {"bf16": False}))
     rows = []
     for label, change in settings:
         s = {**default, **change}
         sample = Sample(data, args.examples, config.seed, s["by_length"])
-        rate = examples_per_second(teacher, sample, plan, layout, s["batch_size"], pad, Context(s["bf16"]),
-                                   s["inference_mode"], s["threads"])
+        rate = examples_per_second(
+            teacher, sample, plan, layout, s["batch_size"], pad, Context(s["bf16"]), s["inference_mode"], s["threads"]
+        )
         rows.append((label, rate))
         print(f"{label}: {rate:.1f} examples/s", file=sys.stderr, flush=True)
     base = rows[0][1]
     manifest = json.loads((args.run / "capture" / "manifest.json").read_text())
     summary = json.loads((args.run / "capture" / "capture.json").read_text())
-    lines = [f"# Capture levers: {args.run}", "",
-             f"The teacher over {min(args.examples, data.relational)} of the run's {data.relational} training examples "
-             f"(terms {', '.join(plan.terms)}, teacher layers {sorted({t for _, t in plan.pairs})}), precision "
-             f"{config.precision}, capture.batch_size {default['batch_size']}, {cores} torch threads unless a row says "
-             "otherwise.", "", "| setting | examples/s | vs the stage's settings |", "|---|---:|---:|"]
+    lines = [
+        f"# Capture levers: {args.run}",
+        "",
+        f"The teacher over {min(args.examples, data.relational)} of the run's {data.relational} training examples "
+        f"(terms {', '.join(plan.terms)}, teacher layers {sorted({t for _, t in plan.pairs})}), precision "
+        f"{config.precision}, capture.batch_size {default['batch_size']}, {cores} torch threads unless a row says "
+        "otherwise.",
+        "",
+        "| setting | examples/s | vs the stage's settings |",
+        "|---|---:|---:|",
+    ]
     lines += [f"| {label} | {rate:.1f} | {rate / base:.2f}x |" for label, rate in rows]
-    lines += ["", f"The stage itself (manifest): {summary['examples']} examples in {manifest['duration_s']:.1f} s, "
-              f"{summary['examples'] / manifest['duration_s']:.1f} examples/s with loading, shards and hashing "
-              "(augmented rows are logits only, so they run faster than the rows timed here)."]
+    lines += [
+        "",
+        f"The stage itself (manifest): {summary['examples']} examples in {manifest['duration_s']:.1f} s, "
+        f"{summary['examples'] / manifest['duration_s']:.1f} examples/s with loading, shards and hashing "
+        "(augmented rows are logits only, so they run faster than the rows timed here).",
+    ]
     emit(lines, args.out, command=command_line("bench/capture_levers.py"))
 
 

@@ -41,8 +41,12 @@ def __getattr__(name: str):
 # ---------------------------------------------------------------- the header of every results file
 
 HEADER_KEYS = ("command", "date", "machine")  # required; "commit" is read when present (files before it lack it)
-_HEADER = {"command": re.compile(r"^Command: `(.+)`\s*$"), "date": re.compile(r"^Date: (.+?)\s*$"),
-           "machine": re.compile(r"^Machine: (.+?)\s*$"), "commit": re.compile(r"^Commit: (.+?)\s*$")}
+_HEADER = {
+    "command": re.compile(r"^Command: `(.+)`\s*$"),
+    "date": re.compile(r"^Date: (.+?)\s*$"),
+    "machine": re.compile(r"^Machine: (.+?)\s*$"),
+    "commit": re.compile(r"^Commit: (.+?)\s*$"),
+}
 HEADER_SEARCH_LINES = 12  # the header sits at the top (after an optional "# " title)
 
 
@@ -70,8 +74,9 @@ def gpu_names() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
@@ -116,18 +121,34 @@ def machine_facts() -> dict:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    return {"cpu_model": cpu, "logical_cpus": os.cpu_count(), "usable_cpus": usable, "cores_per_socket": physical,
-            "memory_gb": memory_gb, "os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
-            "python": platform.python_version(), "versions": versions, "git": git_revision()}
+    return {
+        "cpu_model": cpu,
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable,
+        "cores_per_socket": physical,
+        "memory_gb": memory_gb,
+        "os": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "git": git_revision(),
+    }
 
 
 def git_revision() -> str | None:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -139,15 +160,23 @@ def command_line(script: str, argv: list[str] | None = None) -> str:
     return " ".join(["python", script, *(shlex.quote(str(a)) for a in args)])
 
 
-def header_lines(command: str, machine: str | None = None, date: str | None = None, commit: str | None = None) -> list[str]:
+def header_lines(
+    command: str, machine: str | None = None, date: str | None = None, commit: str | None = None
+) -> list[str]:
     """The lines bench/report.py reads: the command that made the file, the date, the machine and the commit it
     ran at (with "+ uncommitted changes" when the tree differed)."""
-    return [f"Command: `{command}`  ", f"Date: {date or dt.date.today().isoformat()}  ",
-            f"Machine: {machine or machine_line()}  ", f"Commit: {commit or git_revision() or 'unknown (no git)'}", ""]
+    return [
+        f"Command: `{command}`  ",
+        f"Date: {date or dt.date.today().isoformat()}  ",
+        f"Machine: {machine or machine_line()}  ",
+        f"Commit: {commit or git_revision() or 'unknown (no git)'}",
+        "",
+    ]
 
 
-def with_header(lines: list[str], command: str, machine: str | None = None, date: str | None = None,
-                commit: str | None = None) -> list[str]:
+def with_header(
+    lines: list[str], command: str, machine: str | None = None, date: str | None = None, commit: str | None = None
+) -> list[str]:
     """``lines`` with the header inserted after their "# " title (or first, without one)."""
     head = header_lines(command, machine, date, commit)
     if lines and lines[0].startswith("# "):

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, STAGES, command_line, emit  # noqa: E402
+from common import ROOT, STAGES, command_line, emit
 
 TIMING = "default_run.json"
 
@@ -43,8 +43,9 @@ def run_clone(rev: str, config: str) -> Path:
     subprocess.run(["git", "checkout", "-q", sha], cwd=clone, check=True)
     started = time.time()
     with open(clone / "default_run.log", "w") as log:
-        subprocess.run(["make", "distill", f"CONFIG={config}"], cwd=clone, stdout=log, stderr=subprocess.STDOUT,
-                       check=True)
+        subprocess.run(
+            ["make", "distill", f"CONFIG={config}"], cwd=clone, stdout=log, stderr=subprocess.STDOUT, check=True
+        )
     (clone / TIMING).write_text(json.dumps({"rev": sha, "config": config, "wall_s": time.time() - started}))
     return clone
 
@@ -52,8 +53,9 @@ def run_clone(rev: str, config: str) -> Path:
 def shipped_accuracy(run: Path) -> tuple[float, str]:
     """The recommended file's test accuracy (one text per call) and its variant, from export/metrics.json."""
     export = json.loads((run / "export" / "metrics.json").read_text())
-    key = {"fp32": "onnx_fp32", "int8": "onnx_int8", "int8_static": "onnx_int8_static"}.get(export["recommended"],
-                                                                                           export["recommended"])
+    key = {"fp32": "onnx_fp32", "int8": "onnx_int8", "int8_static": "onnx_int8_static"}.get(
+        export["recommended"], export["recommended"]
+    )
     return export[key]["accuracy"], export["recommended"]
 
 
@@ -68,36 +70,56 @@ def row(clone: Path) -> dict:
     teacher = json.loads((run / "teacher" / "metrics.json").read_text())
     shipped, recommended = shipped_accuracy(run)
     timing["test_examples"] = json.loads((run / "prepare" / "stats.json").read_text())["splits"]["test"]["examples"]
-    return {**timing, "stages": stages, "teacher_accuracy": teacher["test_accuracy"], "shipped_accuracy": shipped,
-            "recommended": recommended}
+    return {
+        **timing,
+        "stages": stages,
+        "teacher_accuracy": teacher["test_accuracy"],
+        "shipped_accuracy": shipped,
+        "recommended": recommended,
+    }
 
 
 def table(rows: list[dict]) -> list[str]:
     stages = [s for s in STAGES if any(s in r["stages"] for r in rows)]
-    lines = ["# The default run on a fresh clone, set-up included", "",
-             "| commit | wall time | set-up and overhead | " + " | ".join(stages)
-             + " | teacher test accuracy | shipped accuracy |",
-             "|---|---:|---:|" + "---:|" * len(stages) + "---:|---:|"]
+    lines = [
+        "# The default run on a fresh clone, set-up included",
+        "",
+        "| commit | wall time | set-up and overhead | "
+        + " | ".join(stages)
+        + " | teacher test accuracy | shipped accuracy |",
+        "|---|---:|---:|" + "---:|" * len(stages) + "---:|---:|",
+    ]
     for r in rows:
         overhead = r["wall_s"] - sum(r["stages"].values())
-        lines.append(f"| {r['rev'][:7]} | {r['wall_s'] / 60:.1f} min ({r['wall_s']:.0f} s) | {overhead:.0f} s | "
-                     + " | ".join(f"{r['stages'][s]:.0f} s" if s in r["stages"] else "-" for s in stages)
-                     + f" | {r['teacher_accuracy']:.5f} ({round(r['teacher_accuracy'] * r['test_examples'])} of {r['test_examples']}) "
-                     f"| {r['shipped_accuracy']:.4f} ({r['recommended']}) |")
-    lines += ["", "Wall time: the whole `make distill` command. Set-up and overhead: the wall time less the stages "
-              "(creating the environment, then Python start-up and MLflow around the stages). Stages: each manifest's "
-              "own seconds. Shipped accuracy: the recommended file on the test split, one text per call."]
+        lines.append(
+            f"| {r['rev'][:7]} | {r['wall_s'] / 60:.1f} min ({r['wall_s']:.0f} s) | {overhead:.0f} s | "
+            + " | ".join(f"{r['stages'][s]:.0f} s" if s in r["stages"] else "-" for s in stages)
+            + f" | {r['teacher_accuracy']:.5f} ({round(r['teacher_accuracy'] * r['test_examples'])} of {r['test_examples']}) "
+            f"| {r['shipped_accuracy']:.4f} ({r['recommended']}) |"
+        )
+    lines += [
+        "",
+        "Wall time: the whole `make distill` command. Set-up and overhead: the wall time less the stages "
+        "(creating the environment, then Python start-up and MLflow around the stages). Stages: each manifest's "
+        "own seconds. Shipped accuracy: the recommended file on the test split, one text per call.",
+    ]
     return lines
 
 
 def seeds_table(clones: list[Path], config: str) -> list[str]:
-    lines = ["# Three distillation seeds of the default (configs/sweeps/distill_seeds.yaml)", "",
-             "| commit | seed | student test accuracy (PyTorch) | shipped accuracy |", "|---|---|---:|---:|"]
+    lines = [
+        "# Three distillation seeds of the default (configs/sweeps/distill_seeds.yaml)",
+        "",
+        "| commit | seed | student test accuracy (PyTorch) | shipped accuracy |",
+        "|---|---|---:|---:|",
+    ]
     for clone in clones:
         rev = json.loads((clone / TIMING).read_text())["rev"][:7]
         folder = clone / "runs" / config / "sweeps" / "distill_seeds"
         students, shipped = [], []
-        variants = sorted((p for p in folder.iterdir() if (p / "export" / "metrics.json").is_file()), key=lambda p: p.name)
+        variants = sorted(
+            (p for p in folder.iterdir() if (p / "export" / "metrics.json").is_file()), key=lambda p: p.name
+        )
         for variant in [clone / "runs" / config, *variants]:  # the run itself: the config's seed
             student = json.loads((variant / "evaluate" / "metrics.json").read_text())["student"]["accuracy"]
             accuracy, recommended = shipped_accuracy(variant)
@@ -105,8 +127,10 @@ def seeds_table(clones: list[Path], config: str) -> list[str]:
             shipped.append(accuracy)
             name = variant.name if variant in variants else "the run (config seed)"
             lines.append(f"| {rev} | {name} | {student:.4f} | {accuracy:.4f} ({recommended}) |")
-        lines.append(f"| {rev} | mean of {len(shipped)} (sd) | {statistics.mean(students):.4f} "
-                     f"({statistics.pstdev(students):.4f}) | {statistics.mean(shipped):.4f} ({statistics.pstdev(shipped):.4f}) |")
+        lines.append(
+            f"| {rev} | mean of {len(shipped)} (sd) | {statistics.mean(students):.4f} "
+            f"({statistics.pstdev(students):.4f}) | {statistics.mean(shipped):.4f} ({statistics.pstdev(shipped):.4f}) |"
+        )
     return lines
 
 
@@ -115,8 +139,13 @@ def main() -> None:
     parser.add_argument("revs", nargs="*", help="commits to clone and run, one after the other")
     parser.add_argument("--config", default="bert_small")
     parser.add_argument("--report", nargs="+", type=Path, metavar="CLONE", help="render completed clones, run nothing")
-    parser.add_argument("--seeds", nargs="+", type=Path, metavar="CLONE",
-                        help="the distill_seeds sweep of completed clones, run nothing")
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=Path,
+        metavar="CLONE",
+        help="the distill_seeds sweep of completed clones, run nothing",
+    )
     parser.add_argument("--out", type=Path, help="also write the table here (bench/results/...)")
     args = parser.parse_args()
     if args.seeds:

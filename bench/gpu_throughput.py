@@ -100,13 +100,19 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import spread  # noqa: E402  (also puts the repository on the path)
+from common import spread  # (also puts the repository on the path)
 
 STAGES = ("teacher", "capture", "distill-cached", "distill-online")
 KINDS = ("full", "padded")
 PRECISIONS = ("fp32", "bf16", "fp16")
-DEFAULT = {"config": "gpu_base", "batches": [32, 128, 256], "length": 128, "warmup": 2, "steps": 8,
-           "precisions": list(PRECISIONS)}
+DEFAULT = {
+    "config": "gpu_base",
+    "batches": [32, 128, 256],
+    "length": 128,
+    "warmup": 2,
+    "steps": 8,
+    "precisions": list(PRECISIONS),
+}
 SMOKE = {"config": "tiny", "batches": [2, 4], "length": 16, "warmup": 1, "steps": 2, "precisions": list(PRECISIONS)}
 # Dense peak TFLOPS (no sparsity) by device name, first match wins: bf16/fp16 tensor cores, TF32, plain fp32.
 PEAKS = (
@@ -142,8 +148,12 @@ def forward_flops(model, batch: int, length: int) -> int:
 
 def stage_flops(stage: str, teacher, student, batch: int, length: int) -> int:
     f_teacher, f_student = forward_flops(teacher, batch, length), forward_flops(student, batch, length)
-    return {"teacher": 3 * f_teacher, "capture": f_teacher, "distill-cached": 3 * f_student,
-            "distill-online": f_teacher + 3 * f_student}[stage]
+    return {
+        "teacher": 3 * f_teacher,
+        "capture": f_teacher,
+        "distill-cached": 3 * f_student,
+        "distill-online": f_teacher + 3 * f_student,
+    }[stage]
 
 
 def device_peaks(name: str) -> dict | None:
@@ -214,20 +224,36 @@ def raise_recompile_limit() -> None:
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
 
 
-def step_function(stage: str, teacher, run_teacher, student, plan, config, dist, data, cache, batches: list, layout,
-                  pad: int, compile_models: bool):
+def step_function(
+    stage: str,
+    teacher,
+    run_teacher,
+    student,
+    plan,
+    config,
+    dist,
+    data,
+    cache,
+    batches: list,
+    layout,
+    pad: int,
+    compile_models: bool,
+):
     """``step(i)``: one step of ``stage`` on ``batches[i % len]`` (capture: on the rows of that batch).
 
     ``teacher`` / ``student``: the eager models, copied for training; ``run_teacher``: the frozen teacher that
     capture and online distillation run (the compiled copy with --compile)."""
     from micro import training_job
+
     from pipeline.training import train_step
     from stages.capture import capture_shard
 
     if stage == "capture":
+
         def capture(i):
             first, last = batches[i % len(batches)]["range"]
             capture_shard(run_teacher, data, first, last, plan, layout, last - first, pad, dist)
+
         return capture
 
     # the teacher stage's fine-tuning step, or the distill stage's with targets from the cache / the teacher in the step
@@ -235,14 +261,25 @@ def step_function(stage: str, teacher, run_teacher, student, plan, config, dist,
     model = copy.deepcopy(teacher).requires_grad_(True) if stage == "teacher" else copy.deepcopy(student)
     if compile_models:
         model.compile()
-    trainer, loss_fn = training_job(kind, model, run_teacher, plan, cache, config, dist, len(data),
-                                    config.teacher if stage == "teacher" else config.distill, tag=f"gpu-{stage}")
+    trainer, loss_fn = training_job(
+        kind,
+        model,
+        run_teacher,
+        plan,
+        cache,
+        config,
+        dist,
+        len(data),
+        config.teacher if stage == "teacher" else config.distill,
+        tag=f"gpu-{stage}",
+    )
 
     def step(i):
         train_step(trainer, batches[i % len(batches)]["batch"], loss_fn, step=i + 1)
 
     def check():  # the step leaves finiteness on the device (FiniteWatch); read it once, after the timing
         trainer.watch.check(dist, trainer.tag)
+
     step.check = check
     return step
 
@@ -272,7 +309,7 @@ def time_steps(step, warmup: int, steps: int, cuda: bool, max_seconds: float = 0
             step(warmup + k)
             end.record()
             if max_seconds and k >= 2 and time.perf_counter() - start > max_seconds:
-                events = events[:k + 1]
+                events = events[: k + 1]
                 break
         torch.cuda.synchronize()
         return first, [begin.elapsed_time(end) / 1000 for begin, end in events]
@@ -302,8 +339,11 @@ def sdpa_report(model, batch: dict, dist) -> dict:
     finally:
         model.train(was_training)
     ops = sorted({e.key for e in prof.key_averages() if "scaled_dot_product" in e.key})
-    return {"ops": ops, "kernels": [op for op in ops if "_scaled_dot_product" in op],
-            "mask_passed": "attention_mask" in inputs}
+    return {
+        "ops": ops,
+        "kernels": [op for op in ops if "_scaled_dot_product" in op],
+        "mask_passed": "attention_mask" in inputs,
+    }
 
 
 def peak_memory(cuda: bool) -> tuple[int, str]:
@@ -317,14 +357,28 @@ def peak_memory(cuda: bool) -> tuple[int, str]:
 # ---------------------------------------------------------------- the run
 
 
-def run(config_name: str, overrides: list[str], batches: list[int], precisions: list[str], kinds: list[str],
-        stages: list[str], length: int, warmup: int, steps: int, compile_models: bool, work_dir: Path | None = None,
-        max_row_seconds: float = 0, budget_seconds: float = 0, log=print) -> dict:
+def run(
+    config_name: str,
+    overrides: list[str],
+    batches: list[int],
+    precisions: list[str],
+    kinds: list[str],
+    stages: list[str],
+    length: int,
+    warmup: int,
+    steps: int,
+    compile_models: bool,
+    work_dir: Path | None = None,
+    max_row_seconds: float = 0,
+    budget_seconds: float = 0,
+    log=print,
+) -> dict:
     """Every row (precision x kind x stage x batch); after ``budget_seconds`` the remaining rows are recorded as
     skipped, so a run fits a device lease."""
     import accelerate
     import torch
     import transformers
+    from micro import bf16_check, training_data, write_cache
     from tqdm.auto import tqdm
     from transformers import set_seed
 
@@ -335,13 +389,13 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
     from pipeline.objective import target_plan
     from pipeline.pruning import ffn_importance
 
-    from micro import bf16_check, training_data, write_cache
-
     config = load_config(config_name, overrides)
     positions = usable_positions(teacher_model_config(config))
     if positions is not None and length > positions:
-        raise SystemExit(f"gpu_throughput: --length {length} is above the teacher's {positions} position embeddings "
-                         f"(config {config.name}); give --length {positions} or less.")
+        raise SystemExit(
+            f"gpu_throughput: --length {length} is above the teacher's {positions} position embeddings "
+            f"(config {config.name}); give --length {positions} or less."
+        )
     cuda = torch.cuda.is_available()
     device_name = torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.processor() or platform.machine()})"
     peaks = device_peaks(device_name) if cuda else None
@@ -357,11 +411,21 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
     rows, sdpa = [], []
     began = time.perf_counter()
     gc.freeze()  # what is alive now stays: each row's garbage collection then scans only that row's objects
-    progress = tqdm(total=len(precisions) * len(kinds) * len(stages) * len(batches), desc="gpu_throughput",
-                    file=sys.stderr, disable=None)
+    progress = tqdm(
+        total=len(precisions) * len(kinds) * len(stages) * len(batches),
+        desc="gpu_throughput",
+        file=sys.stderr,
+        disable=None,
+    )
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="gpu_throughput-") as tmp:
-        data = {kind: training_data(Path(tmp) / kind, synthetic_rows(kind, pool, length, every, vocab, config.seed),
-                                    [i % len(LABELS) for i in range(pool)]) for kind in kinds}
+        data = {
+            kind: training_data(
+                Path(tmp) / kind,
+                synthetic_rows(kind, pool, length, every, vocab, config.seed),
+                [i % len(LABELS) for i in range(pool)],
+            )
+            for kind in kinds
+        }
         caches, layouts, students, teachers = {}, {}, {}, {}
         for precision in precisions:
             try:
@@ -371,8 +435,16 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
                     sdpa.append({"precision": precision, "kind": kind, "error": error_text(exc)})
                     for stage in stages:
                         for batch_size in batches:
-                            rows.append({"stage": stage, "kind": kind, "batch": batch_size, "precision": precision,
-                                         "compiled": compile_models, "error": error_text(exc)})
+                            rows.append(
+                                {
+                                    "stage": stage,
+                                    "kind": kind,
+                                    "batch": batch_size,
+                                    "precision": precision,
+                                    "compiled": compile_models,
+                                    "error": error_text(exc),
+                                }
+                            )
                             progress.update(1)
                 continue
             if not students:  # once, on the first device set up: the student as the distill stage builds it
@@ -393,8 +465,14 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
             for kind in kinds:
                 probe = data[kind].batch(np.arange(min(batches)), 0, dist.device)
                 try:
-                    sdpa.append({"precision": precision, "kind": kind, "padded": probe.get("padded"),
-                                 **sdpa_report(teacher, probe, dist)})
+                    sdpa.append(
+                        {
+                            "precision": precision,
+                            "kind": kind,
+                            "padded": probe.get("padded"),
+                            **sdpa_report(teacher, probe, dist),
+                        }
+                    )
                 except Exception as exc:
                     sdpa.append({"precision": precision, "kind": kind, "error": error_text(exc)})
                 if kind not in caches and any(s in stages for s in ("capture", "distill-cached")):
@@ -405,8 +483,13 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
                 for stage in stages:
                     for batch_size in batches:
                         progress.set_postfix_str(f"{precision} {kind} {stage} {batch_size}")
-                        row = {"stage": stage, "kind": kind, "batch": batch_size, "precision": precision,
-                               "compiled": compile_models}
+                        row = {
+                            "stage": stage,
+                            "kind": kind,
+                            "batch": batch_size,
+                            "precision": precision,
+                            "compiled": compile_models,
+                        }
                         if budget_seconds and time.perf_counter() - began > budget_seconds:
                             row["error"] = f"skipped: the run passed --budget-seconds {budget_seconds:g}"
                             rows.append(row)
@@ -417,12 +500,29 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
                             torch.cuda.reset_peak_memory_stats()
                         step = chosen = None
                         try:
-                            chosen = [{"range": (s, s + batch_size),
-                                       "batch": data[kind].batch(np.arange(s, s + batch_size), 0, dist.device)}
-                                      for s in starts]
+                            chosen = [
+                                {
+                                    "range": (s, s + batch_size),
+                                    "batch": data[kind].batch(np.arange(s, s + batch_size), 0, dist.device),
+                                }
+                                for s in starts
+                            ]
                             row["padded"] = chosen[0]["batch"].get("padded")
-                            step = step_function(stage, teacher, run_teacher, student, plan, config, dist, data[kind],
-                                                 caches.get(kind), chosen, layouts.get(kind), 0, compile_models)
+                            step = step_function(
+                                stage,
+                                teacher,
+                                run_teacher,
+                                student,
+                                plan,
+                                config,
+                                dist,
+                                data[kind],
+                                caches.get(kind),
+                                chosen,
+                                layouts.get(kind),
+                                0,
+                                compile_models,
+                            )
                             first, times = time_steps(step, warmup, steps, cuda, max_row_seconds)
                             if hasattr(step, "check"):  # training steps: a non-finite loss makes the row an error
                                 step.check()
@@ -430,13 +530,20 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
                             median = spread(times)["median"]
                             peak, which = peak_tflops(peaks, precision)
                             memory, memory_kind = peak_memory(cuda)
-                            row.update({
-                                "samples_per_s": spread([batch_size / t for t in times]),
-                                "step_ms": spread([1000 * t for t in times]),
-                                "first_step_s": first, "compile_s": max(0.0, first - median) if compile_models else None,
-                                "flops_per_step": flops, "tflops": flops / median / 1e12,
-                                "mfu": flops / median / (peak * 1e12) if peak else None, "peak_used": which,
-                                "peak_memory_bytes": memory, "memory_kind": memory_kind})
+                            row.update(
+                                {
+                                    "samples_per_s": spread([batch_size / t for t in times]),
+                                    "step_ms": spread([1000 * t for t in times]),
+                                    "first_step_s": first,
+                                    "compile_s": max(0.0, first - median) if compile_models else None,
+                                    "flops_per_step": flops,
+                                    "tflops": flops / median / 1e12,
+                                    "mfu": flops / median / (peak * 1e12) if peak else None,
+                                    "peak_used": which,
+                                    "peak_memory_bytes": memory,
+                                    "memory_kind": memory_kind,
+                                }
+                            )
                         except Exception as exc:  # one row's failure (OOM, a missing kernel) is a figure too
                             row["error"] = error_text(exc)
                         rows.append(row)
@@ -448,33 +555,65 @@ def run(config_name: str, overrides: list[str], batches: list[int], precisions: 
     gc.unfreeze()
     support = {"cuda": cuda}
     if cuda:
-        support.update({"bf16": torch.cuda.is_bf16_supported(), "fp16": True,
-                        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
-                        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-                        "flash_sdp": torch.backends.cuda.flash_sdp_enabled(),
-                        "mem_efficient_sdp": torch.backends.cuda.mem_efficient_sdp_enabled(),
-                        "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled()})
+        support.update(
+            {
+                "bf16": torch.cuda.is_bf16_supported(),
+                "fp16": True,
+                "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+                "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+                "flash_sdp": torch.backends.cuda.flash_sdp_enabled(),
+                "mem_efficient_sdp": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
+            }
+        )
     else:
         support.update({"bf16": bf16_check(), "fp16": "refused by pipeline.runner.Distributed without CUDA"})
     return {
-        "device": device_name, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "python": platform.python_version(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "accelerate": accelerate.__version__, "cuda": torch.version.cuda},
-        "precision_support": support, "peaks_tflops": peaks,
-        "config": config.name, "overrides": overrides,
-        "teacher": {"layers": teacher.config.num_hidden_layers, "hidden": teacher.config.hidden_size,
-                    "heads": teacher.config.num_attention_heads, "ffn": teacher.config.intermediate_size,
-                    "vocab": vocab, "parameters": count_parameters(teacher),
-                    "attn_implementation": teacher.config._attn_implementation},
-        "student": {"layers": students["eager"].config.num_hidden_layers if students else None,
-                    "teacher_layers": list(config.student.teacher_layers or []),
-                    "parameters": count_parameters(students["eager"]) if students else None},
-        "loss_weights": config.distill.loss.model_dump(), "layer_pairs": plan.pairs,
-        "settings": {"length": length, "batches": batches, "precisions": precisions, "kinds": kinds, "stages": stages,
-                     "warmup": warmup, "steps": steps, "compile": compile_models, "examples_per_kind": pool,
-                     "max_row_seconds": max_row_seconds, "budget_seconds": budget_seconds},
-        "rows": rows, "sdpa": sdpa,
+        "device": device_name,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "precision_support": support,
+        "peaks_tflops": peaks,
+        "config": config.name,
+        "overrides": overrides,
+        "teacher": {
+            "layers": teacher.config.num_hidden_layers,
+            "hidden": teacher.config.hidden_size,
+            "heads": teacher.config.num_attention_heads,
+            "ffn": teacher.config.intermediate_size,
+            "vocab": vocab,
+            "parameters": count_parameters(teacher),
+            "attn_implementation": teacher.config._attn_implementation,
+        },
+        "student": {
+            "layers": students["eager"].config.num_hidden_layers if students else None,
+            "teacher_layers": list(config.student.teacher_layers or []),
+            "parameters": count_parameters(students["eager"]) if students else None,
+        },
+        "loss_weights": config.distill.loss.model_dump(),
+        "layer_pairs": plan.pairs,
+        "settings": {
+            "length": length,
+            "batches": batches,
+            "precisions": precisions,
+            "kinds": kinds,
+            "stages": stages,
+            "warmup": warmup,
+            "steps": steps,
+            "compile": compile_models,
+            "examples_per_kind": pool,
+            "max_row_seconds": max_row_seconds,
+            "budget_seconds": budget_seconds,
+        },
+        "rows": rows,
+        "sdpa": sdpa,
     }
 
 
@@ -528,44 +667,75 @@ def markdown(result: dict) -> str:
     ]
     for r in rows:
         ok = not r.get("error")
-        cells = [r["stage"], r["kind"], str(r["batch"]), r["precision"], _rate(r),
-                 f"{r['step_ms']['median']:.1f}" if ok else "-", f"{r['tflops']:.3g}" if ok else "-",
-                 f"{100 * r['mfu']:.1f}%" if ok and r["mfu"] is not None else "-",
-                 f"{r['peak_memory_bytes'] / 1e9:.2f}" if ok else "-"]
+        cells = [
+            r["stage"],
+            r["kind"],
+            str(r["batch"]),
+            r["precision"],
+            _rate(r),
+            f"{r['step_ms']['median']:.1f}" if ok else "-",
+            f"{r['tflops']:.3g}" if ok else "-",
+            f"{100 * r['mfu']:.1f}%" if ok and r["mfu"] is not None else "-",
+            f"{r['peak_memory_bytes'] / 1e9:.2f}" if ok else "-",
+        ]
         if s["compile"]:
             cells.append(f"{r['compile_s']:.1f}" if ok else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Peak memory: {memory_kind}, with the resident teacher and student. MFU: model FLOPs (bench/gpu_throughput.py docstring) / step time / "
-              f"dense peak {json.dumps(result['peaks_tflops']) if result['peaks_tflops'] else '(no peak known for this device: -)'}.",
-              "", "Which SDPA kernel ran (teacher, one eval forward under torch.profiler):", "",
-              "| precision | kind | attention mask passed | aten ops |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"Peak memory: {memory_kind}, with the resident teacher and student. MFU: model FLOPs (bench/gpu_throughput.py docstring) / step time / "
+        f"dense peak {json.dumps(result['peaks_tflops']) if result['peaks_tflops'] else '(no peak known for this device: -)'}.",
+        "",
+        "Which SDPA kernel ran (teacher, one eval forward under torch.profiler):",
+        "",
+        "| precision | kind | attention mask passed | aten ops |",
+        "|---|---|---|---|",
+    ]
     for e in result["sdpa"]:
         if e.get("error"):
             lines.append(f"| {e['precision']} | {e['kind']} | - | {_short(e['error'])} |")
         else:
-            lines.append(f"| {e['precision']} | {e['kind']} | {'yes' if e['mask_passed'] else 'no'} | "
-                         f"{', '.join(e['ops']) or 'none'} |")
-    lines += ["", "Cached vs online teacher (distillation samples/s, median):", "",
-              "| kind | batch | precision | cached | online | cached / online |", "|---|---:|---|---:|---:|---:|"]
+            lines.append(
+                f"| {e['precision']} | {e['kind']} | {'yes' if e['mask_passed'] else 'no'} | "
+                f"{', '.join(e['ops']) or 'none'} |"
+            )
+    lines += [
+        "",
+        "Cached vs online teacher (distillation samples/s, median):",
+        "",
+        "| kind | batch | precision | cached | online | cached / online |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
     for kind in s["kinds"]:
         for batch in s["batches"]:
             for precision in s["precisions"]:
                 c = _find(rows, stage="distill-cached", kind=kind, batch=batch, precision=precision)
                 o = _find(rows, stage="distill-online", kind=kind, batch=batch, precision=precision)
                 if c or o:
-                    lines.append(f"| {kind} | {batch} | {precision} | {_rate(c) if c else '-'} | {_rate(o) if o else '-'} "
-                                 f"| {_ratio(c, o)} |")
+                    lines.append(
+                        f"| {kind} | {batch} | {precision} | {_rate(c) if c else '-'} | {_rate(o) if o else '-'} "
+                        f"| {_ratio(c, o)} |"
+                    )
     if "fp32" in s["precisions"] and len(s["precisions"]) > 1:
         others = [p for p in s["precisions"] if p != "fp32"]
-        lines += ["", "Speed-up over fp32 (samples/s ratio of the medians):", "",
-                  "| stage | kind | batch | " + " | ".join(f"{p} / fp32" for p in others) + " |",
-                  "|---|---|---:|" + "---:|" * len(others)]
+        lines += [
+            "",
+            "Speed-up over fp32 (samples/s ratio of the medians):",
+            "",
+            "| stage | kind | batch | " + " | ".join(f"{p} / fp32" for p in others) + " |",
+            "|---|---|---:|" + "---:|" * len(others),
+        ]
         for stage in s["stages"]:
             for kind in s["kinds"]:
                 for batch in s["batches"]:
                     base = _find(rows, stage=stage, kind=kind, batch=batch, precision="fp32")
-                    lines.append(f"| {stage} | {kind} | {batch} | " + " | ".join(
-                        _ratio(_find(rows, stage=stage, kind=kind, batch=batch, precision=p), base) for p in others) + " |")
+                    lines.append(
+                        f"| {stage} | {kind} | {batch} | "
+                        + " | ".join(
+                            _ratio(_find(rows, stage=stage, kind=kind, batch=batch, precision=p), base) for p in others
+                        )
+                        + " |"
+                    )
     return "\n".join(lines) + "\n"
 
 
@@ -587,29 +757,48 @@ def _list(kind, choices=None):
         if kind is int and min(items) < 1:
             raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {items}")
         return items
+
     return parse
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny random model (config tiny), batches 2,4, length 16, 1 warm-up + 2 steps")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny random model (config tiny), batches 2,4, length 16, 1 warm-up + 2 steps",
+    )
     parser.add_argument("--config", help="config name or path (default gpu_base; tiny with --smoke)")
     parser.add_argument("--batches", type=_list(int), help="comma-separated batch sizes (default 32,128,256)")
-    parser.add_argument("--precisions", type=_list(str, PRECISIONS), help="comma-separated, of fp32,bf16,fp16 (default all)")
+    parser.add_argument(
+        "--precisions", type=_list(str, PRECISIONS), help="comma-separated, of fp32,bf16,fp16 (default all)"
+    )
     parser.add_argument("--kinds", type=_list(str, KINDS), default=list(KINDS), help="full,padded (default both)")
-    parser.add_argument("--stages", type=_list(str, STAGES), default=list(STAGES), help=f"of {','.join(STAGES)} (default all)")
+    parser.add_argument(
+        "--stages", type=_list(str, STAGES), default=list(STAGES), help=f"of {','.join(STAGES)} (default all)"
+    )
     parser.add_argument("--length", type=int, help="tokens per sequence (default 128; 16 with --smoke)")
     parser.add_argument("--warmup", type=int, help="untimed steps per row, at least 1 (default 2; 1 with --smoke)")
     parser.add_argument("--steps", type=int, help="timed steps per row (default 8; 2 with --smoke)")
-    parser.add_argument("--max-row-seconds", type=float, default=15.0,
-                        help="stop a row's timed steps after this many seconds, never before 3 (default 15; 0: no cap)")
-    parser.add_argument("--budget-seconds", type=float, default=420.0,
-                        help="after this many seconds of measuring, record the remaining rows as skipped (default 420, "
-                             "to fit a 15-minute device lease; 0: no budget)")
+    parser.add_argument(
+        "--max-row-seconds",
+        type=float,
+        default=15.0,
+        help="stop a row's timed steps after this many seconds, never before 3 (default 15; 0: no cap)",
+    )
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=420.0,
+        help="after this many seconds of measuring, record the remaining rows as skipped (default 420, "
+        "to fit a 15-minute device lease; 0: no budget)",
+    )
     parser.add_argument("--compile", action="store_true", help="wrap the teacher and student in torch.compile")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default torch's; 1 with --smoke, which keeps a "
-                        "shared CPU from oversubscribing)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default torch's; 1 with --smoke, which keeps a shared CPU from oversubscribing)",
+    )
     parser.add_argument("--out", type=Path, help="write gpu_throughput.json and gpu_throughput.md here")
     parser.add_argument("--work-dir", type=Path, help="folder for the temporary splits and teacher caches")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for the pipeline")
@@ -625,9 +814,22 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     if length < 4 or warmup < 1 or steps < 1:
         parser.error(f"--length must be >= 4 (got {length}), --warmup >= 1 (got {warmup}), --steps >= 1 (got {steps})")
-    result = run(args.config or preset["config"], args.overrides, args.batches or preset["batches"],
-                 args.precisions or preset["precisions"], args.kinds, args.stages, length, warmup, steps, args.compile,
-                 args.work_dir, args.max_row_seconds, args.budget_seconds, log=lambda m: print(m, file=sys.stderr))
+    result = run(
+        args.config or preset["config"],
+        args.overrides,
+        args.batches or preset["batches"],
+        args.precisions or preset["precisions"],
+        args.kinds,
+        args.stages,
+        length,
+        warmup,
+        steps,
+        args.compile,
+        args.work_dir,
+        args.max_row_seconds,
+        args.budget_seconds,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     result["command"] = "python bench/gpu_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report = markdown(result)
     print(report)

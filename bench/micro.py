@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import spread  # noqa: E402  (also puts the repository on the path)
+from common import spread  # (also puts the repository on the path)
 
 FULL = {"config": "bert_small", "examples": 256, "warmup": 2, "repeats": 7, "steps": 4, "capture_repeats": 5}
 QUICK = {"config": "tiny", "examples": 64, "warmup": 1, "repeats": 2, "steps": 1, "capture_repeats": 2}
@@ -76,34 +76,62 @@ def bf16_check() -> dict:
         return min(times) * 1000
 
     fp32, bf16 = best_ms(torch.float32), best_ms(torch.bfloat16)
-    return {"device": "cpu", "fp32_matmul_ms": fp32, "bf16_matmul_ms": bf16, "bf16_slowdown": bf16 / fp32,
-            "native": bf16 <= 2 * fp32, "threads": torch.get_num_threads()}
+    return {
+        "device": "cpu",
+        "fp32_matmul_ms": fp32,
+        "bf16_matmul_ms": bf16,
+        "bf16_slowdown": bf16 / fp32,
+        "native": bf16 <= 2 * fp32,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def resolve_precision(configured: str, mode: str = "auto") -> dict:
     """The precision to measure with: ``mode`` auto keeps the config's, except bf16 where bf16 is not native (then fp32)."""
     if mode != "auto":
         used = configured if mode == "config" else mode
-        return {"configured": configured, "used": used, "mode": mode,
-                "why": "as configured" if used == configured else f"--precision {mode}"}
+        return {
+            "configured": configured,
+            "used": used,
+            "mode": mode,
+            "why": "as configured" if used == configured else f"--precision {mode}",
+        }
     if configured == "auto":  # the pipeline resolves it per machine; the bench passes it on unchanged
         from pipeline.runner import resolve_precision as resolve_auto
 
         resolved = resolve_auto("auto")
-        return {"configured": configured, "used": configured, "resolved": resolved, "mode": mode,
-                "why": "auto resolves to bf16 here (native bf16: AVX512-BF16 / AMX or a CUDA GPU)" if resolved == "bf16"
-                       else "auto resolves to fp32 here (no native bf16 on this CPU)"}
+        return {
+            "configured": configured,
+            "used": configured,
+            "resolved": resolved,
+            "mode": mode,
+            "why": "auto resolves to bf16 here (native bf16: AVX512-BF16 / AMX or a CUDA GPU)"
+            if resolved == "bf16"
+            else "auto resolves to fp32 here (no native bf16 on this CPU)",
+        }
     if configured != "bf16":
         return {"configured": configured, "used": configured, "mode": mode, "why": "as configured"}
     check = bf16_check()
     if check["native"]:
-        return {"configured": configured, "used": "bf16", "mode": mode, "why": "as configured (bf16 is native here)",
-                "check": check}
-    return {"configured": configured, "used": "fp32", "mode": mode, "check": check,
-            "why": (f"this CPU has no native bf16: a bf16 matmul took {check['bf16_slowdown']:.0f}x the fp32 time "
-                    f"({check['bf16_matmul_ms']:.2f} vs {check['fp32_matmul_ms']:.2f} ms), so the configured bf16 "
-                    "autocast would make every step several times slower; measured in fp32 instead "
-                    "(--precision config keeps bf16)")}
+        return {
+            "configured": configured,
+            "used": "bf16",
+            "mode": mode,
+            "why": "as configured (bf16 is native here)",
+            "check": check,
+        }
+    return {
+        "configured": configured,
+        "used": "fp32",
+        "mode": mode,
+        "check": check,
+        "why": (
+            f"this CPU has no native bf16: a bf16 matmul took {check['bf16_slowdown']:.0f}x the fp32 time "
+            f"({check['bf16_matmul_ms']:.2f} vs {check['fp32_matmul_ms']:.2f} ms), so the configured bf16 "
+            "autocast would make every step several times slower; measured in fp32 instead "
+            "(--precision config keeps bf16)"
+        ),
+    }
 
 
 # ---------------------------------------------------------------- set-up
@@ -134,7 +162,9 @@ def training_data(folder: Path, ids, labels):
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # a bar for a few hundred rows is only noise in the bench's output
     try:
-        datasets.Dataset.from_dict({"input_ids": ids, "label": labels}).save_to_disk(str(folder / "tokenized" / "train"))
+        datasets.Dataset.from_dict({"input_ids": ids, "label": labels}).save_to_disk(
+            str(folder / "tokenized" / "train")
+        )
     finally:
         if shown:
             datasets.enable_progress_bars()
@@ -149,8 +179,13 @@ def write_cache(folder: Path, teacher, plan, config, data, pad, dist) -> dict:
 
     lengths = data.lengths
     hidden = teacher.config.hidden_size
-    layout = CacheLayout(plan, teacher.config.num_labels, hidden,
-                         choose_stores(plan, lengths, hidden, config.capture.store), config.capture.dtype)
+    layout = CacheLayout(
+        plan,
+        teacher.config.num_labels,
+        hidden,
+        choose_stores(plan, lengths, hidden, config.capture.store),
+        config.capture.dtype,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     ranges = shard_ranges(len(data), config.capture.shard_size)
     for shard, (first, last) in enumerate(ranges):
@@ -158,9 +193,16 @@ def write_cache(folder: Path, teacher, plan, config, data, pad, dist) -> dict:
         write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first)
     write_index(folder, len(ranges), len(data), layout)
     total = sum((folder / f"shard-{i:05d}.bin").stat().st_size for i in range(len(ranges)))
-    return {"examples": len(data), "cache_bytes": total, "bytes_per_example": total / len(data),
-            "estimated_bytes": estimate_bytes(layout, lengths), "stores": layout.stores, "dtype": layout.dtype,
-            "layout": layout, "ranges": ranges}
+    return {
+        "examples": len(data),
+        "cache_bytes": total,
+        "bytes_per_example": total / len(data),
+        "estimated_bytes": estimate_bytes(layout, lengths),
+        "stores": layout.stores,
+        "dtype": layout.dtype,
+        "layout": layout,
+        "ranges": ranges,
+    }
 
 
 def training_job(kind: str, model, teacher, plan, cache, config, dist, num_examples: int, settings, tag: str):
@@ -177,8 +219,14 @@ def training_job(kind: str, model, teacher, plan, cache, config, dist, num_examp
         objective = DistillObjective(config, plan, teacher.config.hidden_size, model.config.hidden_size).to(dist.device)
         modules = objective.trained_modules(model)
         loss_fn = objective.loss_fn(cache=None if kind == "online" else cache, teacher=teacher)
-    trainer = build_trainer(dist, modules, settings, num_examples, tag=tag,
-                            find_unused_parameters=kind != "plain" and some_parameters_may_get_no_gradient(config.distill.loss))
+    trainer = build_trainer(
+        dist,
+        modules,
+        settings,
+        num_examples,
+        tag=tag,
+        find_unused_parameters=kind != "plain" and some_parameters_may_get_no_gradient(config.distill.loss),
+    )
     for m in trainer.modules.values():
         m.train()
     return trainer, loss_fn
@@ -190,8 +238,9 @@ def step_function(kind: str, base_student, teacher, plan, cache, config, dist, n
     from pipeline.training import train_step
 
     student = copy.deepcopy(base_student).to(dist.device)
-    trainer, loss_fn = training_job(kind, student, teacher, plan, cache, config, dist, num_examples, config.distill,
-                                    tag=f"micro-{kind}")
+    trainer, loss_fn = training_job(
+        kind, student, teacher, plan, cache, config, dist, num_examples, config.distill, tag=f"micro-{kind}"
+    )
     steps = 0
 
     def step(batch):
@@ -218,7 +267,7 @@ def measure_training(step_fns: dict, batches: list, warmup: int, repeats: int, s
         chosen = [batches[(cursor + s) % len(batches)] for s in range(steps)]
         cursor += steps
         samples = sum(len(b["indices"]) for b in chosen)
-        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:  # rotate who goes first
+        for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:  # rotate who goes first
             gc.collect()
             start = time.perf_counter()
             for batch in chosen:
@@ -228,13 +277,24 @@ def measure_training(step_fns: dict, batches: list, warmup: int, repeats: int, s
     ratio["cached_vs_online"] = [a / b for a, b in zip(rates["cached"], rates["online"])]
     return {
         "variants": {
-            "plain": {"what": "CE fine-tuning step of the student (no teacher)", "samples_per_s": spread(rates["plain"])},
-            "cached": {"what": "distillation step, targets from TeacherCache.batch", "samples_per_s": spread(rates["cached"])},
-            "online": {"what": "distillation step, teacher_targets inside the step", "samples_per_s": spread(rates["online"])},
+            "plain": {
+                "what": "CE fine-tuning step of the student (no teacher)",
+                "samples_per_s": spread(rates["plain"]),
+            },
+            "cached": {
+                "what": "distillation step, targets from TeacherCache.batch",
+                "samples_per_s": spread(rates["cached"]),
+            },
+            "online": {
+                "what": "distillation step, teacher_targets inside the step",
+                "samples_per_s": spread(rates["online"]),
+            },
         },
         "ratios": {k: spread(v) for k, v in ratio.items()},
-        "goal": {"cached_vs_plain_at_least": GOAL_CACHED_VS_PLAIN,
-                 "met": statistics.median(ratio["cached_vs_plain"]) >= GOAL_CACHED_VS_PLAIN},
+        "goal": {
+            "cached_vs_plain_at_least": GOAL_CACHED_VS_PLAIN,
+            "met": statistics.median(ratio["cached_vs_plain"]) >= GOAL_CACHED_VS_PLAIN,
+        },
         "raw_samples_per_s": rates,
     }
 
@@ -245,7 +305,7 @@ def measure_capture(passes: dict, examples: int, repeats: int) -> dict:
         fn()
     rates = {k: [] for k in passes}
     for r in range(repeats):
-        for kind in (list(passes) if r % 2 == 0 else list(passes)[::-1]):
+        for kind in list(passes) if r % 2 == 0 else list(passes)[::-1]:
             gc.collect()
             start = time.perf_counter()
             passes[kind]()
@@ -253,10 +313,20 @@ def measure_capture(passes: dict, examples: int, repeats: int) -> dict:
     return rates
 
 
-def run(config_name: str | None = None, quick: bool = False, examples: int | None = None, batch_size: int | None = None,
-        warmup: int | None = None, repeats: int | None = None, steps: int | None = None,
-        capture_repeats: int | None = None, work_dir: Path | None = None, overrides: list[str] | None = None,
-        threads: int | None = None, log=print) -> dict:
+def run(
+    config_name: str | None = None,
+    quick: bool = False,
+    examples: int | None = None,
+    batch_size: int | None = None,
+    warmup: int | None = None,
+    repeats: int | None = None,
+    steps: int | None = None,
+    capture_repeats: int | None = None,
+    work_dir: Path | None = None,
+    overrides: list[str] | None = None,
+    threads: int | None = None,
+    log=print,
+) -> dict:
     """Both micro-benchmarks; returns the raw figures (JSON-ready). ``threads``: torch threads (default: torch's)."""
     import torch
     from transformers import set_seed
@@ -303,19 +373,27 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
             ffn_scores = teacher_ffn_importance(teacher, data, config, config.seed, pad, dist.device)
         base_student = build_student(config, teacher, ffn_scores)
         # The batches training sees (grouped by length when the config says so), full ones only.
-        chosen = [b for b in global_batches(len(data), batch_size, config.seed, 0,
-                                            lengths=lengths if config.distill.group_by_length else None)
-                  if len(b) == batch_size]
+        chosen = [
+            b
+            for b in global_batches(
+                len(data), batch_size, config.seed, 0, lengths=lengths if config.distill.group_by_length else None
+            )
+            if len(b) == batch_size
+        ]
         batches = [data.batch(b, pad, dist.device) for b in chosen]
-        log(f"[micro] {config.name}: {len(data)} examples, {len(batches)} batches of {batch_size}, precision "
-            f"{config.precision}; writing the teacher cache")
+        log(
+            f"[micro] {config.name}: {len(data)} examples, {len(batches)} batches of {batch_size}, precision "
+            f"{config.precision}; writing the teacher cache"
+        )
         cache_info = write_cache(Path(tmp) / "cache", teacher, plan, config, data, pad, dist)
         layout, ranges = cache_info.pop("layout"), cache_info.pop("ranges")
         cache = TeacherCache(Path(tmp) / "cache")  # verifies checksums, memory-maps the shards
 
         log(f"[micro] training steps: {warmup} warm-up + {repeats} x {steps} per variant")
-        step_fns = {kind: step_function(kind, base_student, teacher, plan, cache, config, dist, len(data))
-                    for kind in ("plain", "cached", "online")}
+        step_fns = {
+            kind: step_function(kind, base_student, teacher, plan, cache, config, dist, len(data))
+            for kind in ("plain", "cached", "online")
+        }
         training = measure_training(step_fns, batches, warmup, repeats, steps)
         del step_fns
         dist.accelerator.free_memory()  # drops the prepared students and optimizers (also collects garbage)
@@ -328,14 +406,20 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
                 capture_shard(teacher, data, first, last, plan, layout, config.capture.batch_size, pad, dist)
 
         log(f"[micro] capture: 1 warm-up + {capture_repeats} passes per variant")
-        capture_rates = measure_capture({"inference": inference_pass, "capture": capture_pass}, len(data), capture_repeats)
+        capture_rates = measure_capture(
+            {"inference": inference_pass, "capture": capture_pass}, len(data), capture_repeats
+        )
         capture_ratio = [a / b for a, b in zip(capture_rates["capture"], capture_rates["inference"])]
         capture = {
             "variants": {
-                "inference": {"what": "teacher forward (predict_logits), logits to host",
-                              "examples_per_s": spread(capture_rates["inference"])},
-                "capture": {"what": "capture's shard loop: teacher_targets + flatten_targets into records, logits to host",
-                            "examples_per_s": spread(capture_rates["capture"])},
+                "inference": {
+                    "what": "teacher forward (predict_logits), logits to host",
+                    "examples_per_s": spread(capture_rates["inference"]),
+                },
+                "capture": {
+                    "what": "capture's shard loop: teacher_targets + flatten_targets into records, logits to host",
+                    "examples_per_s": spread(capture_rates["capture"]),
+                },
             },
             "ratios": {"capture_vs_inference": spread(capture_ratio)},
             "batch_size": config.capture.batch_size,
@@ -344,23 +428,38 @@ def run(config_name: str | None = None, quick: bool = False, examples: int | Non
         }
 
     setup = {
-        "config": config.name, "overrides": overrides or [], "quick": quick, "precision": dist.precision, "device": str(dist.device),
-        "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "examples": len(ids), "batch_size": batch_size, "batches": len(batches), "max_length": config.data.max_length,
+        "config": config.name,
+        "overrides": overrides or [],
+        "quick": quick,
+        "precision": dist.precision,
+        "device": str(dist.device),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "examples": len(ids),
+        "batch_size": batch_size,
+        "batches": len(batches),
+        "max_length": config.data.max_length,
         "mean_tokens_per_example": float(lengths.mean()),
         "padding_efficiency": padding_efficiency(chosen, lengths),
-        "warmup_steps": warmup, "repeats": repeats, "steps_per_repeat": steps, "capture_repeats": capture_repeats,
+        "warmup_steps": warmup,
+        "repeats": repeats,
+        "steps_per_repeat": steps,
+        "capture_repeats": capture_repeats,
         "teacher": f"{config.teacher.model} ({teacher.config.num_hidden_layers} layers, hidden {teacher.config.hidden_size}, "
-                   f"{count_parameters(teacher) / 1e6:.1f}M parameters, random classifier head)",
+        f"{count_parameters(teacher) / 1e6:.1f}M parameters, random classifier head)",
         "student": f"{base_student.config.num_hidden_layers} layers ({config.student.init} {config.student.teacher_layers}), "
-                   f"{count_parameters(base_student) / 1e6:.1f}M parameters",
-        "loss_weights": config.distill.loss.model_dump(), "layer_pairs": plan.pairs, "relation_heads": plan.relation_heads,
+        f"{count_parameters(base_student) / 1e6:.1f}M parameters",
+        "loss_weights": config.distill.loss.model_dump(),
+        "layer_pairs": plan.pairs,
+        "relation_heads": plan.relation_heads,
         "data": f"first {len(ids)} train-split sentences of {config.data.source}, tokenized to max_length {config.data.max_length}",
     }
-    log(f"[micro] plain {training['variants']['plain']['samples_per_s']['median']:.1f}, cached "
+    log(
+        f"[micro] plain {training['variants']['plain']['samples_per_s']['median']:.1f}, cached "
         f"{training['variants']['cached']['samples_per_s']['median']:.1f}, online "
         f"{training['variants']['online']['samples_per_s']['median']:.1f} samples/s; capture/inference "
-        f"{capture['ratios']['capture_vs_inference']['median']:.2f}")
+        f"{capture['ratios']['capture_vs_inference']['median']:.2f}"
+    )
     return {"setup": setup, "training": training, "capture": capture}
 
 
@@ -396,11 +495,14 @@ def markdown(result: dict) -> str:
         lines.append(f"| {kind}: {v['what']} | {_s(v['samples_per_s'])} | {rel} |")
     goal = training["goal"]
     cached_online = training["ratios"]["cached_vs_online"]
-    lines += ["",
-              f"- Goal cached >= {goal['cached_vs_plain_at_least']}x plain: **{'met' if goal['met'] else 'NOT met'}** "
-              f"(median {training['ratios']['cached_vs_plain']['median']:.2f}x).",
-              f"- Cached vs online teacher: {cached_online['median']:.2f}x "
-              f"({cached_online['min']:.2f}-{cached_online['max']:.2f}).", ""]
+    lines += [
+        "",
+        f"- Goal cached >= {goal['cached_vs_plain_at_least']}x plain: **{'met' if goal['met'] else 'NOT met'}** "
+        f"(median {training['ratios']['cached_vs_plain']['median']:.2f}x).",
+        f"- Cached vs online teacher: {cached_online['median']:.2f}x "
+        f"({cached_online['min']:.2f}-{cached_online['max']:.2f}).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -422,8 +524,12 @@ def capture_markdown(result: dict) -> str:
             r = capture["ratios"]["capture_vs_inference"]
             rel = f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
         lines.append(f"| {kind}: {v['what']} | {_s(v['examples_per_s'])} | {rel} |")
-    lines += ["", f"The cache written for these {cache['examples']} examples by the capture code: "
-              f"{cache['bytes_per_example']:.0f} bytes per example (stores {cache['stores']}, {cache['dtype']}).", ""]
+    lines += [
+        "",
+        f"The cache written for these {cache['examples']} examples by the capture code: "
+        f"{cache['bytes_per_example']:.0f} bytes per example (stores {cache['stores']}, {cache['dtype']}).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -437,9 +543,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--steps", type=int, help="optimizer steps per variant per repeat")
     parser.add_argument("--capture-repeats", type=int)
-    parser.add_argument("--precision", choices=["auto", "config", "bf16", "fp32"], default="auto",
-                        help="auto (default): the config's precision, but fp32 where bf16 is not native (CPUs without "
-                             "AVX512-BF16/AMX); config: always the config's")
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "config", "bf16", "fp32"],
+        default="auto",
+        help="auto (default): the config's precision, but fp32 where bf16 is not native (CPUs without "
+        "AVX512-BF16/AMX); config: always the config's",
+    )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's default, one per core)")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     parser.add_argument("--md", type=Path, help="write the tables here, headed by command, date and machine")
@@ -453,13 +563,27 @@ def main(argv: list[str] | None = None) -> int:
     if precision["used"] != precision["configured"]:
         overrides.append(f"precision={precision['used']}")
         print(f"[micro] precision {precision['used']}: {precision['why']}", file=sys.stderr)
-    result = run(name, args.quick, args.examples, args.batch_size, args.warmup, args.repeats, args.steps,
-                 args.capture_repeats, overrides=overrides, threads=args.threads, log=lambda m: print(m, file=sys.stderr))
+    result = run(
+        name,
+        args.quick,
+        args.examples,
+        args.batch_size,
+        args.warmup,
+        args.repeats,
+        args.steps,
+        args.capture_repeats,
+        overrides=overrides,
+        threads=args.threads,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     result["setup"]["precision_choice"] = precision
     from common import command_line, emit
 
-    emit(["## Training cost", "", markdown(result), "## Capture", "", capture_markdown(result)], args.md,
-         command=command_line("bench/micro.py", argv) if args.md else None)
+    emit(
+        ["## Training cost", "", markdown(result), "## Capture", "", capture_markdown(result)],
+        args.md,
+        command=command_line("bench/micro.py", argv) if args.md else None,
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")

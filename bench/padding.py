@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, emit  # noqa: E402  (also puts the repository on the path)
+from common import command_line, emit  # (also puts the repository on the path)
 
-from pipeline.data import global_batches  # noqa: E402
-from pipeline.splits import TokenizedSplit  # noqa: E402
+from pipeline.data import global_batches
+from pipeline.splits import TokenizedSplit
 
 
 def rows(lengths, batch_sizes, seed: int) -> list[dict]:
@@ -26,9 +26,15 @@ def rows(lengths, batch_sizes, seed: int) -> list[dict]:
         for grouped in (True, False):
             batches = global_batches(len(lengths), batch_size, seed, 0, lengths=lengths if grouped else None)
             padded_slots = sum(int(lengths[b].max()) * len(b) for b in batches)
-            result.append({"batch_size": batch_size, "grouped": grouped, "batches": len(batches),
-                           "unpadded": sum(int(lengths[b].min() == lengths[b].max()) for b in batches),
-                           "padding_share": 1 - int(lengths.sum()) / padded_slots})
+            result.append(
+                {
+                    "batch_size": batch_size,
+                    "grouped": grouped,
+                    "batches": len(batches),
+                    "unpadded": sum(int(lengths[b].min() == lengths[b].max()) for b in batches),
+                    "padding_share": 1 - int(lengths.sum()) / padded_slots,
+                }
+            )
     return result
 
 
@@ -40,12 +46,18 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
     args = parser.parse_args(argv)
     lengths = TokenizedSplit(args.prepare, "train").lengths
-    lines = [f"Train split of {args.prepare} ({len(lengths)} examples, mean {lengths.mean():.1f} tokens), epoch 0, "
-             f"seed {args.seed}: `python bench/padding.py {args.prepare}`", "",
-             "| batch size | length-grouped | batches | without padding | padded positions |", "|---:|---|---:|---:|---:|"]
+    lines = [
+        f"Train split of {args.prepare} ({len(lengths)} examples, mean {lengths.mean():.1f} tokens), epoch 0, "
+        f"seed {args.seed}: `python bench/padding.py {args.prepare}`",
+        "",
+        "| batch size | length-grouped | batches | without padding | padded positions |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for r in rows(lengths, args.batch_sizes, args.seed):
-        lines.append(f"| {r['batch_size']} | {'yes' if r['grouped'] else 'no'} | {r['batches']} | "
-                     f"{r['unpadded']} ({r['unpadded'] / r['batches']:.0%}) | {r['padding_share']:.1%} |")
+        lines.append(
+            f"| {r['batch_size']} | {'yes' if r['grouped'] else 'no'} | {r['batches']} | "
+            f"{r['unpadded']} ({r['unpadded'] / r['batches']:.0%}) | {r['padding_share']:.1%} |"
+        )
     emit(lines, args.out, command=command_line("bench/padding.py", argv))
     return 0
 

@@ -16,14 +16,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, emit  # noqa: E402
+from common import command_line, emit
 
 
 def rows_of(run_dir: Path) -> tuple[list[dict], dict | None]:
     metrics = json.loads((run_dir / "export" / "metrics.json").read_text())
     from_text = metrics.get("from_text") or {}
     if not from_text.get("measured"):
-        raise SystemExit(f"{run_dir}: no from-text comparison in export/metrics.json ({from_text.get('why', 'missing')})")
+        raise SystemExit(
+            f"{run_dir}: no from-text comparison in export/metrics.json ({from_text.get('why', 'missing')})"
+        )
     return from_text["rows"], from_text.get("versus_peers")
 
 
@@ -32,22 +34,30 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (runs/<config> or a sweep variant's folder)")
     parser.add_argument("--out", type=Path, help="also write the table here, headed by command, date and machine")
     args = parser.parse_args(argv)
-    lines = ["| run | model | accuracy | macro-F1 | file MB | ms per text | training s |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | model | accuracy | macro-F1 | file MB | ms per text | training s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     students: dict[str, list[tuple[float, float]]] = {}
     for run in args.runs:
         rows, versus = rows_of(run)
         for row in rows:
             train = f"{row['train_seconds']:.0f}" if row.get("train_seconds") is not None else "-"
-            lines.append(f"| {run} | {row['title']} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | "
-                         f"{row['file_mb']:.1f} | {row['median_ms']:.3f} | {train} |")
+            lines.append(
+                f"| {run} | {row['title']} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | "
+                f"{row['file_mb']:.1f} | {row['median_ms']:.3f} | {train} |"
+            )
             if row["kind"] == "student" and versus:
                 students.setdefault(row["title"], []).append((row["accuracy"], versus["accuracy_margin_points"]))
     for title, values in students.items():
         if len(values) > 1:
             accuracy, margin = [v[0] for v in values], [v[1] for v in values]
-            lines += ["", f"{title}, {len(values)} runs: accuracy {statistics.mean(accuracy):.4f} "
-                      f"(min {min(accuracy):.4f}, max {max(accuracy):.4f}); margin over the best peer "
-                      f"{statistics.mean(margin):+.2f} points (min {min(margin):+.2f}, max {max(margin):+.2f})"]
+            lines += [
+                "",
+                f"{title}, {len(values)} runs: accuracy {statistics.mean(accuracy):.4f} "
+                f"(min {min(accuracy):.4f}, max {max(accuracy):.4f}); margin over the best peer "
+                f"{statistics.mean(margin):+.2f} points (min {min(margin):+.2f}, max {max(margin):+.2f})",
+            ]
     emit(lines, args.out, command=command_line("bench/peers_table.py", argv))
     return 0
 

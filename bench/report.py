@@ -37,7 +37,7 @@ from typing import Callable
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, ROOT, header_lines, read_header, with_header  # noqa: E402
+from common import BENCH, ROOT, read_header, with_header
 
 RESULTS = BENCH / "results"
 OUT = ROOT / "BENCHMARKS.md"
@@ -45,8 +45,14 @@ DEFAULT_CONFIG = "bert_small"  # what `make distill` runs without CONFIG= (the M
 # The export scores every variant one text per call (batch 1, as an app calls the model) since this date; before,
 # its int8 accuracies were measured in batches of 64, where dynamic int8 answers a few texts differently.
 ONE_TEXT_PER_CALL_SINCE = "2026-12-01"
-LATENCY_MODELS = ["teacher PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student PyTorch fp32",
-                  "student ONNX fp32", "student ONNX int8"]
+LATENCY_MODELS = [
+    "teacher PyTorch fp32",
+    "teacher ONNX fp32",
+    "teacher ONNX int8",
+    "student PyTorch fp32",
+    "student ONNX fp32",
+    "student ONNX int8",
+]
 HEADING_SHIFT = 2  # a results file's "## x" becomes "#### x": sections are "###", parts "##"
 
 
@@ -55,6 +61,7 @@ class ReportError(Exception):
 
 
 # ---------------------------------------------------------------- the default
+
 
 def current_default(configs: Path = ROOT / "configs") -> dict:
     """The default config's student, read from its YAML (following `extends`), without importing the pipeline."""
@@ -76,6 +83,7 @@ def current_default(configs: Path = ROOT / "configs") -> dict:
 
 # ---------------------------------------------------------------- what each file measured (its default's depth)
 
+
 def _json(path: Path):
     try:
         return json.loads(path.read_text())
@@ -89,6 +97,7 @@ def _sweep_default_layers(json_name: str) -> Callable[[Path], int | None]:
             return None
         variants = _json(results / json_name).get("variants", [])
         return next((v.get("layers") for v in variants if "the default" in (v.get("description") or "")), None)
+
     return layers
 
 
@@ -98,6 +107,7 @@ def _log_layers(log_name: str) -> Callable[[Path], int | None]:
             return None
         match = re.search(r"\[distill\] done in .*?layers=(\d+)", (results / log_name).read_text())
         return int(match.group(1)) if match else None
+
     return layers
 
 
@@ -150,21 +160,30 @@ def _render_debates(path: Path, ctx: "Context") -> list[str]:
     trim = d.get("vocab_trim") or {}
     splits = d.get("splits") or {}
     stages = d.get("stage_seconds") or {}
-    return ["| model | accuracy | macro-F1 | file MB | speed-up L=128 | speed-up sentences |",
-            "|---|---:|---:|---:|---:|---:|",
-            f"| teacher (PyTorch fp32) | {d['teacher']['accuracy']:.4f} | {d['teacher']['macro_f1']:.4f} | - | | |",
-            f"| student (PyTorch fp32) | {d['student_pytorch']['accuracy']:.4f} | {d['student_pytorch']['macro_f1']:.4f} "
-            "| - | | |",
-            f"| teacher ONNX int8 (the baseline) | {v['baseline']['accuracy']:.4f} | {v['baseline']['macro_f1']:.4f} | "
-            f"{v['baseline']['file_mb']:.1f} | 1.00x | 1.00x |",
-            f"| shipped student ({v['shipped']['variant']}{', trimmed vocabulary' if trim.get('enabled') else ''}) | "
-            f"{v['shipped']['accuracy']:.4f} | - | "
-            f"{v['shipped']['file_mb']:.1f} | {sp.get('L=128', 0):.2f}x | {sp.get('sentences', 0):.2f}x |", "",
-            f"Splits: train {splits.get('train')} / validation {splits.get('validation')} / test {splits.get('test')}; "
-            f"majority class {d['majority_class_accuracy']:.4f}. Accuracy kept {v['accuracy_kept']:.3f} of the fp32 "
-            f"teacher, size {v['size_vs_int8_teacher']:.2f} of the int8 teacher"
-            + (f", vocabulary {trim['kept_tokens']:,} of {trim['original_vocab']:,} tokens" if trim.get("kept_tokens") else "")
-            + ". Stage seconds: " + ", ".join(f"{k} {s:.0f}" for k, s in stages.items()) + "."]
+    return [
+        "| model | accuracy | macro-F1 | file MB | speed-up L=128 | speed-up sentences |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| teacher (PyTorch fp32) | {d['teacher']['accuracy']:.4f} | {d['teacher']['macro_f1']:.4f} | - | | |",
+        f"| student (PyTorch fp32) | {d['student_pytorch']['accuracy']:.4f} | {d['student_pytorch']['macro_f1']:.4f} "
+        "| - | | |",
+        f"| teacher ONNX int8 (the baseline) | {v['baseline']['accuracy']:.4f} | {v['baseline']['macro_f1']:.4f} | "
+        f"{v['baseline']['file_mb']:.1f} | 1.00x | 1.00x |",
+        f"| shipped student ({v['shipped']['variant']}{', trimmed vocabulary' if trim.get('enabled') else ''}) | "
+        f"{v['shipped']['accuracy']:.4f} | - | "
+        f"{v['shipped']['file_mb']:.1f} | {sp.get('L=128', 0):.2f}x | {sp.get('sentences', 0):.2f}x |",
+        "",
+        f"Splits: train {splits.get('train')} / validation {splits.get('validation')} / test {splits.get('test')}; "
+        f"majority class {d['majority_class_accuracy']:.4f}. Accuracy kept {v['accuracy_kept']:.3f} of the fp32 "
+        f"teacher, size {v['size_vs_int8_teacher']:.2f} of the int8 teacher"
+        + (
+            f", vocabulary {trim['kept_tokens']:,} of {trim['original_vocab']:,} tokens"
+            if trim.get("kept_tokens")
+            else ""
+        )
+        + ". Stage seconds: "
+        + ", ".join(f"{k} {s:.0f}" for k, s in stages.items())
+        + ".",
+    ]
 
 
 def _render_ablation(path: Path, ctx: "Context") -> str:
@@ -177,128 +196,275 @@ def _render_ablation(path: Path, ctx: "Context") -> str:
 
 
 SECTIONS: list[Section] = [
-    Section("sweep_budget_bert_small.md", "A student for every budget (bert_small)", "default",
-            "The budget sweep's own table (its `sweep.md`, copied here): a static student and transformer students of "
-            "1, 2 and 3 layers (`layers3` has exactly the default config), the int8 teacher and the peers the "
-            "`baselines` stage trains (TF-IDF, fastText, static embeddings). \"accuracy from text\" and \"ms per "
-            "text\": raw text in, label out, one text per call, one thread, tokenizer included.",
-            data=("sweep_budget_bert_small.json", "sweep_budget_bert_small.png"),
-            layers=_sweep_default_layers("sweep_budget_bert_small.json"), int8_accuracy=True),
-    Section("phone_table_bert_small.md", "Every shipped file, one text per call (bert_small)", "default",
-            "Each student of the budget sweep as its bundle ships it: accuracy one text per call, the test predictions "
-            "that change in batches of 64, file size, ms per sentence and the speed-up against the int8 teacher with "
-            "its 95% interval (median of per-round paired ratios), from each run's `export/metrics.json`.",
-            int8_accuracy=True),
-    Section("bundle_agreement_bert_small.md", "Recorded accuracy against the bundle's own runners", "default",
-            "For every model file of the default's bundle: the accuracy `metadata.json` records, `predict.py` at batch "
-            "1 and 64, and the Node.js check (onnxruntime-node and the JavaScript tokenizer), on the whole test split.",
-            int8_accuracy=True),
-    Section("latency_harness_bert_small.md", "Latency harnesses: the int8 student against the int8 teacher", "default",
-            "The default's shipped file against the int8 teacher, timed five ways, three times in a row: how far the "
-            "speed-up moves between repeats on a shared machine."),
-    Section("static_seeds_bert_small.md", "The static student over three seeds (bert_small)", "default",
-            "From raw text, one text per call: three distillation seeds of the static student, each beside the int8 "
-            "teacher and the peers; the last line gives its mean accuracy and its margin over the best peer."),
-    Section("clothing_default.md", "Clothing reviews: the default recipe", "data",
-            "`configs/clothing.yaml`, the bert_small recipe on Women's E-Commerce Clothing Reviews (recommended or "
-            "not): the default student, the int8 teacher and the peers from raw text, one text per call."),
-    Section("base_teacher_mpnet_base.md", "A BERT-base-class teacher (mpnet_base): every model from raw text", "data",
-            "`configs/mpnet_base.yaml`: all-mpnet-base-v2 (110M parameters, 12 layers of width 768) fine-tuned on the "
-            "default split and distilled into 3 of its layers with FFN pruned to 1,024 of 3,072; the student, the int8 "
-            "teacher and the peers from raw text, one text per call (docs/base-teacher.md)."),
-    Section("phone_table_mpnet_base.md", "The base student's shipped files against the int8 base teacher", "data",
-            "Every variant of the mpnet_base run as its bundle ships it: accuracy one text per call, file size, ms per "
-            "sentence and the speed-up against the int8 base teacher with its 95% interval."),
-    Section("static_seeds_clothing.md", "Clothing reviews: the static student over three seeds", "data",
-            "As for bert_small: three distillation seeds of the static student on the clothing reviews."),
-    Section("debates.json", "Debates: the default recipe on 2016 debate statements", "data",
-            "`configs/debates.yaml`, the bert_small recipe with only its data section changed: statements from the "
-            "2016 US presidential debates classified by party (Democratic / Republican / Moderator); one seed.",
-            render=_render_debates, int8_accuracy=True),
-    Section("levers_debates.md", "Debates: three distillation seeds", "data",
-            "The debates config for three distillation seeds (teacher, split and cache shared), each through export; "
-            "seed 42 is the run of the section above.",
-            data=("levers_debates.json",), int8_accuracy=True),
-    Section("scale.md", "Data at scale: 10k, 100k and 1M examples", "parts",
-            "Time and peak memory of every stage as the data grows, each stage in its own process.",
-            data=("scale.json", "scale.png")),
-    Section("attention_kl.md", "Attention KL: chunked against naive", "parts",
-            "Peak memory and time of the attention-distillation loss computed in query-row chunks against the naive "
-            "form, forward and backward.", data=("attention_kl.json",)),
-    Section("padding_bert_small.md", "Padding left by length-grouped batches", "parts",
-            "Epoch 0's batches built as training builds them, with and without length grouping: how many need no "
-            "padding (those run without an attention mask) and how much padding is left. A count: no timing."),
-    Section("default_run_bert_small.md", "Time to first result: the default run on a fresh clone (bert_small)", "parts",
-            "`make distill CONFIG=bert_small` on a fresh clone, the environment created from nothing, alone on the "
-            "machine: the whole wall time, set-up, each stage, the teacher's and the shipped accuracy, before and "
-            "after issue 30's levers (commits named: e29ee14 before, 8d203f9 with the teacher's levers on too, "
-            "0d936e0 the committed default, teacher levers off). These clones were made by hand with `git clone` and "
-            "`time make distill CONFIG=bert_small`, the steps the script's run mode takes, one at a time on a quiet "
-            "machine whose speed drifts by about 15% over an hour; `--report` rendered them."),
-    Section("distill_seeds_bert_small.md", "Three distillation seeds of the default, before and after (bert_small)",
-            "parts", "configs/sweeps/distill_seeds.yaml (teacher, peers and capture shared) on the clones above: is "
-            "a change to the training loop within seed noise?"),
-    Section("roofline_bert_small.md", "Training steps against the machine's matmul rate (bert_small)", "parts",
-            "The fp32 (and bf16) matmul rate, a bare forward + backward + AdamW step of the teacher and the student on "
-            "the pipeline's batch shapes, and the pipeline's own seconds per step (stage wall time over its steps), "
-            "from `bench/roofline.py` (issue 30); each model also with only its used embedding rows trained, AdamW fused "
-            "and multi-tensor, and under torch.compile."),
-    Section("roofline_compile_bert_small.md", "The same steps under torch.compile (bert_small)", "parts",
-            "`bench/roofline.py --compile` on the run folder of the commit before issue 30's fused AdamW and teacher "
-            "rows (so the pipeline column matches the multi-tensor, full-table teacher): the bare steps eager and "
-            "under torch.compile (inductor, dynamic shapes), the compiling first pass apart. Taken about an hour "
-            "before the file above, when this machine's matmul rate was lower (177 against 214 GFLOP/s fp32)."),
-    Section("capture_levers_bert_small.md", "The capture stage's levers (bert_small)", "parts",
-            "`bench/capture_levers.py` on the default run's folder: the teacher over a sample of training examples as "
-            "the capture stage runs it (`stages.capture.capture_shard`), one setting changed at a time: batch size, "
-            "batches by length or in data order, torch.inference_mode, bf16 or fp32, 1 or 2 torch threads (issue 30)."),
-    Section("used_embedding_rows_bert_small.md", "Training only the used embedding rows (bert_small)", "parts",
-            "The distill stage of the default run twice on the same upstream stages, with distill.used_embedding_rows "
-            "on (the default) and off: wall time, seconds per step, validation accuracy (issue 30)."),
-    Section("micro_avx2.md", "Training cost per step and capture throughput", "parts",
-            "Samples/s of a plain CE step, a distillation step with cached teacher targets and one with the teacher "
-            "online; teacher inference against capture.", data=("micro_avx2.json",), layers=_micro_layers),
-    Section("levers.md", "Levers against the int8 teacher (bert_small)", "choice",
-            "The levers tried to make the student beat the int8 teacher (FFN pruning, augmentation, epochs, layer "
-            "maps), each a full pipeline run sharing one teacher and split.", data=("levers.json",),
-            int8_accuracy=True),
-    Section("student_shapes.md", "Student shapes: latency and size only", "choice",
-            "The probe that picked the shapes to train: randomly initialised students of several depths and "
-            "feed-forward sizes, exported and quantized like the shipped one, timed against the int8 teacher.",
-            data=("student_shapes.json",)),
-    Section("sweep_depth_bert_small.md", "Depth sweep (bert_small)", "choice",
-            "The depth sweep's own table (its `sweep.md`, copied here): students of 1, 2 and 3 layers against "
-            "retention, latency and size, with the pick.", data=("sweep_depth_bert_small.json", "sweep_depth_bert_small.png"),
-            layers=_sweep_default_layers("sweep_depth_bert_small.json"), int8_accuracy=True),
-    Section("bench.json", "`make bench`: the whole pipeline, measured from scratch", "bench",
-            "Generated by `bench/run_all.py` from scratch: every figure in it was measured in that run, except the "
-            "committed files it reads, which say where they were measured.",
-            render=None, layers=_bench_layers, int8_accuracy=True),
-    Section("ablation.md", "Ablation: losses, depth and tuning (bert_small)", "choice",
-            "What each distillation lever bought, one pipeline run per variant sharing one split and teacher.",
-            data=("ablation.json",), layers=lambda results: _ablation_layers(results, "ablation.json"),
-            int8_accuracy=True),
-    Section("gpu_throughput_h200/gpu_throughput.md", "GPU throughput at BERT-base scale", "gpu",
-            "`bench/gpu_throughput.py`: samples/s and model-FLOPs utilisation of teacher fine-tuning, capture and "
-            "distillation steps per batch size, precision and batch kind.", data=("gpu_throughput_h200/gpu_throughput.json",)),
-    Section("gpu_throughput_h200_compile/gpu_throughput.md", "GPU throughput with torch.compile", "gpu",
-            "The same steps under `torch.compile`.", data=("gpu_throughput_h200_compile/gpu_throughput.json",)),
-    Section("gpu_h200_bf16.log", "H200: bert_small stages in bf16", "gpu",
-            "The stage log of bert_small through evaluate on one H200 in bf16 (the first step of the GPU check).",
-            data=("gpu_h200.txt",), layers=_log_layers("gpu_h200_bf16.log")),
-    Section("ablation_h200_bf16.json", "H200: loss ablation in bf16", "gpu",
-            "Five loss variants of the student, through evaluate, on one H200 in bf16.", render=_render_ablation,
-            layers=lambda results: _ablation_layers(results, "ablation_h200_bf16.json")),
-    Section("gpu_h200_fp32.log", "H200: bert_small stages in fp32", "gpu",
-            "The same stages in fp32 (the GPU check's `fp32` call).", layers=_log_layers("gpu_h200_fp32.log")),
-    Section("gpu_h200_fp32_stage_rates.md", "H200: samples/s per stage in fp32", "gpu",
-            "Stage seconds and samples/s of that fp32 run, from its manifests.", layers=_log_layers("gpu_h200_fp32.log")),
+    Section(
+        "sweep_budget_bert_small.md",
+        "A student for every budget (bert_small)",
+        "default",
+        "The budget sweep's own table (its `sweep.md`, copied here): a static student and transformer students of "
+        "1, 2 and 3 layers (`layers3` has exactly the default config), the int8 teacher and the peers the "
+        '`baselines` stage trains (TF-IDF, fastText, static embeddings). "accuracy from text" and "ms per '
+        'text": raw text in, label out, one text per call, one thread, tokenizer included.',
+        data=("sweep_budget_bert_small.json", "sweep_budget_bert_small.png"),
+        layers=_sweep_default_layers("sweep_budget_bert_small.json"),
+        int8_accuracy=True,
+    ),
+    Section(
+        "phone_table_bert_small.md",
+        "Every shipped file, one text per call (bert_small)",
+        "default",
+        "Each student of the budget sweep as its bundle ships it: accuracy one text per call, the test predictions "
+        "that change in batches of 64, file size, ms per sentence and the speed-up against the int8 teacher with "
+        "its 95% interval (median of per-round paired ratios), from each run's `export/metrics.json`.",
+        int8_accuracy=True,
+    ),
+    Section(
+        "bundle_agreement_bert_small.md",
+        "Recorded accuracy against the bundle's own runners",
+        "default",
+        "For every model file of the default's bundle: the accuracy `metadata.json` records, `predict.py` at batch "
+        "1 and 64, and the Node.js check (onnxruntime-node and the JavaScript tokenizer), on the whole test split.",
+        int8_accuracy=True,
+    ),
+    Section(
+        "latency_harness_bert_small.md",
+        "Latency harnesses: the int8 student against the int8 teacher",
+        "default",
+        "The default's shipped file against the int8 teacher, timed five ways, three times in a row: how far the "
+        "speed-up moves between repeats on a shared machine.",
+    ),
+    Section(
+        "static_seeds_bert_small.md",
+        "The static student over three seeds (bert_small)",
+        "default",
+        "From raw text, one text per call: three distillation seeds of the static student, each beside the int8 "
+        "teacher and the peers; the last line gives its mean accuracy and its margin over the best peer.",
+    ),
+    Section(
+        "clothing_default.md",
+        "Clothing reviews: the default recipe",
+        "data",
+        "`configs/clothing.yaml`, the bert_small recipe on Women's E-Commerce Clothing Reviews (recommended or "
+        "not): the default student, the int8 teacher and the peers from raw text, one text per call.",
+    ),
+    Section(
+        "base_teacher_mpnet_base.md",
+        "A BERT-base-class teacher (mpnet_base): every model from raw text",
+        "data",
+        "`configs/mpnet_base.yaml`: all-mpnet-base-v2 (110M parameters, 12 layers of width 768) fine-tuned on the "
+        "default split and distilled into 3 of its layers with FFN pruned to 1,024 of 3,072; the student, the int8 "
+        "teacher and the peers from raw text, one text per call (docs/base-teacher.md).",
+    ),
+    Section(
+        "phone_table_mpnet_base.md",
+        "The base student's shipped files against the int8 base teacher",
+        "data",
+        "Every variant of the mpnet_base run as its bundle ships it: accuracy one text per call, file size, ms per "
+        "sentence and the speed-up against the int8 base teacher with its 95% interval.",
+    ),
+    Section(
+        "static_seeds_clothing.md",
+        "Clothing reviews: the static student over three seeds",
+        "data",
+        "As for bert_small: three distillation seeds of the static student on the clothing reviews.",
+    ),
+    Section(
+        "debates.json",
+        "Debates: the default recipe on 2016 debate statements",
+        "data",
+        "`configs/debates.yaml`, the bert_small recipe with only its data section changed: statements from the "
+        "2016 US presidential debates classified by party (Democratic / Republican / Moderator); one seed.",
+        render=_render_debates,
+        int8_accuracy=True,
+    ),
+    Section(
+        "levers_debates.md",
+        "Debates: three distillation seeds",
+        "data",
+        "The debates config for three distillation seeds (teacher, split and cache shared), each through export; "
+        "seed 42 is the run of the section above.",
+        data=("levers_debates.json",),
+        int8_accuracy=True,
+    ),
+    Section(
+        "scale.md",
+        "Data at scale: 10k, 100k and 1M examples",
+        "parts",
+        "Time and peak memory of every stage as the data grows, each stage in its own process.",
+        data=("scale.json", "scale.png"),
+    ),
+    Section(
+        "attention_kl.md",
+        "Attention KL: chunked against naive",
+        "parts",
+        "Peak memory and time of the attention-distillation loss computed in query-row chunks against the naive "
+        "form, forward and backward.",
+        data=("attention_kl.json",),
+    ),
+    Section(
+        "padding_bert_small.md",
+        "Padding left by length-grouped batches",
+        "parts",
+        "Epoch 0's batches built as training builds them, with and without length grouping: how many need no "
+        "padding (those run without an attention mask) and how much padding is left. A count: no timing.",
+    ),
+    Section(
+        "default_run_bert_small.md",
+        "Time to first result: the default run on a fresh clone (bert_small)",
+        "parts",
+        "`make distill CONFIG=bert_small` on a fresh clone, the environment created from nothing, alone on the "
+        "machine: the whole wall time, set-up, each stage, the teacher's and the shipped accuracy, before and "
+        "after issue 30's levers (commits named: e29ee14 before, 8d203f9 with the teacher's levers on too, "
+        "0d936e0 the committed default, teacher levers off). These clones were made by hand with `git clone` and "
+        "`time make distill CONFIG=bert_small`, the steps the script's run mode takes, one at a time on a quiet "
+        "machine whose speed drifts by about 15% over an hour; `--report` rendered them.",
+    ),
+    Section(
+        "distill_seeds_bert_small.md",
+        "Three distillation seeds of the default, before and after (bert_small)",
+        "parts",
+        "configs/sweeps/distill_seeds.yaml (teacher, peers and capture shared) on the clones above: is "
+        "a change to the training loop within seed noise?",
+    ),
+    Section(
+        "roofline_bert_small.md",
+        "Training steps against the machine's matmul rate (bert_small)",
+        "parts",
+        "The fp32 (and bf16) matmul rate, a bare forward + backward + AdamW step of the teacher and the student on "
+        "the pipeline's batch shapes, and the pipeline's own seconds per step (stage wall time over its steps), "
+        "from `bench/roofline.py` (issue 30); each model also with only its used embedding rows trained, AdamW fused "
+        "and multi-tensor, and under torch.compile.",
+    ),
+    Section(
+        "roofline_compile_bert_small.md",
+        "The same steps under torch.compile (bert_small)",
+        "parts",
+        "`bench/roofline.py --compile` on the run folder of the commit before issue 30's fused AdamW and teacher "
+        "rows (so the pipeline column matches the multi-tensor, full-table teacher): the bare steps eager and "
+        "under torch.compile (inductor, dynamic shapes), the compiling first pass apart. Taken about an hour "
+        "before the file above, when this machine's matmul rate was lower (177 against 214 GFLOP/s fp32).",
+    ),
+    Section(
+        "capture_levers_bert_small.md",
+        "The capture stage's levers (bert_small)",
+        "parts",
+        "`bench/capture_levers.py` on the default run's folder: the teacher over a sample of training examples as "
+        "the capture stage runs it (`stages.capture.capture_shard`), one setting changed at a time: batch size, "
+        "batches by length or in data order, torch.inference_mode, bf16 or fp32, 1 or 2 torch threads (issue 30).",
+    ),
+    Section(
+        "used_embedding_rows_bert_small.md",
+        "Training only the used embedding rows (bert_small)",
+        "parts",
+        "The distill stage of the default run twice on the same upstream stages, with distill.used_embedding_rows "
+        "on (the default) and off: wall time, seconds per step, validation accuracy (issue 30).",
+    ),
+    Section(
+        "micro_avx2.md",
+        "Training cost per step and capture throughput",
+        "parts",
+        "Samples/s of a plain CE step, a distillation step with cached teacher targets and one with the teacher "
+        "online; teacher inference against capture.",
+        data=("micro_avx2.json",),
+        layers=_micro_layers,
+    ),
+    Section(
+        "levers.md",
+        "Levers against the int8 teacher (bert_small)",
+        "choice",
+        "The levers tried to make the student beat the int8 teacher (FFN pruning, augmentation, epochs, layer "
+        "maps), each a full pipeline run sharing one teacher and split.",
+        data=("levers.json",),
+        int8_accuracy=True,
+    ),
+    Section(
+        "student_shapes.md",
+        "Student shapes: latency and size only",
+        "choice",
+        "The probe that picked the shapes to train: randomly initialised students of several depths and "
+        "feed-forward sizes, exported and quantized like the shipped one, timed against the int8 teacher.",
+        data=("student_shapes.json",),
+    ),
+    Section(
+        "sweep_depth_bert_small.md",
+        "Depth sweep (bert_small)",
+        "choice",
+        "The depth sweep's own table (its `sweep.md`, copied here): students of 1, 2 and 3 layers against "
+        "retention, latency and size, with the pick.",
+        data=("sweep_depth_bert_small.json", "sweep_depth_bert_small.png"),
+        layers=_sweep_default_layers("sweep_depth_bert_small.json"),
+        int8_accuracy=True,
+    ),
+    Section(
+        "bench.json",
+        "`make bench`: the whole pipeline, measured from scratch",
+        "bench",
+        "Generated by `bench/run_all.py` from scratch: every figure in it was measured in that run, except the "
+        "committed files it reads, which say where they were measured.",
+        render=None,
+        layers=_bench_layers,
+        int8_accuracy=True,
+    ),
+    Section(
+        "ablation.md",
+        "Ablation: losses, depth and tuning (bert_small)",
+        "choice",
+        "What each distillation lever bought, one pipeline run per variant sharing one split and teacher.",
+        data=("ablation.json",),
+        layers=lambda results: _ablation_layers(results, "ablation.json"),
+        int8_accuracy=True,
+    ),
+    Section(
+        "gpu_throughput_h200/gpu_throughput.md",
+        "GPU throughput at BERT-base scale",
+        "gpu",
+        "`bench/gpu_throughput.py`: samples/s and model-FLOPs utilisation of teacher fine-tuning, capture and "
+        "distillation steps per batch size, precision and batch kind.",
+        data=("gpu_throughput_h200/gpu_throughput.json",),
+    ),
+    Section(
+        "gpu_throughput_h200_compile/gpu_throughput.md",
+        "GPU throughput with torch.compile",
+        "gpu",
+        "The same steps under `torch.compile`.",
+        data=("gpu_throughput_h200_compile/gpu_throughput.json",),
+    ),
+    Section(
+        "gpu_h200_bf16.log",
+        "H200: bert_small stages in bf16",
+        "gpu",
+        "The stage log of bert_small through evaluate on one H200 in bf16 (the first step of the GPU check).",
+        data=("gpu_h200.txt",),
+        layers=_log_layers("gpu_h200_bf16.log"),
+    ),
+    Section(
+        "ablation_h200_bf16.json",
+        "H200: loss ablation in bf16",
+        "gpu",
+        "Five loss variants of the student, through evaluate, on one H200 in bf16.",
+        render=_render_ablation,
+        layers=lambda results: _ablation_layers(results, "ablation_h200_bf16.json"),
+    ),
+    Section(
+        "gpu_h200_fp32.log",
+        "H200: bert_small stages in fp32",
+        "gpu",
+        "The same stages in fp32 (the GPU check's `fp32` call).",
+        layers=_log_layers("gpu_h200_fp32.log"),
+    ),
+    Section(
+        "gpu_h200_fp32_stage_rates.md",
+        "H200: samples/s per stage in fp32",
+        "gpu",
+        "Stage seconds and samples/s of that fp32 run, from its manifests.",
+        layers=_log_layers("gpu_h200_fp32.log"),
+    ),
 ]
 # Files kept beside the results that are not results themselves.
 IGNORED = {"BENCHMARKS.md"}
 
 
 # ---------------------------------------------------------------- rendering helpers
+
 
 @dataclass
 class Context:
@@ -343,11 +509,13 @@ def _shift_headings(lines: list[str], shift: int = HEADING_SHIFT) -> list[str]:
 
 def _fix_links(lines: list[str], ctx: Context) -> list[str]:
     """Links and images relative to the results file (`](scale.png)`) made relative to BENCHMARKS.md."""
+
     def fix(match):
         target = match.group(2)
         if re.match(r"^(https?:|#|/)", target) or "/" in target:
             return match.group(0)
         return f"{match.group(1)}{ctx.link(target)})"
+
     return [re.sub(r"(!?\[[^\]]*\]\()([^)\s]+)\)", fix, line) for line in lines]
 
 
@@ -376,27 +544,35 @@ def _notes(section: Section, header: dict, ctx: Context, layers: int | None) -> 
     notes = []
     current = ctx.default["layers"]
     if layers is not None and current is not None and layers != current:
-        notes.append(f"> **Earlier default** ({short_date(header['date'])}): measured on the default of its date, a "
-                     f"{layers}-layer student; the current default (`configs/{ctx.default['config']}.yaml`) is a "
-                     f"{current}-layer student, so these are not the current default's figures.")
+        notes.append(
+            f"> **Earlier default** ({short_date(header['date'])}): measured on the default of its date, a "
+            f"{layers}-layer student; the current default (`configs/{ctx.default['config']}.yaml`) is a "
+            f"{current}-layer student, so these are not the current default's figures."
+        )
     if section.int8_accuracy and short_date(header["date"]) < ONE_TEXT_PER_CALL_SINCE:
         phone = "phone_table_bert_small.md"
         see = f" (see [{ctx.titles[phone]}](#{ctx.anchors[phone]}))" if phone in ctx.anchors else ""
-        notes.append(f"> **int8 accuracies scored in batches of 64**: dated before {ONE_TEXT_PER_CALL_SINCE}, when "
-                     "the export began to score every variant one text per call, as an app calls it; in batches "
-                     f"dynamic int8 answers a few texts differently{see}.")
+        notes.append(
+            f"> **int8 accuracies scored in batches of 64**: dated before {ONE_TEXT_PER_CALL_SINCE}, when "
+            "the export began to score every variant one text per call, as an app calls it; in batches "
+            f"dynamic int8 answers a few texts differently{see}."
+        )
     return notes
 
 
 def _source_lines(section: Section, header: dict, ctx: Context, present_data: list[str]) -> list[str]:
     files = [section.file, *present_data]
-    return [f"Command: `{header['command']}`  ", f"Date: {short_date(header['date'])}  ",
-            f"Machine: {header['machine']}  ",
-            *([f"Commit: {header['commit']}  "] if header.get("commit") else []),
-            "Files: " + ", ".join(f"[`{name}`]({ctx.link(name)})" for name in files)]
+    return [
+        f"Command: `{header['command']}`  ",
+        f"Date: {short_date(header['date'])}  ",
+        f"Machine: {header['machine']}  ",
+        *([f"Commit: {header['commit']}  "] if header.get("commit") else []),
+        "Files: " + ", ".join(f"[`{name}`]({ctx.link(name)})" for name in files),
+    ]
 
 
 # ---------------------------------------------------------------- the `make bench` section (bench.json)
+
 
 def fmt(value, spec: str = ".4f", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
@@ -445,29 +621,37 @@ def recorded_root(report: dict) -> str | None:
 def versus_markdown(versus: dict) -> list[str]:
     t = versus["targets"]
     first = versus["rows"][0]
-    lines = [f"The baseline is what a user ships without distillation: the fine-tuned teacher exported to ONNX and "
-             f"quantized with the student's int8 setting ({first['baseline']['setting']}): test accuracy "
-             f"{first['baseline']['accuracy']:.4f}, {first['baseline']['file_mb']:.1f} MB. Targets: accuracy kept >= "
-             f"{t['min_accuracy_kept']} of the fp32 teacher, speed-up >= {t['min_speedup']}x (batch 1, 1 thread, at L=128 "
-             f"and on real test sentences), size <= {t['max_size_ratio']} of the int8 teacher. Seeds vary the student's "
-             "training only (`distill.seed`); the teacher, split and cache are shared. Latency ratios are measured "
-             "side by side within each run.", "",
-             "| distillation seed | student accuracy (PyTorch) | shipped accuracy | accuracy kept | speed-up L=128 | "
-             "speed-up sentences | size vs int8 teacher | shipped MB | distill s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"The baseline is what a user ships without distillation: the fine-tuned teacher exported to ONNX and "
+        f"quantized with the student's int8 setting ({first['baseline']['setting']}): test accuracy "
+        f"{first['baseline']['accuracy']:.4f}, {first['baseline']['file_mb']:.1f} MB. Targets: accuracy kept >= "
+        f"{t['min_accuracy_kept']} of the fp32 teacher, speed-up >= {t['min_speedup']}x (batch 1, 1 thread, at L=128 "
+        f"and on real test sentences), size <= {t['max_size_ratio']} of the int8 teacher. Seeds vary the student's "
+        "training only (`distill.seed`); the teacher, split and cache are shared. Latency ratios are measured "
+        "side by side within each run.",
+        "",
+        "| distillation seed | student accuracy (PyTorch) | shipped accuracy | accuracy kept | speed-up L=128 | "
+        "speed-up sentences | size vs int8 teacher | shipped MB | distill s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in versus["rows"]:
         sp = r["speedup_vs_int8_teacher"]
-        lines.append(f"| {r['seed']} | {r['student_accuracy']:.4f} | {r['shipped']['accuracy']:.4f} | {r['accuracy_kept']:.3f} | "
-                     f"{times(sp.get('L=128'))} | {times(sp.get('sentences'))} | {r['size_vs_int8_teacher']:.2f} | "
-                     f"{r['shipped']['file_mb']:.1f} | {r['distill_s']:.0f} |")
+        lines.append(
+            f"| {r['seed']} | {r['student_accuracy']:.4f} | {r['shipped']['accuracy']:.4f} | {r['accuracy_kept']:.3f} | "
+            f"{times(sp.get('L=128'))} | {times(sp.get('sentences'))} | {r['size_vs_int8_teacher']:.2f} | "
+            f"{r['shipped']['file_mb']:.1f} | {r['distill_s']:.0f} |"
+        )
     m = versus["mean"]
 
     def cell(key, spec, suffix=""):
         v = m.get(key)
         return f"{v['mean']:{spec}}{suffix} ± {v['stdev']:{spec}}" if v else "-"
 
-    lines.append(f"| **mean ± sd** | | {cell('shipped_accuracy', '.4f')} | {cell('accuracy_kept', '.3f')} | "
-                 f"{cell('speedup_L128', '.2f', 'x')} | {cell('speedup_sentences', '.2f', 'x')} | "
-                 f"{cell('size_vs_int8_teacher', '.2f')} | | |")
+    lines.append(
+        f"| **mean ± sd** | | {cell('shipped_accuracy', '.4f')} | {cell('accuracy_kept', '.3f')} | "
+        f"{cell('speedup_L128', '.2f', 'x')} | {cell('speedup_sentences', '.2f', 'x')} | "
+        f"{cell('size_vs_int8_teacher', '.2f')} | | |"
+    )
     return lines
 
 
@@ -482,7 +666,7 @@ def bench_body(report: dict, elsewhere: dict | None = None, level: int = 4) -> l
     def rel(path) -> str:
         text = str(path)
         if root and text.startswith(root + "/"):
-            return text[len(root) + 1:]
+            return text[len(root) + 1 :]
         try:
             return str(Path(text).resolve().relative_to(ROOT))
         except ValueError:
@@ -496,28 +680,35 @@ def bench_body(report: dict, elsewhere: dict | None = None, level: int = 4) -> l
     v = m["versions"]
     lines = []
     if q:
-        lines += ["> **--quick run** (tiny config, one repeat of everything): a smoke test of the bench itself. "
-                  "The figures below say nothing about the product.", ""]
-    lines += [f"{h} Machine", "",
-              "| | |", "|---|---|",
-              f"| CPU | {m['cpu_model']} |",
-              f"| cores | {m['logical_cpus']} logical ({m['usable_cpus']} usable by this process) |",
-              f"| memory | {fmt(m['memory_gb'], '.1f')} GB |",
-              f"| OS, Python | {m['os']} ({m['machine']}), Python {m['python']} |",
-              f"| torch, onnxruntime | {v.get('torch')}, {v.get('onnxruntime')} |",
-              f"| transformers, accelerate, onnx | {v.get('transformers')}, {v.get('accelerate')}, {v.get('onnx')} |",
-              f"| code | git {m.get('git') or 'unknown'} |",
-              f"| precision | {precision_line(report.get('precision'))} |",
-              f"| torch threads | {report['torch_threads']} (pipeline and micro-benchmarks; the attention-KL bench and "
-              "the export stage's latency rows set their own) |",
-              f"| 1-minute load average | {fmt(report['load_average']['start'], '.2f')} at the start, "
-              f"{fmt(report['load_average']['end'], '.2f')} at the end |",
-              f"| bench wall time | {report['bench_wall_s'] / 60:.1f} min |",
-              "",
-              "Timed figures are min / median / max over repeats (the count is given with each table); read them by "
-              "the median, and by the min on a busy machine. Every ratio compares figures measured side by side in this "
-              "run (same process or same stage, interleaved where the table says so), never against another run. "
-              "Single measurements (one pipeline run) are marked as such."]
+        lines += [
+            "> **--quick run** (tiny config, one repeat of everything): a smoke test of the bench itself. "
+            "The figures below say nothing about the product.",
+            "",
+        ]
+    lines += [
+        f"{h} Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| CPU | {m['cpu_model']} |",
+        f"| cores | {m['logical_cpus']} logical ({m['usable_cpus']} usable by this process) |",
+        f"| memory | {fmt(m['memory_gb'], '.1f')} GB |",
+        f"| OS, Python | {m['os']} ({m['machine']}), Python {m['python']} |",
+        f"| torch, onnxruntime | {v.get('torch')}, {v.get('onnxruntime')} |",
+        f"| transformers, accelerate, onnx | {v.get('transformers')}, {v.get('accelerate')}, {v.get('onnx')} |",
+        f"| code | git {m.get('git') or 'unknown'} |",
+        f"| precision | {precision_line(report.get('precision'))} |",
+        f"| torch threads | {report['torch_threads']} (pipeline and micro-benchmarks; the attention-KL bench and "
+        "the export stage's latency rows set their own) |",
+        f"| 1-minute load average | {fmt(report['load_average']['start'], '.2f')} at the start, "
+        f"{fmt(report['load_average']['end'], '.2f')} at the end |",
+        f"| bench wall time | {report['bench_wall_s'] / 60:.1f} min |",
+        "",
+        "Timed figures are min / median / max over repeats (the count is given with each table); read them by "
+        "the median, and by the min on a busy machine. Every ratio compares figures measured side by side in this "
+        "run (same process or same stage, interleaved where the table says so), never against another run. "
+        "Single measurements (one pipeline run) are marked as such.",
+    ]
     errors = report["errors"]
     if errors:
         lines += ["", "**Parts that failed in this run** (their sections below say what is missing):", ""]
@@ -532,40 +723,64 @@ def bench_body(report: dict, elsewhere: dict | None = None, level: int = 4) -> l
     if versus:
         lines += versus_markdown(versus)
     else:
-        lines += [f"**Not measured:** {section_error(errors, 'versus')} (this part of `bench/run_all.py` is newer "
-                  "than this run)." if not errors else f"**Not measured:** {section_error(errors, 'versus')}."]
+        lines += [
+            f"**Not measured:** {section_error(errors, 'versus')} (this part of `bench/run_all.py` is newer "
+            "than this run)."
+            if not errors
+            else f"**Not measured:** {section_error(errors, 'versus')}."
+        ]
     lines += ["", f"{h} 1. Quality", ""]
     quality = sections.get("quality_run")
     if quality:
         used = (report.get("precision") or {}).get("resolved") or (report.get("precision") or {}).get("used", "?")
-        lines += [f"{h2} This run: `{cfg}` on this machine, precision {used} (test split, {quality['examples']} examples)", "",
-                  "| model | layers | parameters | accuracy | macro-F1 |", "|---|---:|---:|---:|---:|"]
+        lines += [
+            f"{h2} This run: `{cfg}` on this machine, precision {used} (test split, {quality['examples']} examples)",
+            "",
+            "| model | layers | parameters | accuracy | macro-F1 |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for r in quality["rows"]:
             params = f"{r['parameters'] / 1e6:.1f}M" if r.get("parameters") else "-"
-            lines.append(f"| {r['model']} | {fmt(r.get('layers'), 'd')} | {params} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} |")
-        lines += ["", f"Retention (student / teacher accuracy) {fmt(quality['retention'])}, teacher-student agreement "
-                  f"{fmt(quality['agreement'])}, majority-class accuracy {fmt(quality['majority_class_accuracy'])}; "
-                  f"shipped variant: {quality.get('recommended_variant') or '-'}. One pipeline run (seed "
-                  f"{report.get('seed', '-')}), not a mean over seeds. A CE-only student is not trained here (each extra "
-                  "student costs several minutes on this CPU); see the ablation."]
+            lines.append(
+                f"| {r['model']} | {fmt(r.get('layers'), 'd')} | {params} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} |"
+            )
+        lines += [
+            "",
+            f"Retention (student / teacher accuracy) {fmt(quality['retention'])}, teacher-student agreement "
+            f"{fmt(quality['agreement'])}, majority-class accuracy {fmt(quality['majority_class_accuracy'])}; "
+            f"shipped variant: {quality.get('recommended_variant') or '-'}. One pipeline run (seed "
+            f"{report.get('seed', '-')}), not a mean over seeds. A CE-only student is not trained here (each extra "
+            "student costs several minutes on this CPU); see the ablation.",
+        ]
     else:
         lines += [f"This run's quality figures are missing: {section_error(errors, 'pipeline')}."]
     ablation = sections.get("ablation")
     if ablation and "ablation" in elsewhere:
-        lines += ["", f"This run read the committed ablation `{ablation['source']}` ({ablation['date']}); it is shown in "
-                  f"{see('ablation')}."]
+        lines += [
+            "",
+            f"This run read the committed ablation `{ablation['source']}` ({ablation['date']}); it is shown in "
+            f"{see('ablation')}.",
+        ]
     elif ablation:
         current = next((r["description"] for r in ablation["rows"] if r["current_default"]), None)
-        lines += ["", f"{h2} Ablation on `{ablation['config']}` (committed; measured on {ablation['measured_on']}, "
-                  f"{ablation['date']})", "",
-                  f"Read from `{ablation['source']}`, made by `{ablation['command']}`: each "
-                  "variant is a full pipeline run through evaluate (depth variants through export), sharing the data "
-                  "split and teacher of one base run, one seed each; with 2,557 test sentences one accuracy has a "
-                  "standard error of about 0.8 points, so differences under ~1.5 points are within noise. Not rerun "
-                  "by `make bench` (about an hour on this CPU). "
-                  + (f"The current default is the variant \"{current}\"." if current else
-                     "No variant equals the current default exactly."), "",
-                  _shift(ablation["markdown"].rstrip(), level - 2)]
+        lines += [
+            "",
+            f"{h2} Ablation on `{ablation['config']}` (committed; measured on {ablation['measured_on']}, "
+            f"{ablation['date']})",
+            "",
+            f"Read from `{ablation['source']}`, made by `{ablation['command']}`: each "
+            "variant is a full pipeline run through evaluate (depth variants through export), sharing the data "
+            "split and teacher of one base run, one seed each; with 2,557 test sentences one accuracy has a "
+            "standard error of about 0.8 points, so differences under ~1.5 points are within noise. Not rerun "
+            "by `make bench` (about an hour on this CPU). "
+            + (
+                f'The current default is the variant "{current}".'
+                if current
+                else "No variant equals the current default exactly."
+            ),
+            "",
+            _shift(ablation["markdown"].rstrip(), level - 2),
+        ]
     else:
         lines += ["", f"The committed ablation could not be read: {section_error(errors, 'ablation')}."]
 
@@ -576,32 +791,47 @@ def bench_body(report: dict, elsewhere: dict | None = None, level: int = 4) -> l
         rows = [{**r, "input": r.get("input") or f"L={r['length']}"} for r in inference["rows"]]
         load = ""
         if meta.get("load_average_1m_before") is not None:
-            load = (f" 1-minute load average {meta['load_average_1m_before']} before / "
-                    f"{meta.get('load_average_1m_after')} after the measurement.")
-        lines += [f"Measured by the export stage of this run (`{rel(inference['source'])}`): batch 1; "
-                  "`L=n` is one sequence of exactly n tokens, `sentences` real test sentences one at a time (ms per "
-                  "sentence; tokens = their mean length); every model of one input and thread count timed side by side, "
-                  f"interleaved round by round.{load} Speed-ups: the reference's median / the row's median, same input "
-                  "and threads. The teacher ONNX int8 row is the baseline a user gets without distillation.", "",
-                  "| model | runtime | input | tokens | threads | ms min / median / max | speed-up vs teacher int8 | vs teacher PyTorch |",
-                  "|---|---|---|---:|---:|---:|---:|---:|"]
+            load = (
+                f" 1-minute load average {meta['load_average_1m_before']} before / "
+                f"{meta.get('load_average_1m_after')} after the measurement."
+            )
+        lines += [
+            f"Measured by the export stage of this run (`{rel(inference['source'])}`): batch 1; "
+            "`L=n` is one sequence of exactly n tokens, `sentences` real test sentences one at a time (ms per "
+            "sentence; tokens = their mean length); every model of one input and thread count timed side by side, "
+            f"interleaved round by round.{load} Speed-ups: the reference's median / the row's median, same input "
+            "and threads. The teacher ONNX int8 row is the baseline a user gets without distillation.",
+            "",
+            "| model | runtime | input | tokens | threads | ms min / median / max | speed-up vs teacher int8 | vs teacher PyTorch |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
         for r in rows:
-            lines.append(f"| {r['model']} | {r['runtime']} | {r['input']} | {r['length']} | {r['threads']} | "
-                         f"{r['min_ms']:.2f} / {r['median_ms']:.2f} / {r['max_ms']:.2f} | "
-                         f"{times(r.get('speedup_vs_teacher_int8'))} | {times(r.get('speedup_vs_teacher_pytorch'))} |")
+            lines.append(
+                f"| {r['model']} | {r['runtime']} | {r['input']} | {r['length']} | {r['threads']} | "
+                f"{r['min_ms']:.2f} / {r['median_ms']:.2f} / {r['max_ms']:.2f} | "
+                f"{times(r.get('speedup_vs_teacher_int8'))} | {times(r.get('speedup_vs_teacher_pytorch'))} |"
+            )
         settings = list(dict.fromkeys((r["input"], r["threads"]) for r in rows))
         by = {(r["model"], r["input"], r["threads"]): r for r in rows}
         present = [m for m in LATENCY_MODELS if any(r["model"] == m for r in rows)]
         present += sorted({r["model"] for r in rows} - set(present))
         reference = "teacher int8" if any(r.get("speedup_vs_teacher_int8") for r in rows) else "teacher PyTorch"
-        lines += ["", f"The same medians side by side (ms, and speed-up vs the {reference}):", "",
-                  "| model | " + " | ".join(f"{i}, {t} thread{'s' if t > 1 else ''}" for i, t in settings) + " |",
-                  "|---|" + "---:|" * len(settings)]
+        lines += [
+            "",
+            f"The same medians side by side (ms, and speed-up vs the {reference}):",
+            "",
+            "| model | " + " | ".join(f"{i}, {t} thread{'s' if t > 1 else ''}" for i, t in settings) + " |",
+            "|---|" + "---:|" * len(settings),
+        ]
         for model in present:
             cells = []
             for i, t in settings:
                 r = by.get((model, i, t))
-                ratio = r.get("speedup_vs_teacher_int8") if r and reference == "teacher int8" else (r or {}).get("speedup_vs_teacher_pytorch")
+                ratio = (
+                    r.get("speedup_vs_teacher_int8")
+                    if r and reference == "teacher int8"
+                    else (r or {}).get("speedup_vs_teacher_pytorch")
+                )
                 cells.append(f"{r['median_ms']:.2f} ({times(ratio)})" if r else "-")
             lines.append(f"| {model} | " + " | ".join(cells) + " |")
         lines += ["", "| model | file | size MB | vs teacher PyTorch |", "|---|---|---:|---:|"]
@@ -635,11 +865,13 @@ def bench_body(report: dict, elsewhere: dict | None = None, level: int = 4) -> l
         if capture.get("mode") == "online":
             lines += ["This run's capture stage: capture.mode online, nothing cached."]
         else:
-            lines += [f"This run's cache (`capture.json`): **{capture['bytes_per_example']:.0f} bytes per example**, "
-                      f"{capture['examples']} examples, {capture['cache_bytes'] / 1e6:.1f} MB in {capture.get('shards')} "
-                      f"shard(s), stores {capture.get('stores')}, {capture.get('dtype')}; the capture stage took "
-                      f"{fmt(stage.get('seconds'), '.1f')} s ({fmt(stage.get('samples_per_s'), '.0f')} examples/s, "
-                      "single measurement)."]
+            lines += [
+                f"This run's cache (`capture.json`): **{capture['bytes_per_example']:.0f} bytes per example**, "
+                f"{capture['examples']} examples, {capture['cache_bytes'] / 1e6:.1f} MB in {capture.get('shards')} "
+                f"shard(s), stores {capture.get('stores')}, {capture.get('dtype')}; the capture stage took "
+                f"{fmt(stage.get('seconds'), '.1f')} s ({fmt(stage.get('samples_per_s'), '.0f')} examples/s, "
+                "single measurement)."
+            ]
     else:
         lines += [f"This run's capture.json is missing: {section_error(errors, 'pipeline')}."]
 
@@ -657,56 +889,89 @@ def bench_body(report: dict, elsewhere: dict | None = None, level: int = 4) -> l
     lines += ["", f"{h} 6. Pipeline wall time", ""]
     if pipeline:
         command = pipeline["command"].replace(root + "/", "") if root else pipeline["command"]
-        lines += [f"A fresh `{command}` (runs folder wiped first; one run, so single measurements), "
-                  "stage times from each stage's manifest (`duration_s`):", "",
-                  "| stage | seconds | samples/s | key figures |", "|---|---:|---:|---|"]
+        lines += [
+            f"A fresh `{command}` (runs folder wiped first; one run, so single measurements), "
+            "stage times from each stage's manifest (`duration_s`):",
+            "",
+            "| stage | seconds | samples/s | key figures |",
+            "|---|---:|---:|---|",
+        ]
         for stage, s in pipeline["stages"].items():
-            figures = ", ".join(f"{k}={fmt_value(v)}" for k, v in list(s["summary"].items())[:4]
-                                if not isinstance(v, (dict, list)))
+            figures = ", ".join(
+                f"{k}={fmt_value(v)}" for k, v in list(s["summary"].items())[:4] if not isinstance(v, (dict, list))
+            )
             lines.append(f"| {stage} | {s['seconds']:.1f} | {fmt(s['samples_per_s'], '.0f')} | {figures} |")
-        lines.append(f"| **all stages** | **{pipeline['stage_seconds_total']:.1f}** | | process wall "
-                     f"{pipeline['fresh_wall_s']:.1f} s (imports, config checks, MLflow included) |")
+        lines.append(
+            f"| **all stages** | **{pipeline['stage_seconds_total']:.1f}** | | process wall "
+            f"{pipeline['fresh_wall_s']:.1f} s (imports, config checks, MLflow included) |"
+        )
         sec = pipeline["second_run_wall_s"]
-        lines += ["", "samples/s: examples the stage processed (training: epochs x (train + validation); capture: train; "
-                  "evaluate: teacher + student over test) per second, from `bench/stage_rates.py`.", "",
-                  f"Second run, nothing changed (same command, timed around the subprocess): **{spread_cell(sec)} s** "
-                  f"(min / median / max of {sec['n']}); every stage skipped: "
-                  f"{'yes' if pipeline['second_run_did_no_stage_work'] else 'NO'}."]
+        lines += [
+            "",
+            "samples/s: examples the stage processed (training: epochs x (train + validation); capture: train; "
+            "evaluate: teacher + student over test) per second, from `bench/stage_rates.py`.",
+            "",
+            f"Second run, nothing changed (same command, timed around the subprocess): **{spread_cell(sec)} s** "
+            f"(min / median / max of {sec['n']}); every stage skipped: "
+            f"{'yes' if pipeline['second_run_did_no_stage_work'] else 'NO'}.",
+        ]
     else:
         lines += [f"**Not measured:** {section_error(errors, 'pipeline')}."]
     grouping = sections.get("grouping")
     lines += ["", f"{h2} Length-grouped batches (`teacher.group_by_length`, `distill.group_by_length`)", ""]
     if grouping:
         g, u = grouping["grouped"], grouping["ungrouped"]
-        lines += [f"One teacher epoch on the {grouping['train_examples']} training sentences (mean "
-                  f"{grouping['mean_tokens']:.1f} tokens), same seed, once with batches of similar length (the default) "
-                  "and once with plain shuffled batches; stage time includes validation and test passes. Single "
-                  "measurements.", "",
-                  "| batches | padding efficiency | teacher stage s | validation acc | test acc |", "|---|---:|---:|---:|---:|",
-                  f"| grouped by length | {g['padding_efficiency']:.2f} | {g['teacher_stage_s']:.1f} | "
-                  f"{g['validation_accuracy']:.4f} | {g['test_accuracy']:.4f} |",
-                  f"| shuffled | {u['padding_efficiency']:.2f} | {u['teacher_stage_s']:.1f} | "
-                  f"{u['validation_accuracy']:.4f} | {u['test_accuracy']:.4f} |", "",
-                  f"Grouping makes the epoch **{grouping['speedup']:.2f}x** faster."]
+        lines += [
+            f"One teacher epoch on the {grouping['train_examples']} training sentences (mean "
+            f"{grouping['mean_tokens']:.1f} tokens), same seed, once with batches of similar length (the default) "
+            "and once with plain shuffled batches; stage time includes validation and test passes. Single "
+            "measurements.",
+            "",
+            "| batches | padding efficiency | teacher stage s | validation acc | test acc |",
+            "|---|---:|---:|---:|---:|",
+            f"| grouped by length | {g['padding_efficiency']:.2f} | {g['teacher_stage_s']:.1f} | "
+            f"{g['validation_accuracy']:.4f} | {g['test_accuracy']:.4f} |",
+            f"| shuffled | {u['padding_efficiency']:.2f} | {u['teacher_stage_s']:.1f} | "
+            f"{u['validation_accuracy']:.4f} | {u['test_accuracy']:.4f} |",
+            "",
+            f"Grouping makes the epoch **{grouping['speedup']:.2f}x** faster.",
+        ]
     else:
         lines += [f"**Not measured:** {section_error(errors, 'grouping')}."]
     lines += ["", f"{h} 7. Data at scale (`bench/scale.py`)", ""]
     scale = sections.get("scale")
     if "scale" in elsewhere:
-        lines += [(f"This run read the committed `{scale['source']}` ({short_date(scale['date'])}); " if scale else
-                   "Not part of this run (this part of `bench/run_all.py` is newer than it); ")
-                  + f"the committed results are shown in {see('scale')}."]
+        lines += [
+            (
+                f"This run read the committed `{scale['source']}` ({short_date(scale['date'])}); "
+                if scale
+                else "Not part of this run (this part of `bench/run_all.py` is newer than it); "
+            )
+            + f"the committed results are shown in {see('scale')}."
+        ]
     elif scale:
-        lines += [f"Read from the committed `{scale['source']}` (measured on {scale['machine']}, "
-                  f"{scale['date']}; about 40 minutes, so not rerun by `make bench`): made by `{scale['command']}`.", "",
-                  _shift("\n".join(_strip(scale["markdown"])), level - 2)]
+        lines += [
+            f"Read from the committed `{scale['source']}` (measured on {scale['machine']}, "
+            f"{scale['date']}; about 40 minutes, so not rerun by `make bench`): made by `{scale['command']}`.",
+            "",
+            _shift("\n".join(_strip(scale["markdown"])), level - 2),
+        ]
     else:
         lines += [f"**Not available:** {section_error(errors, 'scale')}."]
-    lines += ["", f"{h} Reproduce", "", "```", "make bench                      # or: .venv/bin/python bench/run_all.py",
-              "python bench/micro.py           # training-cost and capture micro-benchmarks alone",
-              "python bench/attention_kl.py    # attention KL alone", "python bench/ablation.py        # the loss ablation (long)",
-              "python bench/scale.py           # data at scale: 10k / 100k / 1M examples (long)",
-              "```", "", f"Logs of this run: `{rel(report['files']['logs'])}`."]
+    lines += [
+        "",
+        f"{h} Reproduce",
+        "",
+        "```",
+        "make bench                      # or: .venv/bin/python bench/run_all.py",
+        "python bench/micro.py           # training-cost and capture micro-benchmarks alone",
+        "python bench/attention_kl.py    # attention KL alone",
+        "python bench/ablation.py        # the loss ablation (long)",
+        "python bench/scale.py           # data at scale: 10k / 100k / 1M examples (long)",
+        "```",
+        "",
+        f"Logs of this run: `{rel(report['files']['logs'])}`.",
+    ]
     return lines
 
 
@@ -716,21 +981,34 @@ def _shift(markdown: str, shift: int) -> str:
 
 def standalone_bench(report: dict) -> str:
     """One bench run as a document of its own (what `bench/run_all.py` renders when nothing else is around)."""
-    header = json_header(report) or {"command": report.get("command", "-"), "date": report.get("date", "-"),
-                                     "machine": "-"}
-    lines = ["# Benchmarks", "", f"Command: `{header['command']}`  ", f"Date: {header['date']}  ",
-             f"Machine: {header['machine']}", "", *bench_body(report, level=2)]
+    header = json_header(report) or {
+        "command": report.get("command", "-"),
+        "date": report.get("date", "-"),
+        "machine": "-",
+    }
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Command: `{header['command']}`  ",
+        f"Date: {header['date']}  ",
+        f"Machine: {header['machine']}",
+        "",
+        *bench_body(report, level=2),
+    ]
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- the whole report
 
+
 def _check_listed(results: Path) -> None:
     listed = {s.file for s in SECTIONS} | {d for s in SECTIONS for d in s.data} | IGNORED
     unknown = sorted(p.name for p in results.iterdir() if p.is_file() and p.name not in listed)
     if unknown:
-        raise ReportError(f"{results}: {', '.join(unknown)} not listed in bench/report.py's SECTIONS: add a section "
-                          "(with the file's header: command, date, machine) or remove the file")
+        raise ReportError(
+            f"{results}: {', '.join(unknown)} not listed in bench/report.py's SECTIONS: add a section "
+            "(with the file's header: command, date, machine) or remove the file"
+        )
 
 
 def _header_of(section: Section, path: Path) -> tuple[dict, object]:
@@ -738,15 +1016,19 @@ def _header_of(section: Section, path: Path) -> tuple[dict, object]:
         data = _json(path)
         header = json_header(data)
         if header is None:
-            raise ReportError(f"{path}: no header: a results JSON needs command, date and machine (at its top level, "
-                              "under 'header' or under 'meta')")
+            raise ReportError(
+                f"{path}: no header: a results JSON needs command, date and machine (at its top level, "
+                "under 'header' or under 'meta')"
+            )
         return header, data
     text = path.read_text()
     header = read_header(text)
     if header is None:
-        raise ReportError(f"{path}: no header: the first lines must name the command, date and machine "
-                          "(`Command: `...``, `Date: ...`, `Machine: ...`; bench/common.py header_lines writes them, "
-                          "`python bench/report.py --stamp FILE --command ...` adds them to a copied file)")
+        raise ReportError(
+            f"{path}: no header: the first lines must name the command, date and machine "
+            "(`Command: `...``, `Date: ...`, `Machine: ...`; bench/common.py header_lines writes them, "
+            "`python bench/report.py --stamp FILE --command ...` adds them to a copied file)"
+        )
     return header, text
 
 
@@ -779,18 +1061,26 @@ def render(results: Path = RESULTS, out: Path = OUT) -> str:
         found.append((section, header, data, part, layers))
     order = list(PARTS)
     found.sort(key=lambda item: order.index(item[3]))  # stable: SECTIONS order within a part
-    titles = {s.file: (s.title if s.file != "bench.json" or not d.get("quick") else s.title + " (--quick)")
-              for s, _, d, _, _ in found}
+    titles = {
+        s.file: (s.title if s.file != "bench.json" or not d.get("quick") else s.title + " (--quick)")
+        for s, _, d, _, _ in found
+    }
     ctx = Context(results, out, default, {f: slug(t) for f, t in titles.items()}, titles)
 
-    lines = ["# Benchmarks", "",
-             f"Rendered by `python bench/report.py` (`make bench-report`; `make bench` measures first) from the files in "
-             f"`{display_path(results)}/`, one section per file. Each section names the command that made its file, the "
-             "date and the machine; do not edit this file by hand (`tests/test_bench_report.py` checks that it is what "
-             f"the command renders). The current default is `configs/{default['config']}.yaml`: a "
-             f"{default['layers']}-layer student" + (f" with feed-forward blocks pruned to {default['ffn_size']} neurons"
-                                                      if default.get("ffn_size") else "") + ".",
-             "", "## Contents", ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Rendered by `python bench/report.py` (`make bench-report`; `make bench` measures first) from the files in "
+        f"`{display_path(results)}/`, one section per file. Each section names the command that made its file, the "
+        "date and the machine; do not edit this file by hand (`tests/test_bench_report.py` checks that it is what "
+        f"the command renders). The current default is `configs/{default['config']}.yaml`: a "
+        f"{default['layers']}-layer student"
+        + (f" with feed-forward blocks pruned to {default['ffn_size']} neurons" if default.get("ffn_size") else "")
+        + ".",
+        "",
+        "## Contents",
+        "",
+    ]
     for part in order:
         items = [s for s, _, _, p, _ in found if p == part]
         if items:
@@ -802,8 +1092,14 @@ def render(results: Path = RESULTS, out: Path = OUT) -> str:
             lines += ["", f"## {PARTS[part]}"]
             current_part = part
         present = [d for d in section.data if (results / d).is_file()]
-        lines += ["", f"### {titles[section.file]}", "", section.about, "",
-                  *_source_lines(section, header, ctx, present)]
+        lines += [
+            "",
+            f"### {titles[section.file]}",
+            "",
+            section.about,
+            "",
+            *_source_lines(section, header, ctx, present),
+        ]
         notes = _notes(section, header, ctx, layers)
         if notes:
             lines += [""] + [x for note in notes for x in (note, "")][:-1]
@@ -827,9 +1123,11 @@ def _section_body(section: Section, data, ctx: Context, found) -> list[str]:
     path = ctx.results / section.file
     if section.file == "bench.json":
         shown = {s.file for s, *_ in found}
-        elsewhere = {key: (ctx.titles[f], ctx.anchors[f]) for key, f in
-                     (("ablation", "ablation.md"), ("attention_kl", "attention_kl.md"), ("scale", "scale.md"))
-                     if f in shown}
+        elsewhere = {
+            key: (ctx.titles[f], ctx.anchors[f])
+            for key, f in (("ablation", "ablation.md"), ("attention_kl", "attention_kl.md"), ("scale", "scale.md"))
+            if f in shown
+        }
         return bench_body(data, elsewhere, level=4)
     if section.render:
         body = section.render(path, ctx)
@@ -842,6 +1140,7 @@ def _section_body(section: Section, data, ctx: Context, found) -> list[str]:
 
 
 # ---------------------------------------------------------------- the README's table
+
 
 def readme_table(results: Path = RESULTS) -> str:
     """The default against the int8 teacher and the peers, from the budget sweep's JSON (what README.md shows)."""
@@ -861,8 +1160,10 @@ def readme_table(results: Path = RESULTS) -> str:
 
 # ---------------------------------------------------------------- stamping a copied file
 
-def stamp(path: Path, command: str, machine: str | None = None, date: str | None = None,
-          commit: str | None = None) -> None:
+
+def stamp(
+    path: Path, command: str, machine: str | None = None, date: str | None = None, commit: str | None = None
+) -> None:
     """Head a results file copied from a run folder with the header (after its "# " title); refuses a file that
     has one."""
     text = path.read_text()

@@ -32,12 +32,13 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, emit  # noqa: E402  (also puts the repository on the import path)
-from pipeline.config import TrainSettings  # noqa: E402
-from pipeline.data import global_batches  # noqa: E402
-from pipeline.splits import TokenizedSplit, TrainingData, pad_id, used_token_ids  # noqa: E402
-from pipeline.models import load_classifier, train_used_rows_only  # noqa: E402
-from pipeline.training import configure_optimizer  # noqa: E402
+from common import command_line, emit  # (also puts the repository on the import path)
+
+from pipeline.config import TrainSettings
+from pipeline.data import global_batches
+from pipeline.models import load_classifier, train_used_rows_only
+from pipeline.splits import TokenizedSplit, TrainingData, pad_id, used_token_ids
+from pipeline.training import configure_optimizer
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, repeat: int = 10) -> float:
@@ -50,7 +51,7 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048, repeat: int = 10) -> float:
         start = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - start)
-    return 2 * n ** 3 / statistics.median(times) / 1e9
+    return 2 * n**3 / statistics.median(times) / 1e9
 
 
 def batch_lengths(prepare: Path, batch_size: int, seed: int, count: int = 12) -> list[int]:
@@ -68,8 +69,16 @@ def used_ids(splits, prepare: Path) -> torch.Tensor:
     return torch.as_tensor(used_token_ids(splits, [pad_id(prepare)]))
 
 
-def bare_step(model, batch: int, lengths: list[int], bf16: bool, pool: torch.Tensor, rounds: int = 2,
-              compiled: bool = False, fused: bool = True) -> dict:
+def bare_step(
+    model,
+    batch: int,
+    lengths: list[int],
+    bf16: bool,
+    pool: torch.Tensor,
+    rounds: int = 2,
+    compiled: bool = False,
+    fused: bool = True,
+) -> dict:
     """Mean seconds of one forward + backward + AdamW step over batches of the given padded ``lengths`` (each timed
     ``rounds`` times after one untimed pass) of ids drawn from ``pool``, and their mean FLOPs of forward and backward.
     AdamW as the pipeline builds it (pipeline.training.configure_optimizer), fused or multi-tensor.
@@ -82,7 +91,9 @@ def bare_step(model, batch: int, lengths: list[int], bf16: bool, pool: torch.Ten
     feeds = []
     for length in lengths:
         ids = pool[torch.randint(0, len(pool), (batch, length), generator=generator)]
-        feeds.append((ids, torch.ones_like(ids), torch.randint(0, model.config.num_labels, (batch,), generator=generator)))
+        feeds.append(
+            (ids, torch.ones_like(ids), torch.randint(0, model.config.num_labels, (batch,), generator=generator))
+        )
 
     def step(ids, mask, labels):
         optimizer.zero_grad(set_to_none=True)
@@ -125,9 +136,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a completed run folder (runs/<config>)")
     parser.add_argument("--out", type=Path, help="also write the report here (bench/results/...)")
-    parser.add_argument("--compile", action="store_true",
-                        help="also time each model's step in the run's precision with torch.compile (inductor, dynamic "
-                             "shapes), with the compiling first pass reported apart")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time each model's step in the run's precision with torch.compile (inductor, dynamic "
+        "shapes), with the compiling first pass reported apart",
+    )
     args = parser.parse_args()
     run = args.run
     config = yaml.safe_load((run / "config.yaml").read_text())
@@ -144,23 +158,42 @@ def main() -> None:
     pool = used_ids([*TrainingData(prepare, run / "capture").parts, validation], prepare)
     settings = {stage: config.get(stage) or {} for stage in ("teacher", "distill")}
     # runs from before a lever trained in its old form: full tables, multi-tensor AdamW
-    ran = {stage: (settings[stage].get("used_embedding_rows", False), settings[stage].get("fused_adamw", False))
-           for stage in settings}
-    teacher = ("teacher", run / "teacher" / "model", config["teacher"]["batch_size"], config["teacher"]["epochs"], train)
-    distill = ("distill", run / "distill" / "student", config["distill"]["batch_size"], config["distill"]["epochs"],
-               train * (1 + copies))
+    ran = {
+        stage: (settings[stage].get("used_embedding_rows", False), settings[stage].get("fused_adamw", False))
+        for stage in settings
+    }
+    teacher = (
+        "teacher",
+        run / "teacher" / "model",
+        config["teacher"]["batch_size"],
+        config["teacher"]["epochs"],
+        train,
+    )
+    distill = (
+        "distill",
+        run / "distill" / "student",
+        config["distill"]["batch_size"],
+        config["distill"]["epochs"],
+        train * (1 + copies),
+    )
     models = {  # name: (stage, model folder, batch, epochs, rows), the used rows (None: the full table)
         "teacher": (teacher, None),
         f"teacher, {len(teacher_pool)} used embedding rows": (teacher, teacher_pool),
         "student": (distill, None),
         f"student, {len(pool)} used embedding rows": (distill, pool),
     }
-    lines = [f"# Roofline: bare training steps against the pipeline's ({run.name})", "",
-             f"{threads} torch threads; matmul rate (2048 x 2048): " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in rates.items())
-             + f". The run trained in {config['precision']}; teacher (used rows, fused AdamW) {ran['teacher']}, "
-             f"distill {ran['distill']}.", "",
-             "| model | batch x tokens | precision | AdamW | bare step ms | GFLOP/s | of the matmul rate | pipeline s per step "
-             "(stage / steps) | pipeline / bare |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Roofline: bare training steps against the pipeline's ({run.name})",
+        "",
+        f"{threads} torch threads; matmul rate (2048 x 2048): "
+        + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in rates.items())
+        + f". The run trained in {config['precision']}; teacher (used rows, fused AdamW) {ran['teacher']}, "
+        f"distill {ran['distill']}.",
+        "",
+        "| model | batch x tokens | precision | AdamW | bare step ms | GFLOP/s | of the matmul rate | pipeline s per step "
+        "(stage / steps) | pipeline / bare |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     compiled_rows = []
     forms = [("fp32", True)] + ([("bf16", True), ("bf16", False)] if bf16 else [("fp32", False)])
     for name, ((stage, folder, batch, epochs, rows), used) in models.items():
@@ -176,23 +209,36 @@ def main() -> None:
             share = bare["gflops"] / rates[precision]
             as_run = (used is not None, fused) == ran[stage] and precision == config["precision"]
             per_step = pipeline_step(run, stage, rows, epochs, batch) if as_run else None
-            lines.append(f"| {label} | {batch} x {length} | {precision} | {'fused' if fused else 'multi-tensor'} | "
-                         f"{bare['seconds'] * 1e3:.0f} | {bare['gflops']:.0f} | {share:.0%} | "
-                         + (f"{per_step:.3f} | {per_step / bare['seconds']:.2f}x |" if per_step else "- | - |"))
+            lines.append(
+                f"| {label} | {batch} x {length} | {precision} | {'fused' if fused else 'multi-tensor'} | "
+                f"{bare['seconds'] * 1e3:.0f} | {bare['gflops']:.0f} | {share:.0%} | "
+                + (f"{per_step:.3f} | {per_step / bare['seconds']:.2f}x |" if per_step else "- | - |")
+            )
             if args.compile and precision == config["precision"] and fused:
                 fast = bare_step(model, batch, lengths, precision == "bf16", ids, compiled=True, fused=fused)
                 gflops = bare["flops"] / fast["seconds"] / 1e9
-                compiled_rows.append(f"| {name} | {precision} | {bare['seconds'] * 1e3:.0f} | {fast['seconds'] * 1e3:.0f} | "
-                                     f"{bare['seconds'] / fast['seconds']:.2f}x | {gflops / rates[precision]:.0%} | "
-                                     f"{fast['first_pass_s']:.0f} s (eager {bare['first_pass_s']:.0f} s) |")
-    lines += ["", f"Pipeline steps: the stage's wall time over epochs x ceil(rows / batch) (teacher: {train} training "
-              f"rows; distill: {train} x {1 + copies} with the augmented copies); validation, checkpoints and saving "
-              "are inside, so the ratio is an upper bound. Targets (issue 30): the loops within 1.2x of the bare "
-              "step, the student's step at 50% or more of the matmul rate."]
+                compiled_rows.append(
+                    f"| {name} | {precision} | {bare['seconds'] * 1e3:.0f} | {fast['seconds'] * 1e3:.0f} | "
+                    f"{bare['seconds'] / fast['seconds']:.2f}x | {gflops / rates[precision]:.0%} | "
+                    f"{fast['first_pass_s']:.0f} s (eager {bare['first_pass_s']:.0f} s) |"
+                )
+    lines += [
+        "",
+        f"Pipeline steps: the stage's wall time over epochs x ceil(rows / batch) (teacher: {train} training "
+        f"rows; distill: {train} x {1 + copies} with the augmented copies); validation, checkpoints and saving "
+        "are inside, so the ratio is an upper bound. Targets (issue 30): the loops within 1.2x of the bare "
+        "step, the student's step at 50% or more of the matmul rate.",
+    ]
     if compiled_rows:
-        lines += ["", "## torch.compile (inductor, dynamic=True), the same batches", "",
-                  "| model | precision | eager step ms | compiled step ms | speed-up | of the matmul rate | first pass "
-                  f"({len(lengths)} batches, compiling) |", "|---|---|---:|---:|---:|---:|---:|", *compiled_rows]
+        lines += [
+            "",
+            "## torch.compile (inductor, dynamic=True), the same batches",
+            "",
+            "| model | precision | eager step ms | compiled step ms | speed-up | of the matmul rate | first pass "
+            f"({len(lengths)} batches, compiling) |",
+            "|---|---|---:|---:|---:|---:|---:|",
+            *compiled_rows,
+        ]
     emit(lines, args.out, command_line("bench/roofline.py"))
 
 

@@ -45,21 +45,34 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, ROOT, STAGES, link_upstream, machine_facts, spread  # noqa: E402  (also puts the repository on the path)
-import report as report_module  # noqa: E402  (BENCHMARKS.md: bench/report.py renders every results file)
-from report import LATENCY_MODELS  # noqa: E402
+import report as report_module  # (BENCHMARKS.md: bench/report.py renders every results file)
+from common import BENCH, ROOT, STAGES, link_upstream, machine_facts, spread  # (also puts the repository on the path)
+from report import LATENCY_MODELS
 
 MARKER = ".bench-runs-dir"  # only a runs folder carrying this file is ever wiped
 ABLATION_FILE = BENCH / "results" / "ablation.json"  # written by bench/ablation.py (header + results)
 SCALE_FILE = BENCH / "results" / "scale.json"  # written by bench/scale.py (about 40 minutes: run on its own)
 REFERENCE = "teacher PyTorch fp32"
 
-FULL = {"config": "bert_small", "overrides": [], "second_runs": 3, "attention_kl": [], "threads": None, "extra_seeds": [43, 44]}
+FULL = {
+    "config": "bert_small",
+    "overrides": [],
+    "second_runs": 3,
+    "attention_kl": [],
+    "threads": None,
+    "extra_seeds": [43, 44],
+}
 # --quick: the tiny config without MLflow (the tracking store costs seconds per stage), one repeat of everything,
 # attention KL at N=128 / head dim 32 only, one torch thread everywhere (on a shared 2-core machine two threads
 # spin at barriers and take several times longer). The figures are not meaningful; the structure is the full one.
-QUICK = {"config": "tiny", "overrides": ["tracking.enabled=false", "export.executorch=off"], "second_runs": 1,
-         "attention_kl": ["--quick", "--head-dims", "32"], "threads": 1, "extra_seeds": [43]}
+QUICK = {
+    "config": "tiny",
+    "overrides": ["tracking.enabled=false", "export.executorch=off"],
+    "second_runs": 1,
+    "attention_kl": ["--quick", "--head-dims", "32"],
+    "threads": 1,
+    "extra_seeds": [43],
+}
 
 
 def log(message: str) -> None:
@@ -93,8 +106,10 @@ def load_average() -> float | None:
 def fresh_runs_dir(runs_dir: Path) -> None:
     """Empty ``runs_dir`` for a fresh run; refuses a non-empty folder this script did not create."""
     if runs_dir.exists() and any(runs_dir.iterdir()) and not (runs_dir / MARKER).is_file():
-        raise SystemExit(f"error: {runs_dir} is not empty and was not made by bench/run_all.py (no {MARKER} file); "
-                         "refusing to wipe it. Pass another --runs-dir.")
+        raise SystemExit(
+            f"error: {runs_dir} is not empty and was not made by bench/run_all.py (no {MARKER} file); "
+            "refusing to wipe it. Pass another --runs-dir."
+        )
     shutil.rmtree(runs_dir, ignore_errors=True)
     runs_dir.mkdir(parents=True)
     (runs_dir / MARKER).write_text("made by bench/run_all.py; wiped at the start of every bench run\n")
@@ -104,8 +119,13 @@ THREADS: int | None = None  # torch threads in the bench's subprocesses (None: t
 
 
 def pipeline_env() -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
     if THREADS:
         env.update({"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)})
     env.pop("MLFLOW_TRACKING_URI", None)  # the bench tracks into its own runs folder (sqlite), never a team server
@@ -131,7 +151,9 @@ def run_pipeline_part(config: str, overrides: list[str], runs_dir: Path, logs: P
     log(f"pipeline: fresh run of {config} ({' '.join(command[1:])}); log {logs / 'pipeline-fresh.log'}")
     wall, rc, tail = timed_subprocess(command, logs / "pipeline-fresh.log")
     if rc != 0:
-        raise RuntimeError(f"the fresh pipeline run failed (exit {rc}); last lines of {logs / 'pipeline-fresh.log'}:\n{tail}")
+        raise RuntimeError(
+            f"the fresh pipeline run failed (exit {rc}); last lines of {logs / 'pipeline-fresh.log'}:\n{tail}"
+        )
     log(f"pipeline: fresh run done in {wall:.1f} s")
     run_dir = runs_dir / config
     stage_rates = {}
@@ -144,8 +166,11 @@ def run_pipeline_part(config: str, overrides: list[str], runs_dir: Path, logs: P
         manifest = read_json(run_dir / stage / "manifest.json")
         if manifest is None:
             raise RuntimeError(f"stage {stage} has no manifest after the fresh run ({run_dir / stage})")
-        stages[stage] = {"seconds": manifest["duration_s"], "summary": manifest.get("summary", {}),
-                         "samples_per_s": (stage_rates.get(stage) or {}).get("samples_per_s")}
+        stages[stage] = {
+            "seconds": manifest["duration_s"],
+            "summary": manifest.get("summary", {}),
+            "samples_per_s": (stage_rates.get(stage) or {}).get("samples_per_s"),
+        }
     second, did_nothing = [], []
     for i in range(second_runs):
         path = logs / f"pipeline-second-{i + 1}.log"
@@ -155,10 +180,16 @@ def run_pipeline_part(config: str, overrides: list[str], runs_dir: Path, logs: P
         second.append(wall2)
         did_nothing.append("nothing to do" in path.read_text(errors="replace"))
         log(f"pipeline: second run {i + 1}/{second_runs} (nothing changed) {wall2:.1f} s")
-    return {"command": " ".join(["python", *command[1:]]), "run_dir": str(run_dir), "fresh_wall_s": wall,
-            "stages": stages, "stage_seconds_total": sum(s["seconds"] for s in stages.values()),
-            "second_run_wall_s": spread(second), "second_run_raw_s": second,
-            "second_run_did_no_stage_work": all(did_nothing)}
+    return {
+        "command": " ".join(["python", *command[1:]]),
+        "run_dir": str(run_dir),
+        "fresh_wall_s": wall,
+        "stages": stages,
+        "stage_seconds_total": sum(s["seconds"] for s in stages.values()),
+        "second_run_wall_s": spread(second),
+        "second_run_raw_s": second,
+        "second_run_did_no_stage_work": all(did_nothing),
+    }
 
 
 # ---------------------------------------------------------------- length grouping (training speed)
@@ -176,25 +207,49 @@ def grouping_part(config: str, overrides: list[str], runs_dir: Path, logs: Path)
     rows = {}
     for grouped in (True, False):
         name = "grouped" if grouped else "ungrouped"
-        command = [sys.executable, "-m", "pipeline", "run", config, *overrides, "teacher.epochs=1",
-                   f"teacher.group_by_length={str(grouped).lower()}", "tracking.enabled=false", "--to", "teacher",
-                   "--runs-dir", str(runs_dir / f"grouping-{name}")]
+        command = [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            config,
+            *overrides,
+            "teacher.epochs=1",
+            f"teacher.group_by_length={str(grouped).lower()}",
+            "tracking.enabled=false",
+            "--to",
+            "teacher",
+            "--runs-dir",
+            str(runs_dir / f"grouping-{name}"),
+        ]
         log(f"grouping: one teacher epoch, {name} batches")
         wall, rc, tail = timed_subprocess(command, logs / f"grouping-{name}.log")
         if rc != 0:
             raise RuntimeError(f"the {name} teacher epoch failed (exit {rc}):\n{tail}")
         run_dir = runs_dir / f"grouping-{name}" / config
-        manifest, metrics = read_json(run_dir / "teacher" / "manifest.json"), read_json(run_dir / "teacher" / "metrics.json")
-        rows[name] = {"teacher_stage_s": manifest["duration_s"], "validation_accuracy": metrics["validation_accuracy"],
-                      "test_accuracy": metrics["test_accuracy"], "command": " ".join(["python", *command[1:]])}
+        manifest, metrics = (
+            read_json(run_dir / "teacher" / "manifest.json"),
+            read_json(run_dir / "teacher" / "metrics.json"),
+        )
+        rows[name] = {
+            "teacher_stage_s": manifest["duration_s"],
+            "validation_accuracy": metrics["validation_accuracy"],
+            "test_accuracy": metrics["test_accuracy"],
+            "command": " ".join(["python", *command[1:]]),
+        }
     settings = load_config(config, overrides)
     lengths = TokenizedSplit(runs_dir / "grouping-grouped" / config / "prepare", "train").lengths
     for name, grouped in (("grouped", True), ("ungrouped", False)):
-        batches = global_batches(len(lengths), settings.teacher.batch_size, settings.seed, 0,
-                                 lengths=lengths if grouped else None)
+        batches = global_batches(
+            len(lengths), settings.teacher.batch_size, settings.seed, 0, lengths=lengths if grouped else None
+        )
         rows[name]["padding_efficiency"] = padding_efficiency(batches, lengths)
-    return {**rows, "speedup": rows["ungrouped"]["teacher_stage_s"] / rows["grouped"]["teacher_stage_s"],
-            "train_examples": int(len(lengths)), "mean_tokens": float(np.mean(lengths))}
+    return {
+        **rows,
+        "speedup": rows["ungrouped"]["teacher_stage_s"] / rows["grouped"]["teacher_stage_s"],
+        "train_examples": int(len(lengths)),
+        "mean_tokens": float(np.mean(lengths)),
+    }
 
 
 # ---------------------------------------------------------------- against the int8 teacher, 3 seeds
@@ -204,15 +259,27 @@ def versus_part(config: str, overrides: list[str], run_dir: Path, runs_dir: Path
     """The shipped student against the int8 teacher for the fresh run (its own seed) and for more distillation
     seeds (`distill.seed`: the teacher, split and cache are the fresh run's, hard-linked, so only distill,
     evaluate and export rerun)."""
+
     def figures(folder: Path, seed) -> dict:
-        evaluate, export = read_json(folder / "evaluate" / "metrics.json"), read_json(folder / "export" / "metrics.json")
+        evaluate, export = (
+            read_json(folder / "evaluate" / "metrics.json"),
+            read_json(folder / "export" / "metrics.json"),
+        )
         versus = (export or {}).get("versus_int8_teacher")
         if not versus:
             raise RuntimeError(f"{folder / 'export' / 'metrics.json'} has no int8-teacher comparison")
-        return {"seed": seed, "student_accuracy": evaluate["student"]["accuracy"], "teacher_accuracy": evaluate["teacher"]["accuracy"],
-                "shipped": versus["shipped"], "baseline": versus["baseline"], "accuracy_kept": versus["accuracy_kept"],
-                "speedup_vs_int8_teacher": versus["speedup_vs_int8_teacher"], "size_vs_int8_teacher": versus["size_vs_int8_teacher"],
-                "meets": versus["meets"], "distill_s": read_json(folder / "distill" / "manifest.json")["duration_s"]}
+        return {
+            "seed": seed,
+            "student_accuracy": evaluate["student"]["accuracy"],
+            "teacher_accuracy": evaluate["teacher"]["accuracy"],
+            "shipped": versus["shipped"],
+            "baseline": versus["baseline"],
+            "accuracy_kept": versus["accuracy_kept"],
+            "speedup_vs_int8_teacher": versus["speedup_vs_int8_teacher"],
+            "size_vs_int8_teacher": versus["size_vs_int8_teacher"],
+            "meets": versus["meets"],
+            "distill_s": read_json(folder / "distill" / "manifest.json")["duration_s"],
+        }
 
     rows = [figures(run_dir, "config")]
     for seed in seeds:
@@ -220,8 +287,17 @@ def versus_part(config: str, overrides: list[str], run_dir: Path, runs_dir: Path
         link_upstream(run_dir, target)
         for stage in ("distill", "evaluate", "export"):
             shutil.rmtree(target / stage, ignore_errors=True)
-        command = [sys.executable, "-m", "pipeline", "run", config, *overrides, f"distill.seed={seed}",
-                   "--runs-dir", str(target.parent)]
+        command = [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            config,
+            *overrides,
+            f"distill.seed={seed}",
+            "--runs-dir",
+            str(target.parent),
+        ]
         log(f"versus: distillation seed {seed} through export")
         wall, rc, tail = timed_subprocess(command, logs / f"seed-{seed}.log")
         if rc != 0:
@@ -231,13 +307,23 @@ def versus_part(config: str, overrides: list[str], run_dir: Path, runs_dir: Path
     def mean(get):
         values = [get(r) for r in rows]
         values = [v for v in values if v is not None]
-        return {"mean": statistics.mean(values), "stdev": statistics.stdev(values) if len(values) > 1 else 0.0} if values else None
+        return (
+            {"mean": statistics.mean(values), "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
+            if values
+            else None
+        )
 
-    return {"rows": rows, "targets": read_json(run_dir / "export" / "metrics.json")["versus_int8_teacher"]["targets"],
-            "mean": {"shipped_accuracy": mean(lambda r: r["shipped"]["accuracy"]), "accuracy_kept": mean(lambda r: r["accuracy_kept"]),
-                     "speedup_L128": mean(lambda r: r["speedup_vs_int8_teacher"].get("L=128")),
-                     "speedup_sentences": mean(lambda r: r["speedup_vs_int8_teacher"].get("sentences")),
-                     "size_vs_int8_teacher": mean(lambda r: r["size_vs_int8_teacher"])}}
+    return {
+        "rows": rows,
+        "targets": read_json(run_dir / "export" / "metrics.json")["versus_int8_teacher"]["targets"],
+        "mean": {
+            "shipped_accuracy": mean(lambda r: r["shipped"]["accuracy"]),
+            "accuracy_kept": mean(lambda r: r["accuracy_kept"]),
+            "speedup_L128": mean(lambda r: r["speedup_vs_int8_teacher"].get("L=128")),
+            "speedup_sentences": mean(lambda r: r["speedup_vs_int8_teacher"].get("sentences")),
+            "size_vs_int8_teacher": mean(lambda r: r["size_vs_int8_teacher"]),
+        },
+    }
 
 
 # ---------------------------------------------------------------- quality (item 1)
@@ -253,14 +339,30 @@ def ablation_part(config: str) -> dict:
     results, header = data["results"], data["header"]
     current = default_variant(config, VARIANTS, list(results))
     results = {name: r for name, r in results.items() if name in VARIANTS}  # a variant since renamed is left out
-    rows = [{"variant": name, "description": VARIANTS[name][1], "table": VARIANTS[name][0], **r,
-             "current_default": name == current} for name, r in results.items()]
+    rows = [
+        {
+            "variant": name,
+            "description": VARIANTS[name][1],
+            "table": VARIANTS[name][0],
+            **r,
+            "current_default": name == current,
+        }
+        for name, r in results.items()
+    ]
     teacher = next(iter(results.values()), {})
     tables = markdown(results, header).split("\n## ", 1)[1]  # the tables, without the title block
-    return {"source": str(ABLATION_FILE.relative_to(ROOT)), "measured_on": header["machine"], "config": header["config"],
-            "command": header["command"], "date": header["date"], "header": header, "rows": rows,
-            "current_default_variant": current, "markdown": "### " + tables.replace("\n## ", "\n### "),
-            "teacher": {"accuracy": teacher.get("teacher_accuracy"), "macro_f1": teacher.get("teacher_macro_f1")}}
+    return {
+        "source": str(ABLATION_FILE.relative_to(ROOT)),
+        "measured_on": header["machine"],
+        "config": header["config"],
+        "command": header["command"],
+        "date": header["date"],
+        "header": header,
+        "rows": rows,
+        "current_default_variant": current,
+        "markdown": "### " + tables.replace("\n## ", "\n### "),
+        "teacher": {"accuracy": teacher.get("teacher_accuracy"), "macro_f1": teacher.get("teacher_macro_f1")},
+    }
 
 
 def scale_part() -> dict:
@@ -270,9 +372,14 @@ def scale_part() -> dict:
     if data is None or "results" not in data or not markdown.is_file():
         raise RuntimeError(f"{SCALE_FILE} (or scale.md) is missing or unreadable; run python bench/scale.py")
     body = markdown.read_text().split("\n", 1)[1].lstrip("\n")  # without its title
-    return {"source": str(SCALE_FILE.relative_to(ROOT)), "command": data["command"], "date": data["date"],
-            "machine": data["machine"], "verdict": data["verdict"],
-            "markdown": body.replace("](scale.png)", "](bench/results/scale.png)")}
+    return {
+        "source": str(SCALE_FILE.relative_to(ROOT)),
+        "command": data["command"],
+        "date": data["date"],
+        "machine": data["machine"],
+        "verdict": data["verdict"],
+        "markdown": body.replace("](scale.png)", "](bench/results/scale.png)"),
+    }
 
 
 def default_variant(config: str, variants: dict, names: list[str]) -> str | None:
@@ -281,7 +388,7 @@ def default_variant(config: str, variants: dict, names: list[str]) -> str | None
         from pipeline.config import load_config
 
         base = load_config("bert_small")
-        key = lambda c: (c.distill.model_dump_json(), c.student.model_dump_json())  # noqa: E731
+        key = lambda c: (c.distill.model_dump_json(), c.student.model_dump_json())  # noqa: E731 (a one-line sort key)
         for name in names:
             if name in variants and key(load_config("bert_small", variants[name][2])) == key(base):
                 return name
@@ -298,16 +405,35 @@ def run_quality_part(run_dir: Path) -> dict:
     rows = []
     for who, label in (("teacher", "teacher (PyTorch)"), ("student", "distilled student (PyTorch)")):
         m = evaluate[who]
-        rows.append({"model": label, "accuracy": m["accuracy"], "macro_f1": m["macro_f1"],
-                     "parameters": m.get("parameters"), "layers": m.get("layers")})
+        rows.append(
+            {
+                "model": label,
+                "accuracy": m["accuracy"],
+                "macro_f1": m["macro_f1"],
+                "parameters": m.get("parameters"),
+                "layers": m.get("layers"),
+            }
+        )
     for key, label in (("onnx_fp32", "distilled student, ONNX fp32"), ("onnx_int8", "distilled student, ONNX int8")):
         if key in export:
-            rows.append({"model": label, "accuracy": export[key]["accuracy"], "macro_f1": export[key]["macro_f1"],
-                         "parameters": export[key].get("parameters"), "layers": evaluate["student"].get("layers")})
-    return {"split": evaluate.get("split", "test"), "examples": evaluate.get("examples"), "rows": rows,
-            "retention": evaluate.get("retention"), "agreement": evaluate.get("agreement"),
-            "majority_class_accuracy": evaluate.get("majority_class_accuracy"),
-            "recommended_variant": export.get("recommended")}
+            rows.append(
+                {
+                    "model": label,
+                    "accuracy": export[key]["accuracy"],
+                    "macro_f1": export[key]["macro_f1"],
+                    "parameters": export[key].get("parameters"),
+                    "layers": evaluate["student"].get("layers"),
+                }
+            )
+    return {
+        "split": evaluate.get("split", "test"),
+        "examples": evaluate.get("examples"),
+        "rows": rows,
+        "retention": evaluate.get("retention"),
+        "agreement": evaluate.get("agreement"),
+        "majority_class_accuracy": evaluate.get("majority_class_accuracy"),
+        "recommended_variant": export.get("recommended"),
+    }
 
 
 # ---------------------------------------------------------------- inference (item 2)
@@ -325,16 +451,36 @@ def inference_part(run_dir: Path) -> dict:
         "student ONNX int8": file_mb(bundle / "model.int8.onnx"),
         "teacher ONNX fp32": None,
         "teacher ONNX int8": ((read_json(run_dir / "export" / "metrics.json") or {}).get("versus_int8_teacher") or {})
-                             .get("baseline", {}).get("file_mb"),
+        .get("baseline", {})
+        .get("file_mb"),
     }
-    size_source = {"teacher PyTorch fp32": "teacher/model/model.safetensors",
-                   "student PyTorch fp32": "distill/student/model.safetensors",
-                   "student ONNX fp32": "export/bundle/model.onnx", "student ONNX int8": "export/bundle/model.int8.onnx",
-                   "teacher ONNX int8": "export/metrics.json (measured, not kept)"}
+    size_source = {
+        "teacher PyTorch fp32": "teacher/model/model.safetensors",
+        "student PyTorch fp32": "distill/student/model.safetensors",
+        "student ONNX fp32": "export/bundle/model.onnx",
+        "student ONNX int8": "export/bundle/model.int8.onnx",
+        "teacher ONNX int8": "export/metrics.json (measured, not kept)",
+    }
     rows = []
     for r in latency.get("rows", []):
-        row = {k: r.get(k) for k in ("model", "runtime", "batch", "input", "length", "threads", "min_ms", "median_ms",
-                                       "max_ms", "runs", "warmup", "speedup_vs_teacher_int8", "speedup_vs_teacher_pytorch")}
+        row = {
+            k: r.get(k)
+            for k in (
+                "model",
+                "runtime",
+                "batch",
+                "input",
+                "length",
+                "threads",
+                "min_ms",
+                "median_ms",
+                "max_ms",
+                "runs",
+                "warmup",
+                "speedup_vs_teacher_int8",
+                "speedup_vs_teacher_pytorch",
+            )
+        }
         for key in ("file_mb", "size_mb"):  # a size recorded by the export stage wins over the file lookup
             if r.get(key) is not None:
                 sizes[r["model"]] = r[key]
@@ -344,9 +490,16 @@ def inference_part(run_dir: Path) -> dict:
     inputs = list(dict.fromkeys(r["input"] for r in rows))  # in measuring order: L=32, L=128, sentences
     rows.sort(key=lambda r: (inputs.index(r["input"]), r["threads"], order.get(r["model"], 99), r["model"]))
     ref_size = sizes.get(REFERENCE)
-    size_rows = [{"model": m, "file_mb": sizes.get(m), "source": size_source.get(m),
-                  "size_vs_teacher_pytorch": (sizes[m] / ref_size) if sizes.get(m) and ref_size else None}
-                 for m in LATENCY_MODELS if any(r["model"] == m for r in rows) or sizes.get(m)]
+    size_rows = [
+        {
+            "model": m,
+            "file_mb": sizes.get(m),
+            "source": size_source.get(m),
+            "size_vs_teacher_pytorch": (sizes[m] / ref_size) if sizes.get(m) and ref_size else None,
+        }
+        for m in LATENCY_MODELS
+        if any(r["model"] == m for r in rows) or sizes.get(m)
+    ]
     extra = {k: v for k, v in latency.items() if k not in ("rows",)}
     return {"available": True, "source": str(bundle / "latency.json"), "rows": rows, "sizes": size_rows, "meta": extra}
 
@@ -364,8 +517,13 @@ def attention_kl_part(out: Path, extra_args: list[str], logs: Path) -> dict:
     data = read_json(out / "attention_kl.json")
     md = (out / "attention_kl.md").read_text()
     log(f"attention KL: done in {wall:.1f} s")
-    return {"wall_s": wall, "files": [str(out / "attention_kl.json"), str(out / "attention_kl.md")],
-            "meta": data["meta"], "results": data["results"], "markdown": md}
+    return {
+        "wall_s": wall,
+        "files": [str(out / "attention_kl.json"), str(out / "attention_kl.md")],
+        "meta": data["meta"],
+        "results": data["results"],
+        "markdown": md,
+    }
 
 
 # ---------------------------------------------------------------- markdown (bench/report.py)
@@ -381,17 +539,35 @@ def render(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny config, minimal repeats (smoke test, about a minute)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny config, minimal repeats (smoke test, about a minute)"
+    )
     parser.add_argument("--config", help="config to benchmark (default bert_small; --quick: tiny)")
-    parser.add_argument("--runs-dir", type=Path, help="runs folder for the bench's pipeline run (wiped first; "
-                        "default runs/bench, --quick: runs/bench-quick/runs)")
-    parser.add_argument("--precision", choices=["auto", "config", "bf16", "fp32"], default="auto",
-                        help="auto (default): the config's precision, except fp32 where bf16 is not native (CPUs "
-                             "without AVX512-BF16/AMX run bf16 emulated, many times slower); config: always the config's")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides for the pipeline run and the micro-benchmarks")
-    parser.add_argument("--out-dir", type=Path, help="write BENCHMARKS.md, bench.json and attention_kl.* here instead "
-                        "of the repo root / bench/results (default with --quick: runs/bench-quick)")
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        help="runs folder for the bench's pipeline run (wiped first; "
+        "default runs/bench, --quick: runs/bench-quick/runs)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "config", "bf16", "fp32"],
+        default="auto",
+        help="auto (default): the config's precision, except fp32 where bf16 is not native (CPUs "
+        "without AVX512-BF16/AMX run bf16 emulated, many times slower); config: always the config's",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides for the pipeline run and the micro-benchmarks",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        help="write BENCHMARKS.md, bench.json and attention_kl.* here instead "
+        "of the repo root / bench/results (default with --quick: runs/bench-quick)",
+    )
     args = parser.parse_args(argv)
     global THREADS
     started = time.perf_counter()
@@ -405,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         md_path, json_path, akl_out = ROOT / "BENCHMARKS.md", BENCH / "results" / "bench.json", BENCH / "results"
     import micro
+
     from pipeline.config import load_config
     from pipeline.errors import PipelineError
 
@@ -418,17 +595,35 @@ def main(argv: list[str] | None = None) -> int:
     logs = runs_dir / "logs"
     logs.mkdir()
     os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    log("quick bench (tiny config, about a minute)" if args.quick else
-        f"full bench of {config}: expect about 15-20 minutes on 2 quiet cores (pipeline run ~8, length-grouping check ~4, attention KL ~2, "
-        "micro-benchmarks ~2, second runs ~1)")
+    log(
+        "quick bench (tiny config, about a minute)"
+        if args.quick
+        else f"full bench of {config}: expect about 15-20 minutes on 2 quiet cores (pipeline run ~8, length-grouping check ~4, attention KL ~2, "
+        "micro-benchmarks ~2, second runs ~1)"
+    )
 
     command = " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
-    report = {"schema": 1, "command": command, "quick": args.quick, "config": config, "root": str(ROOT),
-              "torch_threads": preset["threads"] or "torch default (one per core)",
-              "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_facts(),
-              "load_average": {"start": load_average()}, "runs_dir": str(runs_dir), "seed": base.seed,
-              "files": {"markdown": str(md_path), "json": str(json_path), "json_rel": report_module.display_path(json_path), "logs": str(logs)},
-              "sections": {}, "errors": []}
+    report = {
+        "schema": 1,
+        "command": command,
+        "quick": args.quick,
+        "config": config,
+        "root": str(ROOT),
+        "torch_threads": preset["threads"] or "torch default (one per core)",
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_facts(),
+        "load_average": {"start": load_average()},
+        "runs_dir": str(runs_dir),
+        "seed": base.seed,
+        "files": {
+            "markdown": str(md_path),
+            "json": str(json_path),
+            "json_rel": report_module.display_path(json_path),
+            "logs": str(logs),
+        },
+        "sections": {},
+        "errors": [],
+    }
     precision = micro.resolve_precision(base.precision, args.precision)
     overrides = [*preset["overrides"], *args.overrides]
     if precision["used"] != precision["configured"]:
@@ -463,8 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     def micro_part():
         log(f"micro: training-cost and capture micro-benchmarks ({'quick, ' if args.quick else ''}config {config})")
         t0 = time.perf_counter()
-        result = micro.run(config, quick=args.quick, work_dir=runs_dir, overrides=overrides, threads=preset["threads"],
-                           log=log)
+        result = micro.run(
+            config, quick=args.quick, work_dir=runs_dir, overrides=overrides, threads=preset["threads"], log=log
+        )
         result["wall_s"] = time.perf_counter() - t0
         return result
 
@@ -482,8 +678,10 @@ def main(argv: list[str] | None = None) -> int:
         errors.append({"part": "report", "error": f"ReportError: {exc}", "traceback": ""})
         log(f"report: FAILED: {exc}; {md_path} holds this run alone")
         md_path.write_text(render(report))
-    log(f"wrote {md_path} and {json_path} in {report['bench_wall_s'] / 60:.1f} min"
-        + (f"; FAILED parts: {', '.join(e['part'] for e in errors)}" if errors else ""))
+    log(
+        f"wrote {md_path} and {json_path} in {report['bench_wall_s'] / 60:.1f} min"
+        + (f"; FAILED parts: {', '.join(e['part'] for e in errors)}" if errors else "")
+    )
     return 1 if errors else 0
 
 

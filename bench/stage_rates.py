@@ -48,11 +48,17 @@ def main() -> None:
         parser.error(f"not run folders (no config.yaml): {', '.join(missing)}")
     rows = {str(p): rates(p) for p in runs}
     print("\n".join(header_lines(command_line("bench/stage_rates.py"))))  # bench/report.py reads it
-    print("| run | precision | " + " | ".join(f"{s} s (samples/s)" for s in ("teacher", "capture", "distill", "evaluate")) + " |")
+    print(
+        "| run | precision | "
+        + " | ".join(f"{s} s (samples/s)" for s in ("teacher", "capture", "distill", "evaluate"))
+        + " |"
+    )
     print("|---|---|" + "---:|" * 4)
     for name, r in rows.items():
-        cells = [f"{r['stages'][s]['seconds']:.1f} ({r['stages'][s]['samples_per_s']:.0f})" if s in r["stages"] else "-"
-                 for s in ("teacher", "capture", "distill", "evaluate")]
+        cells = [
+            f"{r['stages'][s]['seconds']:.1f} ({r['stages'][s]['samples_per_s']:.0f})" if s in r["stages"] else "-"
+            for s in ("teacher", "capture", "distill", "evaluate")
+        ]
         print(f"| {name} | {r['precision']} | " + " | ".join(cells) + " |")
     print()
     print("```json")

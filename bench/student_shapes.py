@@ -28,9 +28,9 @@ from transformers import BertConfig, BertForSequenceClassification
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.export.latency import latency_inputs  # noqa: E402
-from pipeline.export.onnx_graph import LogitsOnly, export_onnx, ort_session  # noqa: E402
-from pipeline.export.quantize import quantize_int8  # noqa: E402
+from pipeline.export.latency import latency_inputs
+from pipeline.export.onnx_graph import LogitsOnly, export_onnx, ort_session
+from pipeline.export.quantize import quantize_int8
 
 # name -> (layers, intermediate size, vocabulary)
 SHAPES = {
@@ -49,8 +49,15 @@ SHAPES = {
 
 
 def build(layers: int, ffn: int, vocab: int) -> torch.nn.Module:
-    cfg = BertConfig(vocab_size=vocab, hidden_size=384, num_hidden_layers=layers, num_attention_heads=12,
-                     intermediate_size=ffn, max_position_embeddings=512, num_labels=2)
+    cfg = BertConfig(
+        vocab_size=vocab,
+        hidden_size=384,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        intermediate_size=ffn,
+        max_position_embeddings=512,
+        num_labels=2,
+    )
     model = BertForSequenceClassification(cfg).eval()
     model.set_attn_implementation("eager")
     return model
@@ -97,8 +104,17 @@ def main() -> None:
         for name, (layers, ffn, vocab) in SHAPES.items():
             fp32, int8 = Path(tmp) / f"{len(sessions)}.onnx", Path(tmp) / f"{len(sessions)}.int8.onnx"
             export_onnx(LogitsOnly(build(layers, ffn, vocab)), fp32, 18)
-            quantize_int8(fp32, int8, {"name": "per_channel_embeddings", "per_channel": True, "reduce_range": False,
-                                         "exclude": [], "op_types": ["MatMul", "Gather"]})
+            quantize_int8(
+                fp32,
+                int8,
+                {
+                    "name": "per_channel_embeddings",
+                    "per_channel": True,
+                    "reduce_range": False,
+                    "exclude": [],
+                    "op_types": ["MatMul", "Gather"],
+                },
+            )
             sessions[name] = ort_session(int8, threads=1)
             sizes[name] = int8.stat().st_size / 1e6
             print(f"exported {name}: {sizes[name]:.1f} MB", flush=True)
@@ -119,10 +135,18 @@ def main() -> None:
                     session.run(None, inputs)
                 timings[name]["sentences"].append((time.perf_counter() - start) * 1000 / len(sentence_inputs))
     base = next(iter(SHAPES))
-    results = {name: {"layers": SHAPES[name][0], "ffn": SHAPES[name][1], "vocab": SHAPES[name][2], "int8_mb": sizes[name],
-                      "ms_len128": statistics.median(t["len128"]), "ms_sentences": statistics.median(t["sentences"])}
-               for name, t in timings.items()}
-    for name, row in results.items():
+    results = {
+        name: {
+            "layers": SHAPES[name][0],
+            "ffn": SHAPES[name][1],
+            "vocab": SHAPES[name][2],
+            "int8_mb": sizes[name],
+            "ms_len128": statistics.median(t["len128"]),
+            "ms_sentences": statistics.median(t["sentences"]),
+        }
+        for name, t in timings.items()
+    }
+    for row in results.values():
         row["speedup_len128"] = results[base]["ms_len128"] / row["ms_len128"]
         row["speedup_sentences"] = results[base]["ms_sentences"] / row["ms_sentences"]
         row["size_ratio"] = row["int8_mb"] / results[base]["int8_mb"]
@@ -131,17 +155,26 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from common import command_line, header_lines
 
-    lines = [*header_lines(command_line("bench/student_shapes.py"),
-                           machine=f"{platform.machine()} ({os.cpu_count()} CPUs, {cpu_flags()})"),
-             f"Int8 students vs the int8 teacher: batch 1, 1 thread, ONNX Runtime, {args.rounds} interleaved rounds "
-             f"(median), length 128 and {len(lengths)} real sentence lengths (mean {np.mean(lengths):.1f} tokens).", "",
-             "| shape | int8 MB | ms L=128 | speed-up | ms sentences | speed-up | size vs int8 teacher |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        *header_lines(
+            command_line("bench/student_shapes.py"),
+            machine=f"{platform.machine()} ({os.cpu_count()} CPUs, {cpu_flags()})",
+        ),
+        f"Int8 students vs the int8 teacher: batch 1, 1 thread, ONNX Runtime, {args.rounds} interleaved rounds "
+        f"(median), length 128 and {len(lengths)} real sentence lengths (mean {np.mean(lengths):.1f} tokens).",
+        "",
+        "| shape | int8 MB | ms L=128 | speed-up | ms sentences | speed-up | size vs int8 teacher |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['int8_mb']:.1f} | {r['ms_len128']:.2f} | {r['speedup_len128']:.2f}x | "
-                     f"{r['ms_sentences']:.3f} | {r['speedup_sentences']:.2f}x | {r['size_ratio']:.2f} |")
+        lines.append(
+            f"| {name} | {r['int8_mb']:.1f} | {r['ms_len128']:.2f} | {r['speedup_len128']:.2f}x | "
+            f"{r['ms_sentences']:.3f} | {r['speedup_sentences']:.2f}x | {r['size_ratio']:.2f} |"
+        )
     print("\n".join(lines))
-    Path(args.out + ".json").write_text(json.dumps({"rows": results, "sentence_lengths_mean": float(np.mean(lengths))}, indent=1))
+    Path(args.out + ".json").write_text(
+        json.dumps({"rows": results, "sentence_lengths_mean": float(np.mean(lengths))}, indent=1)
+    )
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, command_line, emit, link_upstream  # noqa: E402
+from common import ROOT, command_line, emit, link_upstream
 
 
 def distill_once(source: Path, used_rows: bool, scratch: Path) -> dict:
@@ -34,12 +34,32 @@ def distill_once(source: Path, used_rows: bool, scratch: Path) -> dict:
         if target.exists():
             subprocess.run(["rm", "-rf", str(target)], check=True)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pipeline", "run", source.name, "--only", "distill", "--runs-dir", str(runs),
-                    "tracking.enabled=false", f"distill.used_embedding_rows={str(used_rows).lower()}"],
-                   cwd=ROOT, check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            source.name,
+            "--only",
+            "distill",
+            "--runs-dir",
+            str(runs),
+            "tracking.enabled=false",
+            f"distill.used_embedding_rows={str(used_rows).lower()}",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     manifest = json.loads((run / "distill" / "manifest.json").read_text())
-    return {"wall_s": wall, "stage_s": manifest["duration_s"], "validation_accuracy": manifest["summary"]["validation_accuracy"]}
+    return {
+        "wall_s": wall,
+        "stage_s": manifest["duration_s"],
+        "validation_accuracy": manifest["summary"]["validation_accuracy"],
+    }
 
 
 def main() -> None:
@@ -54,19 +74,29 @@ def main() -> None:
     steps = config["distill"]["epochs"] * math.ceil(train * (1 + copies) / config["distill"]["batch_size"])
     with tempfile.TemporaryDirectory(dir=source.parent) as scratch:  # same disk: hard links
         results = {used: distill_once(source, used, Path(scratch)) for used in (True, False)}
-    lines = [f"# distill.used_embedding_rows ({source.name})", "",
-             f"The distill stage alone, {steps} optimizer steps ({train} training rows x {1 + copies} with the "
-             f"augmented copies, {config['distill']['epochs']} epochs, batch {config['distill']['batch_size']}), "
-             f"precision {config['precision']}, one process, tracking off; lever on first, then off.", "",
-             "| embedding rows trained | distill stage s | s per step | validation accuracy |", "|---|---:|---:|---:|"]
-    for used, label in ((True, "the used ones (distill.used_embedding_rows: true, the default)"),
-                        (False, "all (distill.used_embedding_rows: false)")):
+    lines = [
+        f"# distill.used_embedding_rows ({source.name})",
+        "",
+        f"The distill stage alone, {steps} optimizer steps ({train} training rows x {1 + copies} with the "
+        f"augmented copies, {config['distill']['epochs']} epochs, batch {config['distill']['batch_size']}), "
+        f"precision {config['precision']}, one process, tracking off; lever on first, then off.",
+        "",
+        "| embedding rows trained | distill stage s | s per step | validation accuracy |",
+        "|---|---:|---:|---:|",
+    ]
+    for used, label in (
+        (True, "the used ones (distill.used_embedding_rows: true, the default)"),
+        (False, "all (distill.used_embedding_rows: false)"),
+    ):
         r = results[used]
         lines.append(f"| {label} | {r['stage_s']:.1f} | {r['stage_s'] / steps:.3f} | {r['validation_accuracy']:.4f} |")
     on, off = results[True]["stage_s"], results[False]["stage_s"]
-    lines += ["", f"The stage takes {on / off:.2f}x the full table's time "
-              f"({off - on:.0f} s less); validation accuracy {results[True]['validation_accuracy']:.6f} against "
-              f"{results[False]['validation_accuracy']:.6f}."]
+    lines += [
+        "",
+        f"The stage takes {on / off:.2f}x the full table's time "
+        f"({off - on:.0f} s less); validation accuracy {results[True]['validation_accuracy']:.6f} against "
+        f"{results[False]['validation_accuracy']:.6f}.",
+    ]
     emit(lines, args.out, command_line("bench/used_embedding_rows.py"))
 
 

@@ -13,9 +13,13 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
-from tests.helpers import run_cli  # noqa: E402  (after the offline settings)
+from tests.helpers import NODE_DIR, run_cli  # noqa: E402  (after the offline settings)
 from tests.tiers import (  # noqa: E402,F401  (hooks)
-    pytest_collection_modifyitems, pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup)
+    pytest_collection_modifyitems,
+    pytest_runtest_call,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+)
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +33,15 @@ def tiny_run(tmp_path_factory):
 
 # The tiny run with a static student (student.kind: static) and the peers on: the bundle checks and the peer
 # figures run on it too.
-STATIC_TINY = ["student.kind=static", "student.static.dim=16", "distill.loss.attention=0", "distill.loss.value_relation=0",
-               "baselines.enabled=true", "baselines.fasttext.buckets=20000", "baselines.fasttext.epochs=[5, 10]"]
+STATIC_TINY = [
+    "student.kind=static",
+    "student.static.dim=16",
+    "distill.loss.attention=0",
+    "distill.loss.value_relation=0",
+    "baselines.enabled=true",
+    "baselines.fasttext.buckets=20000",
+    "baselines.fasttext.epochs=[5, 10]",
+]
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +50,6 @@ def static_tiny_run(tmp_path_factory):
     result = run_cli("run", "tiny", *STATIC_TINY, runs_dir=runs_dir)
     assert result.returncode == 0, result.stderr[-4000:]
     return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny", "first": result, "stdout": result.stdout}
-
-
 
 
 # The images of docker/ (CPU pipeline, PostgreSQL, MLflow), built once per session by the Makefile target users and
@@ -59,10 +68,36 @@ def docker_images(tmp_path_factory):
     docker_or_skip()
     log = tmp_path_factory.mktemp("docker") / "make-docker-images.log"
     with open(log, "w") as out:
-        res = subprocess.run(["make", "docker-images"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                             timeout=DOCKER_BUILD_TIMEOUT_S)
+        res = subprocess.run(
+            ["make", "docker-images"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=DOCKER_BUILD_TIMEOUT_S
+        )
     if res.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        pytest.fail(f"`make docker-images` failed (rc={res.returncode}; without Docker Hub or the PyTorch index, "
-                    f"set DOCKER_LOCAL=1):\n{tail}")
+        pytest.fail(
+            f"`make docker-images` failed (rc={res.returncode}; without Docker Hub or the PyTorch index, "
+            f"set DOCKER_LOCAL=1):\n{tail}"
+        )
     return {"cpu": "attention-distill:cpu", "postgres": "attention-distill/postgres:latest"}
+
+
+@pytest.fixture(scope="session")
+def node():
+    """The node executable with tests/node's packages installed (npm ci from package-lock.json when missing)."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed: the bundle's Node.js check (onnxruntime-node) cannot run here")
+    if not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir():
+        npm = shutil.which("npm")
+        assert npm, "node is installed but npm is not: install npm, then `cd tests/node && npm ci --ignore-scripts`"
+        proc = subprocess.run(
+            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"npm ci in tests/node failed:\n{proc.stderr[-2000:]}"
+    return node

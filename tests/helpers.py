@@ -19,14 +19,19 @@ from pipeline.cache import flatten_targets, write_index, write_shard
 from pipeline.data import pad_batch
 
 ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "tests" / "node"  # the Node.js check of a bundle: predict.mjs and its pinned packages
 
-def run_cli(*args: str, runs_dir: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+
+def run_cli(
+    *args: str, runs_dir: Path | None = None, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """Run `python -m pipeline ...` as users do; returns the completed process."""
     command = [sys.executable, "-m", "pipeline", *args]
     if runs_dir is not None:
         command += ["--runs-dir", str(runs_dir)]
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
 
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
@@ -43,10 +48,22 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # several processes share 2 cores: no thr
 
 def run_one_process(runs_dir: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """The reference: tiny without dropout in one process, through evaluate (``extra``: more overrides/options)."""
-    command = [sys.executable, "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "--to", "evaluate", *extra,
-               "--runs-dir", str(runs_dir)]
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True,
-                            timeout=timeout)
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "run",
+        "tiny",
+        *NO_DROPOUT,
+        "--to",
+        "evaluate",
+        *extra,
+        "--runs-dir",
+        str(runs_dir),
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -76,9 +93,17 @@ def student_difference(run_a: Path, run_b: Path) -> tuple[float, float]:
 
 def bert(hidden, heads, layers, seed):
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=100, hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
-                     intermediate_size=2 * hidden, max_position_embeddings=64, num_labels=3,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=64,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = BertForSequenceClassification(copy.deepcopy(cfg))
     model.set_attn_implementation("sdpa")
     return model.eval()
@@ -93,15 +118,25 @@ def batch_of(lengths, seed=0):
     rng = np.random.default_rng(seed)
     ids = [list(rng.integers(5, 100, n)) for n in lengths]
     input_ids, mask = pad_batch(ids, 0)
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 2, 1][: len(lengths)]),
-            "indices": np.arange(len(lengths))}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "labels": torch.tensor([0, 1, 2, 1][: len(lengths)]),
+        "indices": np.arange(len(lengths)),
+    }
 
 
 def write_cache(folder, targets, batch, layout) -> None:
     """The batch's teacher ``targets`` written the way the capture stage writes them: one shard and the index."""
     lengths = [int(n) for n in batch["attention_mask"].sum(1)]
-    write_shard(folder, 0, flatten_targets(targets, layout, lengths, batch["attention_mask"]), targets["logits"].numpy(),
-                lengths, first=0)
+    write_shard(
+        folder,
+        0,
+        flatten_targets(targets, layout, lengths, batch["attention_mask"]),
+        targets["logits"].numpy(),
+        lengths,
+        first=0,
+    )
     write_index(folder, 1, len(lengths), layout)
 
 

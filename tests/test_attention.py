@@ -14,8 +14,13 @@ from tests.helpers import max_diff_valid_rows, padded_batch
 
 def tiny_config(**kw):
     args = dict(
-        vocab_size=64, hidden_size=48, num_hidden_layers=2, num_attention_heads=12,
-        intermediate_size=64, max_position_embeddings=32, num_labels=2,
+        vocab_size=64,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=12,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_labels=2,
     )
     args.update(kw)
     return BertConfig(**args)
@@ -70,7 +75,9 @@ def test_capture_works_under_sdpa(config):
 
 def hook_count(model):
     attn = model.base_model.encoder.layer
-    return sum(len(getattr(layer.attention.self, k)._forward_hooks) for layer in attn for k in ("query", "key", "value"))
+    return sum(
+        len(getattr(layer.attention.self, k)._forward_hooks) for layer in attn for k in ("query", "key", "value")
+    )
 
 
 def test_hooks_removed_on_exit_and_on_exception(config):

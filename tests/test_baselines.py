@@ -9,12 +9,13 @@ import tempfile
 import numpy as np
 import pytest
 
-from pipeline.splits import TokenizedSplit
 from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
 from pipeline.plots import pareto_plot
+from pipeline.splits import TokenizedSplit
 from pipeline.sweep import markdown_table, reference_points
 from stages.baselines import read_splits
 from tests.helpers import read_json
+
 
 @pytest.fixture(scope="module")
 def static_run(static_tiny_run):
@@ -36,7 +37,9 @@ def test_recorded_peer_figures_come_from_the_shipped_files(static_run):
         one_per_call = np.array([peer.predict_one(t) for t in texts["test"]])  # as an app calls it: what is recorded
         assert figures["accuracy"] == float((one_per_call == labels["test"]).mean())
         assert list(peer.predict(texts["test"])) == list(one_per_call)  # and the batched path agrees
-        assert figures["file_mb"] == pytest.approx((run_dir / "baselines" / figures["file"]).stat().st_size / 1e6, abs=1e-3)
+        assert figures["file_mb"] == pytest.approx(
+            (run_dir / "baselines" / figures["file"]).stat().st_size / 1e6, abs=1e-3
+        )
         assert figures["train_seconds"] > 0
 
 
@@ -57,7 +60,9 @@ def test_model2vec_peer_ships_its_numpy_pipeline_trained_on_the_static_peers_vec
     assert all(name.endswith((".safetensors", ".json", ".md")) for name in names), names
     texts, labels, _ = splits(run_dir)
     shipped = load_peer(run_dir / "baselines" / "peers", "model2vec")
-    assert settings["validation_accuracy"] == float((shipped.predict(texts["validation"]) == labels["validation"]).mean())
+    assert settings["validation_accuracy"] == float(
+        (shipped.predict(texts["validation"]) == labels["validation"]).mean()
+    )
 
 
 def test_tfidf_picks_the_c_with_the_best_validation_accuracy(static_run):
@@ -66,10 +71,19 @@ def test_tfidf_picks_the_c_with_the_best_validation_accuracy(static_run):
 
     texts, labels, _ = splits(static_run["run_dir"])
     cs = [0.5, 4.0, 64.0]
-    _, settings = TfidfPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"], cs, seed=0)
+    _, settings = TfidfPeer.train(
+        texts["train"], labels["train"], texts["validation"], labels["validation"], cs, seed=0
+    )
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True).fit(texts["train"])
-    scores = [(LogisticRegression(C=c, max_iter=5000, random_state=0).fit(vectorizer.transform(texts["train"]), labels["train"])
-               .predict(vectorizer.transform(texts["validation"])) == labels["validation"]).mean() for c in cs]
+    scores = [
+        (
+            LogisticRegression(C=c, max_iter=5000, random_state=0)
+            .fit(vectorizer.transform(texts["train"]), labels["train"])
+            .predict(vectorizer.transform(texts["validation"]))
+            == labels["validation"]
+        ).mean()
+        for c in cs
+    ]
     assert settings["C"] == cs[int(np.argmax(scores))]
     assert settings["validation_accuracy"] == pytest.approx(max(scores))
 
@@ -81,8 +95,9 @@ def test_fasttext_is_deterministic_and_survives_repeated_fits(static_run):
     runs = []
     for _ in range(2):
         with tempfile.TemporaryDirectory() as work:
-            peer, settings = FastTextPeer.train(texts["train"], labels["train"], texts["validation"], labels["validation"],
-                                                grid, work)
+            peer, settings = FastTextPeer.train(
+                texts["train"], labels["train"], texts["validation"], labels["validation"], grid, work
+            )
             runs.append((peer.predict(texts["test"]), settings))
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
     assert runs[0][1] == runs[1][1] and runs[0][1]["quantized"]
@@ -117,16 +132,23 @@ def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static
     versus = from_text["versus_peers"]
     best = max(peers, key=lambda p: rows[p]["accuracy"])
     assert versus["best_peer"] == best
-    assert versus["accuracy_margin_points"] == pytest.approx(100 * (rows["student"]["accuracy"] - rows[best]["accuracy"]), abs=0.01)
+    assert versus["accuracy_margin_points"] == pytest.approx(
+        100 * (rows["student"]["accuracy"] - rows[best]["accuracy"]), abs=0.01
+    )
     best_f1 = max(peers, key=lambda p: rows[p]["macro_f1"])  # may differ from the most accurate: checked apart
     assert versus["best_macro_f1_peer"] == best_f1 and versus["best_peer_macro_f1"] == rows[best_f1]["macro_f1"]
     assert versus["macro_f1_margin_points"] == pytest.approx(
-        100 * (rows["student"]["macro_f1"] - rows[best_f1]["macro_f1"]), abs=0.01)
+        100 * (rows["student"]["macro_f1"] - rows[best_f1]["macro_f1"]), abs=0.01
+    )
     fastest = min(peers, key=lambda p: rows[p]["median_ms"])
-    assert versus["latency_vs_fastest_peer"] == pytest.approx(rows["student"]["median_ms"] / rows[fastest]["median_ms"], rel=0.01)
+    assert versus["latency_vs_fastest_peer"] == pytest.approx(
+        rows["student"]["median_ms"] / rows[fastest]["median_ms"], rel=0.01
+    )
     # the static student went through the bundle like any other: text-in model, evaluation, summary and README
     assert metadata["text_model"]["shipped"]
-    assert read_json(run_dir / "evaluate" / "metrics.json")["attention_health"] == {"skipped": "the static student has no attention layers"}
+    assert read_json(run_dir / "evaluate" / "metrics.json")["attention_health"] == {
+        "skipped": "the static student has no attention layers"
+    }
     assert "from raw text, one text per call" in static_run["stdout"]
     assert "Against TF-IDF, fastText and static embeddings" in (run_dir / "export" / "bundle" / "README.md").read_text()
     student = read_json(run_dir / "distill" / "student" / "config.json")
@@ -137,11 +159,21 @@ def test_budget_table_and_plot_show_peers_as_references_only(static_run, tmp_pat
     folder = tmp_path / "sweep"
     (folder / "static" / "export").mkdir(parents=True)
     (folder / "static" / "export" / "metrics.json").write_text(
-        (static_run["run_dir"] / "export" / "metrics.json").read_text())
+        (static_run["run_dir"] / "export" / "metrics.json").read_text()
+    )
     references = reference_points(folder, ["static"])
     assert sorted(r["kind"] for r in references) == ["peer"] * 4 + ["teacher"]
-    rows = [{"variant": "static", "description": "d", "text_accuracy": 0.7, "text_ms": 0.05, "mb": 1.0, "retention": 0.9,
-             "latency_ms": 0.01}]
+    rows = [
+        {
+            "variant": "static",
+            "description": "d",
+            "text_accuracy": 0.7,
+            "text_ms": 0.05,
+            "mb": 1.0,
+            "retention": 0.9,
+            "latency_ms": 0.01,
+        }
+    ]
     table = markdown_table(rows, [], [], "static", references)
     assert table.count("peer (reference, not picked)") == 4
     assert pareto_plot(rows, tmp_path / "ladder.png", "t", "static", references).stat().st_size > 0
@@ -150,5 +182,8 @@ def test_budget_table_and_plot_show_peers_as_references_only(static_run, tmp_pat
 def test_baselines_off_records_that_and_the_export_says_why(tiny_run):
     run_dir = tiny_run["run_dir"]
     assert read_json(run_dir / "baselines" / "baselines.json") == {"enabled": False, "peers": {}}
-    assert read_json(run_dir / "export" / "metrics.json")["from_text"] == {"measured": False, "why": "baselines.enabled is false"}
+    assert read_json(run_dir / "export" / "metrics.json")["from_text"] == {
+        "measured": False,
+        "why": "baselines.enabled is false",
+    }
     assert json.loads((run_dir / "export" / "bundle" / "metadata.json").read_text())["from_text"]["measured"] is False

@@ -17,19 +17,21 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
-import report  # noqa: E402
+import report  # noqa: E402 (bench/ is put on sys.path above: report.py is a script there)
 
 
 def test_committed_benchmarks_md_is_what_the_committed_results_render():
     rendered = report.render(RESULTS, ROOT / "BENCHMARKS.md")
-    assert rendered == (ROOT / "BENCHMARKS.md").read_text(), \
+    assert rendered == (ROOT / "BENCHMARKS.md").read_text(), (
         "BENCHMARKS.md differs from what bench/report.py renders: run `make bench-report` and commit it"
+    )
 
 
 def test_readme_table_is_the_committed_budget_sweep():
     table = report.readme_table(RESULTS)
-    assert table in (ROOT / "README.md").read_text(), \
+    assert table in (ROOT / "README.md").read_text(), (
         "README.md's table differs from `python bench/report.py --readme-table`: paste the new one"
+    )
     sweep = json.loads((RESULTS / "sweep_budget_bert_small.json").read_text())
     assert len(table.strip().splitlines()) == 2 + len(sweep["variants"]) + len(sweep["references"])
 
@@ -61,8 +63,13 @@ def results_copy(tmp_path):
 
 def test_a_results_file_without_header_is_refused(results_copy, tmp_path):
     path = results_copy / "phone_table_bert_small.md"
-    path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
-                            if not line.startswith(("Command: ", "Date: ", "Machine: "))))
+    path.write_text(
+        "".join(
+            line
+            for line in path.read_text().splitlines(keepends=True)
+            if not line.startswith(("Command: ", "Date: ", "Machine: "))
+        )
+    )
     with pytest.raises(report.ReportError, match="phone_table_bert_small.md: no header"):
         report.render(results_copy, tmp_path / "BENCHMARKS.md")
 
@@ -83,7 +90,12 @@ def test_an_unlisted_results_file_is_refused(results_copy, tmp_path):
 
 
 def test_a_partial_results_folder_renders_what_it_has(results_copy, tmp_path):
-    for name in ("bench.json", "sweep_depth_bert_small.md", "sweep_depth_bert_small.json", "sweep_depth_bert_small.png"):
+    for name in (
+        "bench.json",
+        "sweep_depth_bert_small.md",
+        "sweep_depth_bert_small.json",
+        "sweep_depth_bert_small.png",
+    ):
         (results_copy / name).unlink()
     text = report.render(results_copy, tmp_path / "BENCHMARKS.md")
     assert "### Depth sweep" not in text and "`make bench`:" not in text and "### A student for every budget" in text
@@ -92,12 +104,17 @@ def test_a_partial_results_folder_renders_what_it_has(results_copy, tmp_path):
 def test_stamp_adds_the_header_once(tmp_path):
     path = tmp_path / "sweep.md"
     path.write_text("# Sweep `budget` on `bert_small`\n\n| a |\n|---|\n")
-    report.stamp(path, "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml", "a test machine", "2026-12-02",
-                 "abc1234")
+    report.stamp(
+        path, "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml", "a test machine", "2026-12-02", "abc1234"
+    )
     from common import read_header
 
-    assert read_header(path.read_text()) == {"command": "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml",
-                                             "date": "2026-12-02", "machine": "a test machine", "commit": "abc1234"}
+    assert read_header(path.read_text()) == {
+        "command": "make sweep CONFIG=bert_small SWEEP=configs/sweeps/budget.yaml",
+        "date": "2026-12-02",
+        "machine": "a test machine",
+        "commit": "abc1234",
+    }
     assert path.read_text().startswith("# Sweep `budget` on `bert_small`\n\nCommand: `make sweep")
     with pytest.raises(report.ReportError, match="already has a header"):
         report.stamp(path, "again")
@@ -105,8 +122,9 @@ def test_stamp_adds_the_header_once(tmp_path):
 
 @pytest.mark.process
 def test_check_command_exits_0_on_the_committed_files():
-    result = subprocess.run([sys.executable, "bench/report.py", "--check"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "bench/report.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -123,12 +141,18 @@ def test_default_run_report_reads_a_clone_per_stage_and_its_seeds(tiny_run, tmp_
     (seeds / "seed1").symlink_to(clone / "runs" / "tiny")
     (clone / default_run.TIMING).write_text(json.dumps({"rev": "0123456789abcdef", "config": "tiny", "wall_s": 500.0}))
     row = default_run.row(clone)
-    manifests = {s: json.loads((tiny_run["run_dir"] / s / "manifest.json").read_text())["duration_s"]
-                 for s in ("prepare", "teacher", "distill", "export")}
+    manifests = {
+        s: json.loads((tiny_run["run_dir"] / s / "manifest.json").read_text())["duration_s"]
+        for s in ("prepare", "teacher", "distill", "export")
+    }
     assert all(row["stages"][s] == seconds for s, seconds in manifests.items())
     export = json.loads((tiny_run["run_dir"] / "export" / "metrics.json").read_text())
-    assert row["shipped_accuracy"] == export[{"fp32": "onnx_fp32", "int8": "onnx_int8",
-                                               "int8_static": "onnx_int8_static"}[export["recommended"]]]["accuracy"]
+    assert (
+        row["shipped_accuracy"]
+        == export[{"fp32": "onnx_fp32", "int8": "onnx_int8", "int8_static": "onnx_int8_static"}[export["recommended"]]][
+            "accuracy"
+        ]
+    )
     lines = default_run.table([row])
     overhead = 500.0 - sum(row["stages"].values())
     assert lines[4].startswith(f"| 0123456 | 8.3 min (500 s) | {overhead:.0f} s | ")
@@ -141,14 +165,34 @@ def test_capture_levers_times_every_setting_on_a_run(tiny_run, tmp_path):
     """bench/capture_levers.py on the tiny run: one row per setting, each a positive rate, the stage's settings 1.00x,
     and the stage's own figure from its manifest."""
     out = tmp_path / "capture_levers.md"
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "capture_levers.py"), str(tiny_run["run_dir"]),
-                             "--examples", "48", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "capture_levers.py"),
+            str(tiny_run["run_dir"]),
+            "--examples",
+            "48",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
     assert text.startswith("# Capture levers") and "Command: `python bench/capture_levers.py" in text
-    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ") and "x |" in line}
+    rows = {
+        line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ") and "x |" in line
+    }
     assert "the stage's settings" in rows and rows["the stage's settings"].endswith("| 1.00x |"), rows
-    for label in ("capture.batch_size 16", "batches in data order (not by length)", "torch.inference_mode", "1 torch thread"):
+    for label in (
+        "capture.batch_size 16",
+        "batches in data order (not by length)",
+        "torch.inference_mode",
+        "1 torch thread",
+    ):
         rate = float(rows[label].split(" | ")[1])
         assert rate > 0, rows[label]
     assert "The stage itself (manifest): 260 examples" in text, text

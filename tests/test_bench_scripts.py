@@ -12,8 +12,11 @@ from tests.helpers import ROOT
 
 pytestmark = pytest.mark.process
 
-SCRIPTS = sorted(p.relative_to(ROOT).as_posix() for p in [*(ROOT / "bench").glob("*.py"), *(ROOT / "bench" / "probes").glob("*.py")]
-                 if p.stem != "common")  # common.py is the scripts' shared module, not a script
+SCRIPTS = sorted(
+    p.relative_to(ROOT).as_posix()
+    for p in [*(ROOT / "bench").glob("*.py"), *(ROOT / "bench" / "probes").glob("*.py")]
+    if p.stem != "common"
+)  # common.py is the scripts' shared module, not a script
 
 
 def test_the_scripts_are_found():
@@ -22,8 +25,12 @@ def test_the_scripts_are_found():
 
 def test_every_bench_script_answers_help():
     """All at once (each mostly imports torch and transformers): every one exits 0 and prints its usage."""
-    started = {script: subprocess.Popen([sys.executable, script, "--help"], cwd=ROOT, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True) for script in SCRIPTS}
+    started = {
+        script: subprocess.Popen(
+            [sys.executable, script, "--help"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for script in SCRIPTS
+    }
     failed = {}
     for script, proc in started.items():
         out, err = proc.communicate(timeout=300)

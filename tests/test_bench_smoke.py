@@ -30,14 +30,31 @@ def _spread_ok(d: dict, n: int | None = None) -> None:
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    committed = {p: p.stat().st_mtime_ns for p in (ROOT / "BENCHMARKS.md", ROOT / "bench" / "results" / "bench.json",
-                                                   ROOT / "bench" / "results" / "attention_kl.json") if p.exists()}
+    committed = {
+        p: p.stat().st_mtime_ns
+        for p in (
+            ROOT / "BENCHMARKS.md",
+            ROOT / "bench" / "results" / "bench.json",
+            ROOT / "bench" / "results" / "attention_kl.json",
+        )
+        if p.exists()
+    }
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "bench/run_all.py", "--quick", "--out-dir", str(out)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "bench/run_all.py", "--quick", "--out-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
-    return {"out": out, "json": json.loads((out / "bench.json").read_text()), "md": (out / "BENCHMARKS.md").read_text(),
-            "committed": committed}
+    return {
+        "out": out,
+        "json": json.loads((out / "bench.json").read_text()),
+        "md": (out / "BENCHMARKS.md").read_text(),
+        "committed": committed,
+    }
 
 
 def test_quick_bench_leaves_committed_results_alone(quick_bench):
@@ -95,7 +112,13 @@ def test_inference_section(quick_bench):
     assert inference["available"] is True
     rows = inference["rows"]
     models = {r["model"] for r in rows}
-    assert {"teacher PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student ONNX fp32", "student ONNX int8"} <= models
+    assert {
+        "teacher PyTorch fp32",
+        "teacher ONNX fp32",
+        "teacher ONNX int8",
+        "student ONNX fp32",
+        "student ONNX int8",
+    } <= models
     assert {r["input"] for r in rows} == {"L=16", "sentences"}
     for r in rows:
         assert r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["batch"] == 1
@@ -112,7 +135,11 @@ def test_versus_section_has_every_seed(quick_bench):
     versus = quick_bench["json"]["sections"]["versus"]
     assert [r["seed"] for r in versus["rows"]] == ["config", 43]
     for r in versus["rows"]:
-        assert 0 < r["accuracy_kept"] and 0 < r["size_vs_int8_teacher"] and set(r["speedup_vs_int8_teacher"]) == {"L=16", "sentences"}
+        assert (
+            0 < r["accuracy_kept"]
+            and 0 < r["size_vs_int8_teacher"]
+            and set(r["speedup_vs_int8_teacher"]) == {"L=16", "sentences"}
+        )
         assert r["baseline"]["model"] == "teacher ONNX int8"
     kept = [r["accuracy_kept"] for r in versus["rows"]]
     assert versus["mean"]["accuracy_kept"]["mean"] == pytest.approx(sum(kept) / len(kept))
@@ -165,18 +192,27 @@ def test_attention_kl_section(quick_bench):
 def test_benchmarks_md_has_every_table(quick_bench):
     md = quick_bench["md"]
     assert md.startswith("# Benchmarks") and "--quick run" in md
-    for heading in ("## Machine", "## 1. Quality", "## 2. Inference", "## 3. Training cost", "## 4. Capture",
-                    "## 5. Attention KL", "## 6. Pipeline wall time"):
+    for heading in (
+        "## Machine",
+        "## 1. Quality",
+        "## 2. Inference",
+        "## 3. Training cost",
+        "## 4. Capture",
+        "## 5. Attention KL",
+        "## 6. Pipeline wall time",
+    ):
         assert heading in md, heading
-    for header in ("| model | layers | parameters | accuracy | macro-F1 |",
-                   "| student | accuracy | macro-F1 | retention | distill time (s) |",
-                   "| student | parameters | accuracy | retention | int8 accuracy | int8 MB | int8 ms |",
-                   "| model | runtime | input | tokens | threads | ms min / median / max | speed-up vs teacher int8 | vs teacher PyTorch |",
-                   "| model | file | size MB | vs teacher PyTorch |",
-                   "| step | samples/s min / median / max |",
-                   "| pass | examples/s min / median / max |",
-                   "| N | head dim | method |",
-                   "| stage | seconds | samples/s | key figures |"):
+    for header in (
+        "| model | layers | parameters | accuracy | macro-F1 |",
+        "| student | accuracy | macro-F1 | retention | distill time (s) |",
+        "| student | parameters | accuracy | retention | int8 accuracy | int8 MB | int8 ms |",
+        "| model | runtime | input | tokens | threads | ms min / median / max | speed-up vs teacher int8 | vs teacher PyTorch |",
+        "| model | file | size MB | vs teacher PyTorch |",
+        "| step | samples/s min / median / max |",
+        "| pass | examples/s min / median / max |",
+        "| N | head dim | method |",
+        "| stage | seconds | samples/s | key figures |",
+    ):
         assert header in md, header
     for stage in STAGES:
         assert f"\n| {stage} | " in md
@@ -198,12 +234,23 @@ def test_missing_latency_json_is_reported_not_fatal(tmp_path):
     (tmp_path / "export" / "bundle").mkdir(parents=True)
     inference = run_all.inference_part(tmp_path)
     assert inference["available"] is False and "latency.json is missing" in inference["why"]
-    report = {"command": "python bench/run_all.py", "quick": False, "config": "bert_small", "date": "today",
-              "machine": run_all.machine_facts(), "load_average": {"start": None, "end": None}, "bench_wall_s": 1.0,
-              "torch_threads": 2, "precision": None, "files": {"json_rel": "bench.json", "logs": str(tmp_path)},
-              "sections": {"inference": inference},
-              "errors": [{"part": "pipeline", "error": "RuntimeError: the fresh pipeline run failed (exit 1)"},
-                         {"part": "micro", "error": "RuntimeError: boom"}]}
+    report = {
+        "command": "python bench/run_all.py",
+        "quick": False,
+        "config": "bert_small",
+        "date": "today",
+        "machine": run_all.machine_facts(),
+        "load_average": {"start": None, "end": None},
+        "bench_wall_s": 1.0,
+        "torch_threads": 2,
+        "precision": None,
+        "files": {"json_rel": "bench.json", "logs": str(tmp_path)},
+        "sections": {"inference": inference},
+        "errors": [
+            {"part": "pipeline", "error": "RuntimeError: the fresh pipeline run failed (exit 1)"},
+            {"part": "micro", "error": "RuntimeError: boom"},
+        ],
+    }
     md = run_all.render(report)
     assert "**Not available in this run:**" in md and "latency.json is missing" in md
     assert "the fresh pipeline run failed" in md and "boom" in md

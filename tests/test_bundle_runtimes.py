@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.export import text_model as TM
 from pipeline.export.files import WEB_FILES
 from pipeline.export.tokenizer import tokenize_texts, tokenizer_facts
-from pipeline.export import text_model as TM
-from tests.helpers import read_json
+from tests.helpers import NODE_DIR, read_json
 
 pytestmark = pytest.mark.pipeline  # every check runs on the tiny runs' bundles (fixture `bundle`)
 
@@ -40,7 +40,9 @@ def predict(bundle):
 
 @pytest.fixture(scope="module")
 def test_texts(tiny_run):
-    records = [json.loads(line) for line in (tiny_run["run_dir"] / "prepare" / "test.jsonl").read_text().splitlines() if line]
+    records = [
+        json.loads(line) for line in (tiny_run["run_dir"] / "prepare" / "test.jsonl").read_text().splitlines() if line
+    ]
     return [r["text"] for r in records], [r["label"] for r in records]
 
 
@@ -59,14 +61,22 @@ def test_text_model_reproduces_predict_py_ids_and_predictions(bundle, predict, t
     for name in ("model.text.onnx", "model.text.ort"):
         probabilities, labels, ids = TM.run(bundle / name, texts)  # one text per call, as predict.py now defaults to
         for row, expected_ids in zip(ids, encoded):  # right-padded with the pad id, like predict.py's batches
-            assert row[: len(expected_ids)] == expected_ids and set(row[len(expected_ids):]) <= {reference.pad_id}
+            assert row[: len(expected_ids)] == expected_ids and set(row[len(expected_ids) :]) <= {reference.pad_id}
         assert [reference.labels[i] for i in labels] == [e["label"] for e in expected], name
         expected_probs = np.array([[e["probabilities"][n] for n in reference.labels] for e in expected])
         assert np.abs(probabilities - expected_probs).max() < 1e-5, name
     config = (bundle / "required_operators.config").read_text()
-    contrib = next(line for line in config.splitlines() if line.startswith("ai.onnx.contrib;1;")).split(";")[2].split(",")
+    contrib = (
+        next(line for line in config.splitlines() if line.startswith("ai.onnx.contrib;1;")).split(";")[2].split(",")
+    )
     # a reduced build keeps the tokenizer operators, the normalization fixes' ones (inside an If) included
-    assert {"BasicTokenizer", "WordpieceTokenizer", "StringMapping", "StringRegexSplitWithOffsets", "StringJoin"} <= set(contrib)
+    assert {
+        "BasicTokenizer",
+        "WordpieceTokenizer",
+        "StringMapping",
+        "StringRegexSplitWithOffsets",
+        "StringJoin",
+    } <= set(contrib)
     readme = (bundle / "README.md").read_text()
     assert "OrtxPackage.getLibraryPath()" in readme and "registerCustomOps(functionPointer:" in readme
     assert "onnxruntime-extensions-android" in readme and "onnxruntime-extensions-c" in readme
@@ -77,8 +87,16 @@ def test_text_model_truncates_like_predict_py(bundle, predict):
     100,000-character texts took 7 s each when every word reached the word x piece bookkeeping (now the words are cut
     to max_length first)."""
     reference = predict.BundleClassifier(bundle)
-    texts = ["", "a " * 200 + "film", "word " * 31, "word " * 29, "Café naïve résumé, déjà vu!", "ok", "word " * 20_000,
-             "é" * 50_000 + " ok"]
+    texts = [
+        "",
+        "a " * 200 + "film",
+        "word " * 31,
+        "word " * 29,
+        "Café naïve résumé, déjà vu!",
+        "ok",
+        "word " * 20_000,
+        "é" * 50_000 + " ok",
+    ]
     _, labels, ids = TM.run(bundle / "model.text.onnx", texts)
     encoded = [reference.tokenizer.encode(t).ids for t in texts]
     assert max(len(e) for e in encoded) == reference.max_length  # truncation really happened
@@ -90,9 +108,21 @@ def test_text_model_truncates_like_predict_py(bundle, predict):
 # Texts the extension operators used to tokenize otherwise than tokenizers (issue 29): a review decoded with the wrong
 # codec upstream (each "ô" became U+FFFD), invalid UTF-8 decoded with replacement, İ, the Kelvin and Ohm signs, letters
 # with accents beyond Latin-1, Greek and Cyrillic accents, a combining mark, punctuation tokenizers splits off.
-UNCLEAN = ["C\ufffdtes-du-Rh\ufffdne, a fine red", b"bad \xff\xfe bytes".decode("utf-8", errors="replace"), "\u0130stanbul trip",
-           "5 \u212a warmer", "a 10 \u2126 resistor", "T\u014dky\u014d and \u0141\u00f3d\u017a", "\u1f10\u03bb\u03ad\u03bd\u03b7 \u0401\u043b\u043a\u0430",
-           "e\u0301cole", "ctrl\x07char\x7f", "wow\u2772great\u2773", "line\u2028break", "\ue000private use", "\u4e2d\u6587 text"]
+UNCLEAN = [
+    "C\ufffdtes-du-Rh\ufffdne, a fine red",
+    b"bad \xff\xfe bytes".decode("utf-8", errors="replace"),
+    "\u0130stanbul trip",
+    "5 \u212a warmer",
+    "a 10 \u2126 resistor",
+    "T\u014dky\u014d and \u0141\u00f3d\u017a",
+    "\u1f10\u03bb\u03ad\u03bd\u03b7 \u0401\u043b\u043a\u0430",
+    "e\u0301cole",
+    "ctrl\x07char\x7f",
+    "wow\u2772great\u2773",
+    "line\u2028break",
+    "\ue000private use",
+    "\u4e2d\u6587 text",
+]
 
 
 def test_text_model_agrees_with_predict_py_on_unclean_text(bundle, predict):
@@ -101,14 +131,15 @@ def test_text_model_agrees_with_predict_py_on_unclean_text(bundle, predict):
     _, labels, ids = TM.run(bundle / "model.text.onnx", UNCLEAN)
     for text, row in zip(UNCLEAN, ids):
         expected = reference.tokenizer.encode(text).ids
-        assert row[: len(expected)] == expected and set(row[len(expected):]) <= {reference.pad_id}, repr(text)
+        assert row[: len(expected)] == expected and set(row[len(expected) :]) <= {reference.pad_id}, repr(text)
     assert list(labels) == [reference.labels.index(e["label"]) for e in reference.predict(UNCLEAN)]
     text_model = read_json(bundle / "metadata.json")["text_model"]
     fixes = text_model["normalization"]
     assert fixes["characters_mapped"] > 10_000 and fixes["characters_removed"] > 100_000
     assert fixes["still_different"] < 1000  # of 1,112,064 code points; each one is listed
-    assert len(fixes["still_different_ranges"]) >= 1 and any("still tokenize differently" in line
-                                                             for line in text_model["known_differences"])
+    assert len(fixes["still_different_ranges"]) >= 1 and any(
+        "still tokenize differently" in line for line in text_model["known_differences"]
+    )
     assert "decode them with replacement" in (bundle / "README.md").read_text()
 
 
@@ -133,22 +164,38 @@ def _train(kind: str, folder: Path) -> Path:
     """A small tokenizer trained offline: RoBERTa-style byte-level BPE or SentencePiece-style Unigram."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
-    corpus = ["a gripping and beautifully acted film", "a tedious mess of a movie", "the plot is thin, the jokes fall flat",
-              "  an unexpectedly moving story", "Café naïve résumé"] * 20
+    corpus = [
+        "a gripping and beautifully acted film",
+        "a tedious mess of a movie",
+        "the plot is thin, the jokes fall flat",
+        "  an unexpectedly moving story",
+        "Café naïve résumé",
+    ] * 20
     if kind == "bpe":
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-        tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(
-            vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tokenizer.train_from_iterator(
+            corpus,
+            trainers.BpeTrainer(
+                vocab_size=400,
+                special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            ),
+        )
         tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     else:
         tokenizer = Tokenizer(models.Unigram())
         tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-        tokenizer.train_from_iterator(corpus, trainers.UnigramTrainer(
-            vocab_size=120, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "<mask>"], unk_token="<unk>"))
-        tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+        tokenizer.train_from_iterator(
+            corpus,
+            trainers.UnigramTrainer(
+                vocab_size=120, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "<mask>"], unk_token="<unk>"
+            ),
+        )
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        )
     folder.mkdir()
     tokenizer.save(str(folder / "tokenizer.json"))
     return folder / "tokenizer.json"
@@ -179,30 +226,16 @@ def test_unigram_tokenizer_ships_ids_in_model_only_with_the_reason(tmp_path, bun
     result = TM.ship(bundle / "model.int8.onnx", tokenizer_json, facts, 16, records, 0, target)
     assert result["shipped"] is False and "Unigram" in result["why"] and not target.exists()
     wordpiece = tokenizer_facts(bundle / "tokenizer.json")
-    pairs = TM.ship(bundle / "model.int8.onnx", bundle / "tokenizer.json", wordpiece, 16,
-                    [{"text": "a", "text_pair": "b", "label": "fresh"}], 0, target)
+    pairs = TM.ship(
+        bundle / "model.int8.onnx",
+        bundle / "tokenizer.json",
+        wordpiece,
+        16,
+        [{"text": "a", "text_pair": "b", "label": "fresh"}],
+        0,
+        target,
+    )
     assert pairs["shipped"] is False and "pair" in pairs["why"] and not target.exists()
-
-
-NODE_DIR = Path(__file__).resolve().parent / "node"
-
-
-@pytest.fixture(scope="module")
-def node():
-    """The node executable with tests/node's packages installed (npm ci from package-lock.json when missing)."""
-    import shutil
-    import subprocess
-
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed: the bundle's Node.js check (onnxruntime-node) cannot run here")
-    if not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir():
-        npm = shutil.which("npm")
-        assert npm, "node is installed but npm is not: install npm, then `cd tests/node && npm ci --ignore-scripts`"
-        proc = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=NODE_DIR,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"npm ci in tests/node failed:\n{proc.stderr[-2000:]}"
-    return node
 
 
 @pytest.mark.external  # Node.js
@@ -221,8 +254,18 @@ def test_node_runs_the_bundle_like_predict_py(node, bundle, predict, tiny_run, t
     metadata = read_json(copy / "metadata.json")
     chosen = metadata["variants"][metadata["recommended"]]
     for model in (chosen["file"], chosen["ort_file"]):
-        proc = subprocess.run([node, str(NODE_DIR / "predict.mjs"), str(copy), str(tiny_run["run_dir"] / "prepare" / "test.jsonl"),
-                               model], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                node,
+                str(NODE_DIR / "predict.mjs"),
+                str(copy),
+                str(tiny_run["run_dir"] / "prepare" / "test.jsonl"),
+                model,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
         assert len(rows) == len(texts)
@@ -249,11 +292,17 @@ def test_node_answers_a_damaged_model_file_with_one_error(node, bundle, tiny_run
     (copy / "model.int8.onnx").write_bytes(random.Random(1).randbytes(4096))
     for name in ("other.onnx", "other.ort"):
         (copy / name).write_bytes(random.Random(name).randbytes(4096))
-    for name, says in [("model.int8.onnx", "is damaged: its sha256"),
-                       ("other.onnx", "is not a model onnxruntime-node can load"),
-                       ("other.ort", "is not a model onnxruntime-node can load")]:
-        proc = subprocess.run([node, str(NODE_DIR / "predict.mjs"), str(copy), str(texts), name],
-                              capture_output=True, text=True, timeout=120)
+    for name, says in [
+        ("model.int8.onnx", "is damaged: its sha256"),
+        ("other.onnx", "is not a model onnxruntime-node can load"),
+        ("other.ort", "is not a model onnxruntime-node can load"),
+    ]:
+        proc = subprocess.run(
+            [node, str(NODE_DIR / "predict.mjs"), str(copy), str(texts), name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, (name, proc.stderr[-2000:])
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], (name, proc.stderr)
@@ -277,9 +326,15 @@ def test_mobile_usability_verdicts_recorded_and_match_the_checker_cli(bundle):
         assert fixed["supported_nodes"] >= as_is["supported_nodes"]  # fixing shapes never loses nodes
         assert provider["verdict"] in ("YES", "MAYBE", "NO")
     limit = shipped["coreml_dimension_limit"]
-    assert limit["embedding_rows"] == metadata["tokenizer"]["vocab_size"] and limit["exceeded"] == (limit["embedding_rows"] > 16384)
-    proc = subprocess.run([sys.executable, "-m", "onnxruntime.tools.check_onnx_model_mobile_usability",
-                           str(bundle / shipped["model"])], capture_output=True, text=True, timeout=120)
+    assert limit["embedding_rows"] == metadata["tokenizer"]["vocab_size"] and limit["exceeded"] == (
+        limit["embedding_rows"] > 16384
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "onnxruntime.tools.check_onnx_model_mobile_usability", str(bundle / shipped["model"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = dict(re.findall(r"Model should perform well with (.+?) as is: (\w+)", proc.stderr + proc.stdout))
     assert said == {name: p["verdict"] for name, p in shipped["providers"].items()}
@@ -301,8 +356,9 @@ def test_verify_checks_every_file_and_names_the_one_that_differs(bundle, tmp_pat
     shutil.copytree(bundle, copy)
 
     def verify():
-        return subprocess.run([sys.executable, "-I", "predict.py", "--verify"], cwd=copy, capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [sys.executable, "-I", "predict.py", "--verify"], cwd=copy, capture_output=True, text=True, timeout=120
+        )
 
     ok = verify()
     assert ok.returncode == 0, ok.stderr
@@ -322,7 +378,9 @@ def _devtools():
     """scripts/ui_screenshot.py's Chromium finder and DevTools-pipe client (no extra packages)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ui_screenshot", Path(__file__).resolve().parents[1] / "scripts" / "ui_screenshot.py")
+    spec = importlib.util.spec_from_file_location(
+        "ui_screenshot", Path(__file__).resolve().parents[1] / "scripts" / "ui_screenshot.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -348,8 +406,11 @@ def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, 
     copy = tmp_path / "bundle"
     shutil.copytree(bundle, copy)
     port = ui.free_port()
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(copy)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(copy)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -367,19 +428,28 @@ def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, 
             reference = predict.BundleClassifier(copy)
             texts = test_texts[0][:3] + ["a " * 100 + "dull film"]  # the last one is truncated
             for text in texts:
-                browser.js(f"document.getElementById('label').textContent = ''; document.getElementById('status').textContent = '';"
-                           f"document.getElementById('text').value = {json.dumps(text)}; document.getElementById('classify').click()")
+                browser.js(
+                    f"document.getElementById('label').textContent = ''; document.getElementById('status').textContent = '';"
+                    f"document.getElementById('text').value = {json.dumps(text)}; document.getElementById('classify').click()"
+                )
                 assert browser.wait_for("document.getElementById('status').textContent !== ''", 30)
                 assert browser.js("document.getElementById('status').textContent") == "done"
-                shown = browser.js("({label: document.getElementById('label').textContent, ids: JSON.parse(document.getElementById"
-                                   "('label').dataset.ids), rows: [...document.querySelectorAll('#probabilities tr')].map(r => "
-                                   "[r.dataset.label, Number(r.dataset.probability)])})")
+                shown = browser.js(
+                    "({label: document.getElementById('label').textContent, ids: JSON.parse(document.getElementById"
+                    "('label').dataset.ids), rows: [...document.querySelectorAll('#probabilities tr')].map(r => "
+                    "[r.dataset.label, Number(r.dataset.probability)])})"
+                )
                 expected = reference.predict([text])[0]  # batch 1, as the page runs it
-                assert shown["ids"] == reference.tokenizer.encode(text).ids, text  # the JavaScript tokenizer, truncation too
+                assert shown["ids"] == reference.tokenizer.encode(text).ids, (
+                    text
+                )  # the JavaScript tokenizer, truncation too
                 assert shown["label"] == expected["label"], text
                 assert [name for name, _ in shown["rows"]] == reference.labels
                 # WebAssembly's int8 kernels round differently from the native CPU ones: ~3e-3 measured on the tiny run
-                assert all(abs(p - expected["probabilities"][name]) < 1e-2 for name, p in shown["rows"]), (shown, expected)
+                assert all(abs(p - expected["probabilities"][name]) < 1e-2 for name, p in shown["rows"]), (
+                    shown,
+                    expected,
+                )
             # a damaged model file: the page says which file and what to do, and classifies nothing
             model_file = metadata["demo"]["model"]
             (copy / model_file).write_bytes(b"\0" * 4096)
@@ -387,7 +457,8 @@ def test_demo_page_classifies_in_headless_chromium(bundle, predict, test_texts, 
             assert browser.wait_for("document.body && ['1', 'error'].includes(document.body.dataset.ready)", 90)
             assert browser.js("document.body.dataset.ready") == "error"
             assert browser.js("document.getElementById('status').textContent") == (
-                f"error: {model_file} is damaged: its sha256 differs from metadata.json; copy the bundle again")
+                f"error: {model_file} is damaged: its sha256 differs from metadata.json; copy the bundle again"
+            )
     finally:
         server.terminate()
         server.wait(timeout=10)

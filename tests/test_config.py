@@ -50,7 +50,9 @@ def test_out_of_range_and_impossible_values():
 
 
 def test_model_shape_checks_are_reported_together():
-    config = load_config("bert_small", ["student.teacher_layers=[0,9]", "data.max_length=1024", "distill.layer_map=[[0,6]]"])
+    config = load_config(
+        "bert_small", ["student.teacher_layers=[0,9]", "data.max_length=1024", "distill.layer_map=[[0,6]]"]
+    )
     with pytest.raises(ConfigError) as err:
         check_against_models(config)
     message = str(err.value)
@@ -91,7 +93,7 @@ def test_on_off_settings_read_as_the_words_yaml_turns_into_booleans(tmp_path):
     """export.executorch is auto|on|off; YAML (and so the command line) reads an unquoted on/off as a boolean."""
     assert load_config("tiny", ["export.executorch=off"]).export.executorch == "off"
     assert load_config("tiny", ["export.executorch=on"]).export.executorch == "on"
-    (tmp_path / "mine.yaml").write_text(f"extends: tiny\nexport:\n  executorch: off\n")
+    (tmp_path / "mine.yaml").write_text("extends: tiny\nexport:\n  executorch: off\n")
     assert load_config(str(tmp_path / "mine.yaml")).export.executorch == "off"
     with pytest.raises(ConfigError, match="export.executorch"):
         load_config("tiny", ["export.executorch=sometimes"])
@@ -112,8 +114,11 @@ def test_cli_validate_prints_resolved_config():
     assert "seed: 5" in result.stdout and "name: tiny" in result.stdout
 
 
-@pytest.mark.parametrize("overrides", [[], ["student.kind=static", "student.ffn_size=null", "distill.loss.attention=0",
-                                            "distill.loss.value_relation=0"]], ids=["transformer", "static"])
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["student.kind=static", "student.ffn_size=null", "distill.loss.attention=0", "distill.loss.value_relation=0"]],
+    ids=["transformer", "static"],
+)
 def test_a_resolved_config_loads_back_as_the_same_config(tmp_path, overrides):
     """A run's config.yaml (to_yaml) holds every key that means something for its student kind and none that would
     be refused when the file is loaded again (student.static for a transformer, layers for a static student)."""

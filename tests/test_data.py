@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from pipeline.config import DataConfig
-import numpy as np
-
 from pipeline.data import LENGTH_POOL_BATCHES, global_batches, load_frame, padding_efficiency, rank_slice, split_frame
 from pipeline.errors import DataError
 
@@ -105,7 +104,9 @@ def _rows(prefix: str, n: int) -> list[dict]:
 def test_given_splits_are_kept_exactly(tmp_path):
     from pipeline.data import load_splits
 
-    files = {s: _write(tmp_path / f"{s}.csv", _rows(s, n)) for s, n in (("train", 40), ("validation", 12), ("test", 15))}
+    files = {
+        s: _write(tmp_path / f"{s}.csv", _rows(s, n)) for s, n in (("train", 40), ("validation", 12), ("test", 15))
+    }
     cfg = DataConfig(source="csv", **files)
     report: dict = {}
     splits, _ = load_splits(cfg, seed=3, report=report)
@@ -128,10 +129,13 @@ def test_splits_not_given_are_carved_from_train(tmp_path):
     assert again["validation"]["text"].tolist() == splits["validation"]["text"].tolist()  # seeded
 
 
-@pytest.mark.parametrize("fields, phrase", [
-    ({"test": "t.csv"}, "without data.train"),
-    ({"train": "a.csv", "path": "b.csv"}, "not both"),
-])
+@pytest.mark.parametrize(
+    "fields, phrase",
+    [
+        ({"test": "t.csv"}, "without data.train"),
+        ({"train": "a.csv", "path": "b.csv"}, "not both"),
+    ],
+)
 def test_given_split_settings_that_cannot_run(fields, phrase):
     from pydantic import ValidationError
 

@@ -62,16 +62,24 @@ def container_runs(docker_images):
 
 
 def test_image_runs_as_a_non_root_user(docker_images):
-    res = subprocess.run(["docker", "run", "--rm", "--entrypoint", "id", docker_images["cpu"], "-u"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "id", docker_images["cpu"], "-u"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "1000"
 
 
 def test_postgres_image_refuses_an_empty_password(docker_images):
     """The server accepts password logins only: without one it stops at once and says so (not a silent crash loop)."""
-    res = subprocess.run(["docker", "run", "--rm", "-e", "POSTGRES_PASSWORD=", docker_images["postgres"]],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        ["docker", "run", "--rm", "-e", "POSTGRES_PASSWORD=", docker_images["postgres"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 1 and "POSTGRES_PASSWORD is empty" in res.stderr, res.stderr
 
 
@@ -79,8 +87,9 @@ def test_container_bundle_passes_the_hosts_verify(container_runs):
     runs, first, _, seconds = container_runs
     bundle = runs / "tiny" / "export" / "bundle"
     assert (bundle / "predict.py").is_file(), f"no bundle after {seconds:.0f} s:\n{first.stderr[-3000:]}"
-    res = subprocess.run([sys.executable, "-I", "predict.py", "--verify"], cwd=bundle, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-I", "predict.py", "--verify"], cwd=bundle, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["verified"] == len(read_json(bundle / "metadata.json")["files"])
 

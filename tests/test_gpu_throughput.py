@@ -37,11 +37,20 @@ def _module():
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_throughput")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
-    return {"json": json.loads((out / "gpu_throughput.json").read_text()),
-            "md": (out / "gpu_throughput.md").read_text(), "stdout": result.stdout}
+    return {
+        "json": json.loads((out / "gpu_throughput.json").read_text()),
+        "md": (out / "gpu_throughput.md").read_text(),
+        "stdout": result.stdout,
+    }
 
 
 def bert_forward(hidden, layers, ffn, labels, batch, length):
@@ -49,18 +58,34 @@ def bert_forward(hidden, layers, ffn, labels, batch, length):
     (2 H F) weights, per sequence the pooler (H^2) and classifier (H C), attention 4 L^2 H per layer."""
     per_token = layers * (4 * hidden * hidden + 2 * hidden * ffn)
     per_sequence = hidden * hidden + hidden * labels
-    return 2 * per_token * batch * length + 2 * per_sequence * batch + 4 * length ** 2 * hidden * layers * batch
+    return 2 * per_token * batch * length + 2 * per_sequence * batch + 4 * length**2 * hidden * layers * batch
 
 
 def test_forward_flops_match_a_hand_count():
     from transformers import BertConfig, BertForSequenceClassification
 
     gt = _module()
-    model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                                     num_attention_heads=4, intermediate_size=64, num_labels=3))
+    model = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            num_labels=3,
+        )
+    )
     assert gt.forward_flops(model, 3, 16) == bert_forward(32, 2, 64, 3, 3, 16)
-    student = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
-                                                       num_attention_heads=4, intermediate_size=64, num_labels=3))
+    student = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            num_labels=3,
+        )
+    )
     f_t, f_s = bert_forward(32, 2, 64, 3, 5, 8), bert_forward(32, 1, 64, 3, 5, 8)
     assert gt.stage_flops("teacher", model, student, 5, 8) == 3 * f_t
     assert gt.stage_flops("capture", model, student, 5, 8) == f_t

@@ -11,14 +11,34 @@ import pytest
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 
 LAYERS = [  # lowest first: a module imports from its own layer or the ones below, never above
-    ("leaves", {"errors", "integrity", "metrics", "timing", "plots", "augment", "static_model", "fasttext_worker", "parent_death",
-                "model_packages", "redaction"}),
+    (
+        "leaves",
+        {
+            "errors",
+            "integrity",
+            "metrics",
+            "timing",
+            "plots",
+            "augment",
+            "static_model",
+            "fasttext_worker",
+            "parent_death",
+            "model_packages",
+            "redaction",
+        },
+    ),
     ("architectures and losses", {"families", "attention", "losses", "terms", "peers"}),
     ("config and data", {"config", "data", "splits", "inference", "stage_api"}),  # stage_api: the config as a type only
     ("models and training", {"models", "pruning", "training", "objective", "cache"}),
-    ("export (the bundle)", {f"export.{path.stem}" for path in (PIPELINE / "export").glob("*.py")} - {"export.__init__"}),
+    (
+        "export (the bundle)",
+        {f"export.{path.stem}" for path in (PIPELINE / "export").glob("*.py")} - {"export.__init__"},
+    ),
     ("results", {"summary", "run_record", "tracking"}),
-    ("orchestration", {"runner"} | {f"sweep.{path.stem}" for path in (PIPELINE / "sweep").glob("*.py")} - {"sweep.__init__"}),
+    (
+        "orchestration",
+        {"runner"} | {f"sweep.{path.stem}" for path in (PIPELINE / "sweep").glob("*.py")} - {"sweep.__init__"},
+    ),
     ("entry points", {"cli", "__main__", "launch"}),
 ]
 
@@ -43,14 +63,21 @@ def imports(source: str, modules: set[str], package: str = "") -> set[str]:
             elif parts and parts[0] == "pipeline":
                 resolve(parts[1:], [alias.name for alias in node.names])
         elif isinstance(node, ast.Import):
-            found.update(alias.name.removeprefix("pipeline.") for alias in node.names if alias.name.startswith("pipeline."))
+            found.update(
+                alias.name.removeprefix("pipeline.") for alias in node.names if alias.name.startswith("pipeline.")
+            )
     return {name for name in found if name in modules}
 
 
 def graph() -> dict[str, set[str]]:
-    files = {path.relative_to(PIPELINE).with_suffix("").as_posix().replace("/", "."): path
-             for path in PIPELINE.rglob("*.py") if path.stem != "__init__" and "bundle_files" not in path.parts}
-    return {name: imports(path.read_text(), set(files), name.rpartition(".")[0]) - {name} for name, path in files.items()}
+    files = {
+        path.relative_to(PIPELINE).with_suffix("").as_posix().replace("/", "."): path
+        for path in PIPELINE.rglob("*.py")
+        if path.stem != "__init__" and "bundle_files" not in path.parts
+    }
+    return {
+        name: imports(path.read_text(), set(files), name.rpartition(".")[0]) - {name} for name, path in files.items()
+    }
 
 
 def cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -61,7 +88,7 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt, path + [nxt])):
                 return found
         state[node] = 2
@@ -76,19 +103,28 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
 def test_every_module_has_a_layer_and_no_import_goes_up_or_round():
     edges = graph()
     layer = {name: index for index, (_, names) in enumerate(LAYERS) for name in names}
-    assert set(edges) == set(layer), f"modules without a layer: {sorted(set(edges) - set(layer))}; " \
-                                     f"layers naming no module: {sorted(set(layer) - set(edges))}"
-    upward = [f"{a} ({LAYERS[layer[a]][0]}) imports {b} ({LAYERS[layer[b]][0]})"
-              for a in sorted(edges) for b in sorted(edges[a]) if layer[b] > layer[a]]
+    assert set(edges) == set(layer), (
+        f"modules without a layer: {sorted(set(edges) - set(layer))}; "
+        f"layers naming no module: {sorted(set(layer) - set(edges))}"
+    )
+    upward = [
+        f"{a} ({LAYERS[layer[a]][0]}) imports {b} ({LAYERS[layer[b]][0]})"
+        for a in sorted(edges)
+        for b in sorted(edges[a])
+        if layer[b] > layer[a]
+    ]
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
     assert cycle(edges) is None, f"import cycle: {' -> '.join(cycle(edges))}"
 
 
-@pytest.mark.parametrize("extra, goes_up", [
-    ({"errors": {"tracking"}}, True),  # the circle this layout removed: errors.explain imported tracking
-    ({"export.variants": {"summary"}, "summary": {"export.variants"}}, True),  # the export reading the run summary
-    ({"peers": {"terms"}, "terms": {"peers"}}, False),  # within one layer: only the cycle check sees it
-])
+@pytest.mark.parametrize(
+    "extra, goes_up",
+    [
+        ({"errors": {"tracking"}}, True),  # the circle this layout removed: errors.explain imported tracking
+        ({"export.variants": {"summary"}, "summary": {"export.variants"}}, True),  # the export reading the run summary
+        ({"peers": {"terms"}, "terms": {"peers"}}, False),  # within one layer: only the cycle check sees it
+    ],
+)
 def test_the_checks_fail_when_a_bad_import_is_added(extra, goes_up):
     edges = {name: set(deps) for name, deps in graph().items()}
     for name, deps in extra.items():
@@ -99,13 +135,32 @@ def test_the_checks_fail_when_a_bad_import_is_added(extra, goes_up):
 
 
 def test_imports_reads_every_form():
-    modules = {"errors", "config", "tracking", "runner", "export.latency", "export.files", "export.variants", "export.mobile"}
-    source = ("from .errors import PipelineError\nfrom .export import latency as L\nimport pipeline.config\n"
-              "def f():\n    from pipeline.tracking import redact\n    import numpy\n")
+    modules = {
+        "errors",
+        "config",
+        "tracking",
+        "runner",
+        "export.latency",
+        "export.files",
+        "export.variants",
+        "export.mobile",
+    }
+    source = (
+        "from .errors import PipelineError\nfrom .export import latency as L\nimport pipeline.config\n"
+        "def f():\n    from pipeline.tracking import redact\n    import numpy\n"
+    )
     assert imports(source, modules) == {"errors", "export.latency", "config", "tracking"}
-    inside = ("from .. import errors\nfrom ..config import load_config\nfrom . import files\nfrom .variants import Inputs\n"
-              "from pipeline.export.mobile import usability\n")
-    assert imports(inside, modules, "export") == {"errors", "config", "export.files", "export.variants", "export.mobile"}
+    inside = (
+        "from .. import errors\nfrom ..config import load_config\nfrom . import files\nfrom .variants import Inputs\n"
+        "from pipeline.export.mobile import usability\n"
+    )
+    assert imports(inside, modules, "export") == {
+        "errors",
+        "config",
+        "export.files",
+        "export.variants",
+        "export.mobile",
+    }
 
 
 # ---------------------------------------------------------------- bench/: scripts that import each other by name

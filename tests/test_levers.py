@@ -20,17 +20,29 @@ from pipeline.pruning import ffn_importance, prune_ffn, top_neurons
 
 def bert(seed=0, layers=2, hidden=32, ffn=64):
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=100, hidden_size=hidden, num_attention_heads=4, num_hidden_layers=layers,
-                     intermediate_size=ffn, max_position_embeddings=64, num_labels=3,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=hidden,
+        num_attention_heads=4,
+        num_hidden_layers=layers,
+        intermediate_size=ffn,
+        max_position_embeddings=64,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertForSequenceClassification(copy.deepcopy(cfg)).eval()
 
 
 def batch_of(lengths, seed=0):
     rng = np.random.default_rng(seed)
     ids, mask = pad_batch([list(rng.integers(5, 100, n)) for n in lengths], 0)
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([i % 3 for i in range(len(lengths))]),
-            "indices": np.arange(len(lengths))}
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": torch.tensor([i % 3 for i in range(len(lengths))]),
+        "indices": np.arange(len(lengths)),
+    }
 
 
 # ---------------------------------------------------------------- FFN pruning
@@ -99,8 +111,10 @@ def test_student_from_pruned_teacher_layers_saves_and_loads(tmp_path):
     again = BertForSequenceClassification.from_pretrained(tmp_path)
     batch = batch_of([5, 7])
     with torch.no_grad():
-        torch.testing.assert_close(again(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
-                                   student.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits)
+        torch.testing.assert_close(
+            again(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+            student.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+        )
 
 
 def test_ffn_size_needs_teacher_layers_and_fits_the_teacher():
@@ -129,8 +143,16 @@ def test_word_spans_join_continuation_pieces():
 def test_augment_is_deterministic_and_keeps_the_sentence_frame():
     sentences = [[1, 10, 91, 11, 12, 13, 14, 15, 2], [1, 20, 21, 2]]
     neighbours = {11: np.array([50, 51]), 20: np.array([60])}
-    kwargs = dict(mask_id=3, continuation=CONTINUATION, neighbours=neighbours, mask_prob=0.3, replace_prob=0.3,
-                  ngram_prob=0.3, cls_id=1, sep_id=2)
+    kwargs = dict(
+        mask_id=3,
+        continuation=CONTINUATION,
+        neighbours=neighbours,
+        mask_prob=0.3,
+        replace_prob=0.3,
+        ngram_prob=0.3,
+        cls_id=1,
+        sep_id=2,
+    )
     first = augment(sentences, 20, seed=5, **kwargs)
     assert first == augment(sentences, 20, seed=5, **kwargs)
     assert first != augment(sentences, 20, seed=6, **kwargs)
@@ -149,12 +171,23 @@ def test_augment_is_deterministic_and_keeps_the_sentence_frame():
 
 def test_ngram_sampling_keeps_one_to_five_words():
     sentence = [1] + list(range(10, 30)) + [2]
-    variants = augment([sentence], 50, seed=0, mask_id=3, continuation=CONTINUATION, neighbours={}, mask_prob=0.0,
-                       replace_prob=0.0, ngram_prob=1.0, cls_id=1, sep_id=2)
+    variants = augment(
+        [sentence],
+        50,
+        seed=0,
+        mask_id=3,
+        continuation=CONTINUATION,
+        neighbours={},
+        mask_prob=0.0,
+        replace_prob=0.0,
+        ngram_prob=1.0,
+        cls_id=1,
+        sep_id=2,
+    )
     assert variants and all(1 <= len(v) - 2 <= 5 for v in variants)
     for v in variants:  # a contiguous span of the original words
         start = sentence.index(v[1])
-        assert v[1:-1] == sentence[start:start + len(v) - 2]
+        assert v[1:-1] == sentence[start : start + len(v) - 2]
 
 
 def test_nearest_words_are_the_most_similar_other_candidates():
@@ -174,7 +207,9 @@ def test_nearest_words_are_the_most_similar_other_candidates():
 def test_relation_terms_use_only_rows_with_relation_targets():
     teacher, student = bert(0, layers=3), bert(1, layers=2)
     weights = LossWeights(ce=1.0, kd=1.0, attention=1.0, value_relation=1.0, hidden=1.0)
-    plan = TargetPlan(pairs=[(0, 1), (1, 2)], relation_heads=4, attention=True, value_relation=True, hidden=True, kd=True)
+    plan = TargetPlan(
+        pairs=[(0, 1), (1, 2)], relation_heads=4, attention=True, value_relation=True, hidden=True, kd=True
+    )
     config = types.SimpleNamespace(distill=types.SimpleNamespace(loss=weights, temperature=2.0, attention_chunk=3))
     objective = DistillObjective(config, plan, 32, 32)
     mixed = batch_of([7, 4, 9, 2])
@@ -206,8 +241,17 @@ def augmented_run(tiny_run, tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("augmented")
     for stage in ("prepare", "teacher"):  # shared upstream: the runner skips them (same fingerprints)
         shutil.copytree(tiny_run["run_dir"] / stage, runs_dir / "tiny" / stage, copy_function=os.link)
-    result = run_cli("run", "tiny", "capture.augment.copies=2", "student.teacher_layers=[0,1]", "student.ffn_size=16",
-                     "tracking.enabled=false", "--to", "evaluate", runs_dir=runs_dir)
+    result = run_cli(
+        "run",
+        "tiny",
+        "capture.augment.copies=2",
+        "student.teacher_layers=[0,1]",
+        "student.ffn_size=16",
+        "tracking.enabled=false",
+        "--to",
+        "evaluate",
+        runs_dir=runs_dir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return runs_dir / "tiny", result
 
@@ -215,13 +259,16 @@ def augmented_run(tiny_run, tmp_path_factory):
 def test_augmentation_leaves_the_teacher_alone_and_labels_variants_with_logits_only(augmented_run):
     from pipeline.cache import TeacherCache
     from pipeline.config import load_config
-    from pipeline.splits import TrainingData, pad_id
     from pipeline.models import load_classifier
     from pipeline.runner import Distributed
+    from pipeline.splits import TrainingData, pad_id
     from tests.helpers import read_json
 
     run_dir, result = augmented_run
-    assert "[prepare] up to date" in result.stderr + result.stdout and "[teacher] up to date" in result.stderr + result.stdout
+    assert (
+        "[prepare] up to date" in result.stderr + result.stdout
+        and "[teacher] up to date" in result.stderr + result.stdout
+    )
     capture = read_json(run_dir / "capture" / "capture.json")
     train = TrainingData(run_dir / "prepare", run_dir / "capture")
     assert train.names == ["train", "augmented"] and capture["augmented_examples"] == len(train.parts[1]) > 0
@@ -291,8 +338,10 @@ def test_fused_adamw_gives_the_multi_tensor_update():
     from pipeline.training import configure_optimizer
 
     models = {fused: bert(seed=2) for fused in (True, False)}
-    optimizers = {fused: configure_optimizer({"model": m}, TrainSettings(lr=1e-2, weight_decay=0.01, fused_adamw=fused))[0]
-                  for fused, m in models.items()}
+    optimizers = {
+        fused: configure_optimizer({"model": m}, TrainSettings(lr=1e-2, weight_decay=0.01, fused_adamw=fused))[0]
+        for fused, m in models.items()
+    }
     assert optimizers[True].defaults["fused"] and not optimizers[False].defaults["fused"]
     for fused, model in models.items():
         model.train()
@@ -305,8 +354,9 @@ def test_fused_adamw_gives_the_multi_tensor_update():
             loss.backward()
             optimizers[fused].step()
     start = bert(seed=2)
-    for (name, a), (_, b), (_, s) in zip(models[True].named_parameters(), models[False].named_parameters(),
-                                         start.named_parameters()):
+    for (name, a), (_, b), (_, _start) in zip(
+        models[True].named_parameters(), models[False].named_parameters(), start.named_parameters()
+    ):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
     assert max((a - s).abs().max().item() for a, s in zip(models[True].parameters(), start.parameters())) > 1e-3
 
@@ -316,10 +366,18 @@ def test_teacher_with_its_levers_on_saves_an_ordinary_full_table(tmp_path):
     """teacher.used_embedding_rows and teacher.fused_adamw (off by default): the stage trains the used rows and saves
     a teacher whose embedding table has every row again, loadable as any classifier."""
     from helpers import run_cli
+
     from pipeline.models import load_classifier
 
-    result = run_cli("run", "tiny", "teacher.used_embedding_rows=true", "teacher.fused_adamw=true", "--to", "teacher",
-                     runs_dir=tmp_path)
+    result = run_cli(
+        "run",
+        "tiny",
+        "teacher.used_embedding_rows=true",
+        "teacher.fused_adamw=true",
+        "--to",
+        "teacher",
+        runs_dir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[teacher] fine-tuning" in result.stderr + result.stdout
     teacher = load_classifier(str(tmp_path / "tiny" / "teacher" / "model"))

@@ -34,7 +34,7 @@ def naive_relation_kl(t_a, t_b, s_a, s_b, lengths, r, t_window=None, s_window=No
     total, rows = 0.0, 0
     for i, length in enumerate(lengths):
 
-        def probs(a, b, window):
+        def probs(a, b, window, i=i, length=length):
             a = a[i, :length].view(length, r, -1).transpose(0, 1)
             b = b[i, :length].view(length, r, -1).transpose(0, 1)
             scores = a @ b.transpose(-1, -2) / math.sqrt(a.size(-1))
@@ -228,16 +228,20 @@ def test_windowed_relation_kl_matches_naive_and_the_cached_path(qk, chunk_size, 
     mask = make_mask()
     t_window, s_window = windows
     ref = value_and_grads(lambda: naive_relation_kl(t_q, t_k, s_q, s_k, LENGTHS, 4, t_window, s_window), s_q, s_k)
-    got = value_and_grads(lambda: relation_kl(t_q, t_k, s_q, s_k, mask, 4, chunk_size, teacher_window=t_window,
-                                              student_window=s_window), s_q, s_k)
+    got = value_and_grads(
+        lambda: relation_kl(t_q, t_k, s_q, s_k, mask, 4, chunk_size, teacher_window=t_window, student_window=s_window),
+        s_q,
+        s_k,
+    )
     for a, b in zip(got, ref):
         assert (a - b).abs().max().item() <= 1e-6
     unwindowed = relation_kl(t_q, t_k, s_q, s_k, mask, 4, chunk_size)
     assert abs(unwindowed.item() - ref[0].item()) > 1e-3  # the window changes the loss
     # the cache's path: teacher probabilities computed with the teacher layer's window, as capture stores them
     t_probs = attention_probs(t_q, t_k, mask, 4, t_window) * mask[:, None, :, None]
-    assert t_probs[0, :, 0, t_window + 1:].abs().max() == 0
-    cached = value_and_grads(lambda: relation_kl_from_probs(t_probs, s_q, s_k, mask, 4, chunk_size,
-                                                            student_window=s_window), s_q, s_k)
+    assert t_probs[0, :, 0, t_window + 1 :].abs().max() == 0
+    cached = value_and_grads(
+        lambda: relation_kl_from_probs(t_probs, s_q, s_k, mask, 4, chunk_size, student_window=s_window), s_q, s_k
+    )
     for a, b in zip(cached, ref):
         assert (a - b).abs().max().item() <= 1e-6

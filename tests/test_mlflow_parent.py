@@ -32,7 +32,11 @@ def _client(tiny_run):
 
 def _parent(client):
     experiment = client.get_experiment_by_name("tiny")
-    runs = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("attention_distill.role") == "pipeline"]
+    runs = [
+        r
+        for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get("attention_distill.role") == "pipeline"
+    ]
     assert len(runs) == 1
     return experiment, runs[0]
 
@@ -42,16 +46,27 @@ def expected_metrics(run_dir) -> dict:
     evaluate, export = read_json(run_dir / "evaluate" / "metrics.json"), read_json(run_dir / "export" / "metrics.json")
     variant = export["recommended"]
     shipped, comparison = export[f"onnx_{variant}"], export["versus_int8_teacher"]
-    expected = {"teacher_accuracy": evaluate["teacher"]["accuracy"], "teacher_macro_f1": evaluate["teacher"]["macro_f1"],
-                "student_accuracy": evaluate["student"]["accuracy"], "student_macro_f1": evaluate["student"]["macro_f1"],
-                "retention": evaluate["retention"], "shipped_accuracy": shipped["accuracy"],
-                "shipped_macro_f1": shipped["macro_f1"], "shipped_mb": shipped["file_mb"],
-                "accuracy_kept": comparison["accuracy_kept"], "size_vs_int8_teacher": comparison["size_vs_int8_teacher"]}
+    expected = {
+        "teacher_accuracy": evaluate["teacher"]["accuracy"],
+        "teacher_macro_f1": evaluate["teacher"]["macro_f1"],
+        "student_accuracy": evaluate["student"]["accuracy"],
+        "student_macro_f1": evaluate["student"]["macro_f1"],
+        "retention": evaluate["retention"],
+        "shipped_accuracy": shipped["accuracy"],
+        "shipped_macro_f1": shipped["macro_f1"],
+        "shipped_mb": shipped["file_mb"],
+        "accuracy_kept": comparison["accuracy_kept"],
+        "size_vs_int8_teacher": comparison["size_vs_int8_teacher"],
+    }
     for name, value in comparison["speedup_vs_int8_teacher"].items():
         expected[f"speedup_vs_int8_teacher_{name.replace('=', '')}"] = value
     # tiny times L=16 on 1 thread (the summary's latency setting) and real sentences
     for row in export["latency"]:
-        if row["model"] == f"student ONNX {variant.replace('_', ' ')}" and row["threads"] == 1 and row["input"] in ("L=16", "sentences"):
+        if (
+            row["model"] == f"student ONNX {variant.replace('_', ' ')}"
+            and row["threads"] == 1
+            and row["input"] in ("L=16", "sentences")
+        ):
             expected[f"shipped_latency_ms_{row['input'].replace('=', '')}"] = row["median_ms"]
     assert {"shipped_latency_ms_L16", "shipped_latency_ms_sentences", "speedup_vs_int8_teacher_L16"} <= set(expected)
     return expected
@@ -71,7 +86,9 @@ def test_parent_description_has_the_results_table_and_the_command(tiny_run):
     assert note.startswith(config.description)
     assert "| model | accuracy | macro-F1 | params | size MB |" in note
     evaluate = read_json(tiny_run["run_dir"] / "evaluate" / "metrics.json")
-    assert f"| teacher (PyTorch) | {evaluate['teacher']['accuracy']:.4f} | {evaluate['teacher']['macro_f1']:.4f} |" in note
+    assert (
+        f"| teacher (PyTorch) | {evaluate['teacher']['accuracy']:.4f} | {evaluate['teacher']['macro_f1']:.4f} |" in note
+    )
     assert re.search(r"\| student ONNX (int8|int8 static|fp32) \*\*\(shipped\)\*\* \|", note)
     assert "config/resolved.yaml" in note
     # The command in the description rebuilds exactly the resolved config the run used.
@@ -102,7 +119,9 @@ def test_parent_tags_and_registered_version_link(tiny_run):
 
 def test_parent_has_the_splits_as_dataset_inputs(tiny_run):
     _, parent = _parent(_client(tiny_run))
-    inputs = {next(t.value for t in d.tags if t.key == "mlflow.data.context"): d.dataset for d in parent.inputs.dataset_inputs}
+    inputs = {
+        next(t.value for t in d.tags if t.key == "mlflow.data.context"): d.dataset for d in parent.inputs.dataset_inputs
+    }
     assert set(inputs) == {"training", "validation", "test"}
     for split, context in (("train", "training"), ("validation", "validation"), ("test", "test")):
         path = tiny_run["run_dir"] / "prepare" / f"{split}.jsonl"
@@ -124,8 +143,11 @@ def test_registered_version_has_the_headline_figures(tiny_run):
     _, parent = _parent(client)
     version = read_json(tiny_run["run_dir"] / "export" / "export.json")["registered_version"]
     model_version = client.get_model_version(REGISTERED, str(version))
-    expected = {k: v for k, v in expected_metrics(tiny_run["run_dir"]).items()
-                if not k.startswith(("teacher_", "student_")) and k != "retention"}
+    expected = {
+        k: v
+        for k, v in expected_metrics(tiny_run["run_dir"]).items()
+        if not k.startswith(("teacher_", "student_")) and k != "retention"
+    }
     tags = model_version.tags
     assert {k: float(tags[k]) for k in expected} == pytest.approx(expected, rel=1e-5)
     assert tags["pipeline_run_id"] == parent.info.run_id
@@ -171,6 +193,7 @@ class RefusingClient:
     def __getattr__(self, name):
         def refuse(*args, **kwargs):
             raise RuntimeError("INVALID_PARAMETER_VALUE: refused")
+
         return refuse
 
 
@@ -189,8 +212,14 @@ def test_mlflow_refusing_the_result_is_a_warning(tiny_run):
     assert any(r.levelno == logging.WARNING and "result was not recorded" in r.getMessage() for r in records)
 
 
-@pytest.mark.parametrize("overrides", [[], ["distill.epochs=1", "student.teacher_layers=[0,1]", "precision=fp32"],
-                                       ['description="42: it\'s $HOME"', "seed=7", "export.latency_lengths=[8, 16]"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["distill.epochs=1", "student.teacher_layers=[0,1]", "precision=fp32"],
+        ['description="42: it\'s $HOME"', "seed=7", "export.latency_lengths=[8, 16]"],
+    ],
+)
 def test_reproduce_overrides_rebuild_the_config(overrides):
     config = load_config("tiny", overrides)
     args = override_args(config)

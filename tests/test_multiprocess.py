@@ -17,12 +17,30 @@ pytestmark = pytest.mark.pipeline
 
 
 def launch(runs_dir, nproc: int):
-    command = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--multi_gpu",
-               "--num_machines", "1", "--num_processes", str(nproc), "--mixed_precision", "no",
-               "--dynamo_backend", "no", "-m", "pipeline", "run", "tiny", *NO_DROPOUT, "export.executorch=off",
-               "--runs-dir", str(runs_dir)]
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True,
-                            timeout=900)
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "accelerate"),
+        "launch",
+        "--multi_gpu",
+        "--num_machines",
+        "1",
+        "--num_processes",
+        str(nproc),
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "pipeline",
+        "run",
+        "tiny",
+        *NO_DROPOUT,
+        "export.executorch=off",
+        "--runs-dir",
+        str(runs_dir),
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -31,7 +49,9 @@ def test_two_processes_match_one(tmp_path):
     run_one_process(tmp_path / "one")
     two = launch(tmp_path / "two", 2)
     assert "[rank 0]" in two.stderr
-    assert (tmp_path / "two" / "tiny" / "export" / "bundle" / "metadata.json").is_file()  # rank 0 exported, rank 1 waited
+    assert (
+        tmp_path / "two" / "tiny" / "export" / "bundle" / "metadata.json"
+    ).is_file()  # rank 0 exported, rank 1 waited
     run1, run2 = tmp_path / "one" / "tiny", tmp_path / "two" / "tiny"
     # World size as seen by Accelerate's process group, recorded by the distill stage.
     assert json.loads((run2 / "distill" / "manifest.json").read_text())["summary"]["world_size"] == 2

@@ -12,20 +12,33 @@ from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
 from tests.helpers import batch_of, bert, fake_config, write_cache
 
 
-@pytest.mark.parametrize("store,dtype,tolerance", [("probs", "float32", 1e-5), ("vectors", "float32", 1e-5),
-                                                   ("probs", "float16", 2e-3), ("vectors", "float16", 2e-3)])
+@pytest.mark.parametrize(
+    "store,dtype,tolerance",
+    [
+        ("probs", "float32", 1e-5),
+        ("vectors", "float32", 1e-5),
+        ("probs", "float16", 2e-3),
+        ("vectors", "float16", 2e-3),
+    ],
+)
 def test_cached_and_online_targets_give_the_same_loss(tmp_path, store, dtype, tolerance):
     teacher, student = bert(32, 4, 3, seed=0), bert(32, 4, 2, seed=1)
     weights = LossWeights(ce=1.0, kd=1.0, attention=1.0, value_relation=1.0, hidden=1.0)
-    plan = TargetPlan(pairs=[(0, 1), (1, 2)], relation_heads=4, attention=True, value_relation=True, hidden=True, kd=True)
+    plan = TargetPlan(
+        pairs=[(0, 1), (1, 2)], relation_heads=4, attention=True, value_relation=True, hidden=True, kd=True
+    )
     objective = DistillObjective(fake_config(weights), plan, 32, 32)
     batch = batch_of([7, 4, 9, 2])
     online = teacher_targets(teacher, batch, plan)
     online_loss, online_terms = objective(student, batch, online)
 
     # Write the same targets the way the capture stage does, then read them back.
-    write_cache(tmp_path, online, batch, CacheLayout(plan, num_labels=3, hidden=32, stores={"attn": store, "vrel": store},
-                                                     dtype=dtype))
+    write_cache(
+        tmp_path,
+        online,
+        batch,
+        CacheLayout(plan, num_labels=3, hidden=32, stores={"attn": store, "vrel": store}, dtype=dtype),
+    )
     cache = TeacherCache(tmp_path)
     cached = cache.batch(batch["indices"], batch["input_ids"].shape[1], "cpu")
     cached_loss, cached_terms = objective(student, batch, cached)
@@ -39,8 +52,12 @@ def test_corrupted_shard_is_named(tmp_path):
     teacher = bert(32, 4, 2, seed=0)
     plan = TargetPlan(pairs=[(0, 1)], relation_heads=4, attention=True, value_relation=False, hidden=False, kd=True)
     batch = batch_of([5, 3])
-    write_cache(tmp_path, teacher_targets(teacher, batch, plan), batch,
-                CacheLayout(plan, 3, 32, {"attn": "probs", "vrel": "probs"}, "float16"))
+    write_cache(
+        tmp_path,
+        teacher_targets(teacher, batch, plan),
+        batch,
+        CacheLayout(plan, 3, 32, {"attn": "probs", "vrel": "probs"}, "float16"),
+    )
     data = tmp_path / "shard-00000.bin"
     raw = bytearray(data.read_bytes())
     raw[10] ^= 0xFF

@@ -31,31 +31,50 @@ def pair_run(tmp_path_factory):
     corpus = corpus[corpus["category"] != "plot"].reset_index(drop=True)
     rng = np.random.default_rng(13)
     first, second = rng.choice(len(corpus), PAIRS, replace=False), rng.choice(len(corpus), PAIRS, replace=False)
-    frame = pd.DataFrame({
-        "premise": corpus["text"].to_numpy()[first], "hypothesis": corpus["text"].to_numpy()[second],
-        "movie": corpus["movie_name"].to_numpy()[first],  # the premise's movie: no movie in two splits
-        "relation": np.where(corpus["category"].to_numpy()[first] == corpus["category"].to_numpy()[second], "same", "different"),
-    })
+    frame = pd.DataFrame(
+        {
+            "premise": corpus["text"].to_numpy()[first],
+            "hypothesis": corpus["text"].to_numpy()[second],
+            "movie": corpus["movie_name"].to_numpy()[first],  # the premise's movie: no movie in two splits
+            "relation": np.where(
+                corpus["category"].to_numpy()[first] == corpus["category"].to_numpy()[second], "same", "different"
+            ),
+        }
+    )
     frame.to_csv(folder / "pairs.csv", index=False)
-    config = {"extends": "tiny", "name": "pairs", "precision": "fp32",  # the same numbers on AVX2 and AVX512-BF16 machines
-              "data": {"source": "csv", "path": str(folder / "pairs.csv"), "text_column": "premise",
-                       "text_pair_column": "hypothesis", "label_column": "relation", "group_column": "movie",
-                       "max_examples": None,
-                       "max_length": 48},
-              "distill": {"epochs": 1},
-              "export": {"latency_sentences": 5, "latency_runs": 2, "latency_rounds": 1, "quantize": True},
-              "tracking": {"enabled": False}}
+    config = {
+        "extends": "tiny",
+        "name": "pairs",
+        "precision": "fp32",  # the same numbers on AVX2 and AVX512-BF16 machines
+        "data": {
+            "source": "csv",
+            "path": str(folder / "pairs.csv"),
+            "text_column": "premise",
+            "text_pair_column": "hypothesis",
+            "label_column": "relation",
+            "group_column": "movie",
+            "max_examples": None,
+            "max_length": 48,
+        },
+        "distill": {"epochs": 1},
+        "export": {"latency_sentences": 5, "latency_runs": 2, "latency_rounds": 1, "quantize": True},
+        "tracking": {"enabled": False},
+    }
     (folder / "pairs.yaml").write_text(yaml.safe_dump(config))
     result = run_cli("run", str(folder / "pairs.yaml"), runs_dir=folder / "runs")
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = folder / "runs" / "pairs"
-    return {"run_dir": run_dir, "prepare": run_dir / "prepare", "bundle": run_dir / "export" / "bundle",
-            "config": folder / "pairs.yaml"}
+    return {
+        "run_dir": run_dir,
+        "prepare": run_dir / "prepare",
+        "bundle": run_dir / "export" / "bundle",
+        "config": folder / "pairs.yaml",
+    }
 
 
 def test_prepare_stores_the_tokenizers_segment_ids_for_pairs(pair_run):
-    from pipeline.splits import TokenizedSplit
     from pipeline.models import load_tokenizer
+    from pipeline.splits import TokenizedSplit
 
     test = TokenizedSplit(pair_run["prepare"], "test")
     records = [json.loads(line) for line in (pair_run["prepare"] / "test.jsonl").open()]
@@ -70,8 +89,8 @@ def test_prepare_stores_the_tokenizers_segment_ids_for_pairs(pair_run):
 
 def test_batches_carry_segment_ids_and_the_teacher_uses_them(pair_run):
     from pipeline.inference import model_inputs
-    from pipeline.splits import TokenizedSplit, TrainingData, pad_id
     from pipeline.models import load_classifier
+    from pipeline.splits import TokenizedSplit, TrainingData, pad_id
 
     prepare, pad = pair_run["prepare"], pad_id(pair_run["prepare"])
     test = TokenizedSplit(prepare, "test")
@@ -95,7 +114,9 @@ def test_batches_carry_segment_ids_and_the_teacher_uses_them(pair_run):
 
     rows = np.arange(8)
     train_batch = TrainingData(prepare, pair_run["run_dir"] / "capture").batch(rows, pad, "cpu")
-    cached = TeacherCache(pair_run["run_dir"] / "capture" / "cache").batch(rows, train_batch["input_ids"].shape[1], "cpu")
+    cached = TeacherCache(pair_run["run_dir"] / "capture" / "cache").batch(
+        rows, train_batch["input_ids"].shape[1], "cpu"
+    )
     with torch.no_grad():
         fed = teacher(**model_inputs(train_batch)).logits
         unfed = teacher(input_ids=train_batch["input_ids"], attention_mask=train_batch["attention_mask"]).logits
@@ -107,8 +128,8 @@ def test_batches_carry_segment_ids_and_the_teacher_uses_them(pair_run):
 def test_predict_logits_feeds_segment_ids(pair_run):
     """The evaluation / validation path (predict_logits) equals the teacher run by hand with token_type_ids."""
     from pipeline.inference import predict_logits
-    from pipeline.splits import TokenizedSplit, pad_id
     from pipeline.models import load_classifier
+    from pipeline.splits import TokenizedSplit, pad_id
 
     prepare, pad = pair_run["prepare"], pad_id(pair_run["prepare"])
     test = TokenizedSplit(prepare, "test")
@@ -124,9 +145,14 @@ def test_predict_logits_feeds_segment_ids(pair_run):
     logits = predict_logits(teacher, test, 16, Single(), pad)
     with torch.no_grad():
         # straight from the stored columns, not through the batch code predict_logits uses
-        by_hand = np.concatenate([teacher(input_ids=torch.tensor([test.input_ids[i]]),
-                                          token_type_ids=torch.tensor([test.token_type_ids[i]])).logits.numpy()
-                                  for i in range(12)])
+        by_hand = np.concatenate(
+            [
+                teacher(
+                    input_ids=torch.tensor([test.input_ids[i]]), token_type_ids=torch.tensor([test.token_type_ids[i]])
+                ).logits.numpy()
+                for i in range(12)
+            ]
+        )
     np.testing.assert_allclose(logits[:12], by_hand, atol=1e-4)  # one example at a time: no padding at all
 
 
@@ -152,23 +178,47 @@ def test_predict_py_reproduces_the_accuracy_and_classifies_a_pair(pair_run):
     bundle = pair_run["bundle"]
     metadata = json.loads((bundle / "metadata.json").read_text())
     recorded = metadata["variants"][metadata["recommended"]]["accuracy"]
-    evaluated = subprocess.run([sys.executable, str(bundle / "predict.py"), "--eval", str(pair_run["prepare"] / "test.jsonl")],
-                               capture_output=True, text=True, timeout=120)
+    evaluated = subprocess.run(
+        [sys.executable, str(bundle / "predict.py"), "--eval", str(pair_run["prepare"] / "test.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads(evaluated.stdout)["accuracy"] == pytest.approx(recorded, abs=1e-9)
-    single = subprocess.run([sys.executable, str(bundle / "predict.py"), "a gripping film", "--pair", "a dull film",
-                             "a tedious mess", "--pair", "a tedious mess"], capture_output=True, text=True, timeout=120)
+    single = subprocess.run(
+        [
+            sys.executable,
+            str(bundle / "predict.py"),
+            "a gripping film",
+            "--pair",
+            "a dull film",
+            "a tedious mess",
+            "--pair",
+            "a tedious mess",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert single.returncode == 0, single.stderr
     lines = [json.loads(line) for line in single.stdout.splitlines()]
-    assert [(r["text"], r["text_pair"]) for r in lines] == [("a gripping film", "a dull film"),
-                                                           ("a tedious mess", "a tedious mess")]
+    assert [(r["text"], r["text_pair"]) for r in lines] == [
+        ("a gripping film", "a dull film"),
+        ("a tedious mess", "a tedious mess"),
+    ]
     assert all(r["label"] in ("same", "different") and abs(sum(r["probabilities"].values()) - 1) < 1e-5 for r in lines)
-    uneven = subprocess.run([sys.executable, str(bundle / "predict.py"), "a", "b", "--pair", "c"],
-                            capture_output=True, text=True, timeout=120)
+    uneven = subprocess.run(
+        [sys.executable, str(bundle / "predict.py"), "a", "b", "--pair", "c"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert uneven.returncode == 2 and "one --pair per text" in uneven.stderr
     assert metadata["text_pairs"] is True
-    bare = subprocess.run([sys.executable, str(bundle / "predict.py"), "a gripping film"],
-                          capture_output=True, text=True, timeout=120)
+    bare = subprocess.run(
+        [sys.executable, str(bundle / "predict.py"), "a gripping film"], capture_output=True, text=True, timeout=120
+    )
     assert bare.returncode == 2 and "classifies sentence pairs" in bare.stderr and "Traceback" not in bare.stderr
 
 
@@ -192,11 +242,11 @@ def test_predict_py_feeds_the_encodings_type_ids(pair_run):
 
 def test_single_sentences_store_no_segment_ids(tmp_path):
     """Without a pair column nothing changes: no token_type_ids column, no stats key, batches without the key."""
+    from pipeline.config import PACKAGED_TEACHER
     from pipeline.data import tokenize_split, tokenize_to_disk, uses_segment_ids
     from pipeline.inference import model_inputs
-    from pipeline.splits import TokenizedSplit
     from pipeline.models import load_tokenizer, random_bert_config, resolve_reference
-    from pipeline.config import PACKAGED_TEACHER
+    from pipeline.splits import TokenizedSplit
 
     tokenizer = load_tokenizer(resolve_reference(PACKAGED_TEACHER))
     texts = pd.Series(["a fine film", "a dull one", "ok"])
@@ -209,8 +259,21 @@ def test_single_sentences_store_no_segment_ids(tmp_path):
     assert "token_type_ids" not in batch and set(model_inputs(batch)) == {"input_ids", "attention_mask"}
     assert len(tokenize_split(tokenizer, list(texts), None, 16)) == 2
     # which teachers get segment ids: BERT's two-row segment table yes; one row (RoBERTa-style) no
-    config = random_bert_config(type("Shape", (), {"hidden_size": 8, "num_layers": 1, "num_heads": 2, "intermediate_size": 8,
-                                                   "max_position_embeddings": 16, "dropout": 0.0}), 100)
+    config = random_bert_config(
+        type(
+            "Shape",
+            (),
+            {
+                "hidden_size": 8,
+                "num_layers": 1,
+                "num_heads": 2,
+                "intermediate_size": 8,
+                "max_position_embeddings": 16,
+                "dropout": 0.0,
+            },
+        ),
+        100,
+    )
     assert uses_segment_ids(tokenizer, config)
     config.type_vocab_size = 1
     assert not uses_segment_ids(tokenizer, config)

@@ -71,12 +71,31 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
     changed = fingerprints(load_config("tiny", ["distill.epochs=1"]))
     assert [s for s in STAGES if base[s] != changed[s]] == ["distill", "evaluate", "export"]
     teacher_change = fingerprints(load_config("tiny", ["teacher.lr=0.002"]))
-    assert [s for s in STAGES if base[s] != teacher_change[s]] == ["teacher", "baselines", "capture", "distill", "evaluate", "export"]
+    assert [s for s in STAGES if base[s] != teacher_change[s]] == [
+        "teacher",
+        "baselines",
+        "capture",
+        "distill",
+        "evaluate",
+        "export",
+    ]
     # the peers depend on the data and the teacher only: a student change keeps them
-    static = fingerprints(load_config("tiny", ["student.kind=static", "student.static.dim=16", "distill.loss.attention=0",
-                                               "distill.loss.value_relation=0"]))
+    static = fingerprints(
+        load_config(
+            "tiny",
+            [
+                "student.kind=static",
+                "student.static.dim=16",
+                "distill.loss.attention=0",
+                "distill.loss.value_relation=0",
+            ],
+        )
+    )
     assert [s for s in STAGES if base[s] != static[s]] == ["capture", "distill", "evaluate", "export"]
-    assert [s for s in STAGES if base[s] != fingerprints(load_config("tiny", ["baselines.static_dim=8"]))[s]] == ["baselines", "export"]
+    assert [s for s in STAGES if base[s] != fingerprints(load_config("tiny", ["baselines.static_dim=8"]))[s]] == [
+        "baselines",
+        "export",
+    ]
     loss_weight = fingerprints(load_config("tiny", ["distill.loss.attention=2.0"]))
     assert [s for s in STAGES if base[s] != loss_weight[s]] == ["distill", "evaluate", "export"]
     # A deeper student matched to the same teacher layer reuses the teacher cache ...
@@ -102,16 +121,17 @@ def test_capture_stores_every_example_at_its_own_index(tiny_run):
 
     from pipeline.cache import TeacherCache
     from pipeline.config import load_config
-    from pipeline.splits import pad_id
     from pipeline.models import load_classifier
     from pipeline.objective import target_plan, teacher_targets, vectors_to_probs
     from pipeline.runner import Distributed
-    from pipeline.splits import TrainingData
+    from pipeline.splits import TrainingData, pad_id
 
     run_dir = tiny_run["run_dir"]
     train = TrainingData(run_dir / "prepare")
     cache = TeacherCache(run_dir / "capture" / "cache")
-    stored = [cache.shards[shard][1]["lengths"][position] for shard, position in (cache.where[i] for i in range(len(train)))]
+    stored = [
+        cache.shards[shard][1]["lengths"][position] for shard, position in (cache.where[i] for i in range(len(train)))
+    ]
     assert stored == train.lengths.tolist()
     # Recompute a shuffled batch's targets directly (same precision as the run) and compare with the cache.
     config = load_config("tiny")

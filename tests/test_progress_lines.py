@@ -56,4 +56,6 @@ def test_the_training_loops_loss_readout_does_not_log_a_line_each_time(monkeypat
             bar.update(1)
             training._report_step(ctx, trainer, progress, bar, window, torch.tensor(0.5), {"ce": torch.tensor(0.4)})
         bar.close()
-    assert len([r for r in caplog.records if "distill epoch" in r.getMessage()]) <= 2, [r.getMessage() for r in caplog.records]
+    assert len([r for r in caplog.records if "distill epoch" in r.getMessage()]) <= 2, [
+        r.getMessage() for r in caplog.records
+    ]

@@ -22,13 +22,27 @@ def generated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("scale")
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(300)]
-    rows = [{"text": " ".join(rng.choice(words, size=int(rng.integers(3, 30)))), "label": ["good", "bad", "meh"][i % 3],
-             "group": f"g{i % 97}"} for i in range(3000)]
+    rows = [
+        {
+            "text": " ".join(rng.choice(words, size=int(rng.integers(3, 30)))),
+            "label": ["good", "bad", "meh"][i % 3],
+            "group": f"g{i % 97}",
+        }
+        for i in range(3000)
+    ]
     rows[5]["text"] = rows[4]["text"]  # one duplicate, dropped by cleaning
     pd.DataFrame(rows).to_csv(folder / "data.csv", index=False)
-    config = {"extends": "tiny", "data": {"source": "csv", "path": str(folder / "data.csv"), "group_column": "group",
-                                          "max_examples": None, "max_length": MAX_LENGTH},
-              "tracking": {"enabled": False}}
+    config = {
+        "extends": "tiny",
+        "data": {
+            "source": "csv",
+            "path": str(folder / "data.csv"),
+            "group_column": "group",
+            "max_examples": None,
+            "max_length": MAX_LENGTH,
+        },
+        "tracking": {"enabled": False},
+    }
     (folder / "scale.yaml").write_text(yaml.safe_dump(config))
     result = run_cli("run", str(folder / "scale.yaml"), "--only", "prepare", runs_dir=folder / "runs")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -38,8 +52,8 @@ def generated(tmp_path_factory):
 def test_streamed_prepare_matches_a_direct_tokenization(generated):
     from pipeline.config import load_config
     from pipeline.data import SPLITS, load_splits
-    from pipeline.splits import TokenizedSplit
     from pipeline.models import load_tokenizer, tokenizer_reference
+    from pipeline.splits import TokenizedSplit
 
     config = load_config(str(generated["config"]))
     splits, _ = load_splits(config.data, config.seed)
@@ -89,8 +103,9 @@ def test_readers_are_numpy_over_arrow_and_handle_several_chunks(tmp_path, genera
     # A split saved in several Arrow files (a large save_to_disk) reads the same as one list of lists.
     reference = datasets.load_from_disk(str(generated["prepare"] / "tokenized" / "train"))
     shards = tmp_path / "tokenized" / "train"
-    datasets.concatenate_datasets([reference.select(range(0, 700)), reference.select(range(700, len(reference)))]) \
-        .save_to_disk(str(shards), num_shards=3)
+    datasets.concatenate_datasets(
+        [reference.select(range(0, 700)), reference.select(range(700, len(reference)))]
+    ).save_to_disk(str(shards), num_shards=3)
     again = TokenizedSplit(tmp_path, "train")
     assert len(again.input_ids._values) >= 2  # really several chunks
     ids = reference["input_ids"]
@@ -134,15 +149,28 @@ def test_over_budget_cache_keeps_logits_for_all_and_relations_for_some(tiny_run,
     shutil.copytree(tiny_run["run_dir"], runs / "tiny", ignore=shutil.ignore_patterns("distill", "evaluate", "export"))
     full = json.loads((runs / "tiny" / "capture" / "capture.json").read_text())
     budget_gb = 0.5 * full["cache_bytes"] / 1e9
-    result = run_cli("run", "tiny", f"capture.max_cache_gb={budget_gb}", "tracking.enabled=false", "distill.epochs=1",
-                     "--from", "capture", "--to", "distill", runs_dir=runs)
+    result = run_cli(
+        "run",
+        "tiny",
+        f"capture.max_cache_gb={budget_gb}",
+        "tracking.enabled=false",
+        "distill.epochs=1",
+        "--from",
+        "capture",
+        "--to",
+        "distill",
+        runs_dir=runs,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "above capture.max_cache_gb" in result.stderr and "the others train with CE + logit KD only" in result.stderr
     capture = runs / "tiny" / "capture"
     summary = json.loads((capture / "capture.json").read_text())
     assert summary["over_budget"] and 0.3 < summary["relation_fraction"] < 0.6
     assert summary["cache_bytes"] + 8 * summary["examples"] <= budget_gb * 1e9  # shard bytes + fp32 logits
-    assert json.loads((capture / "manifest.json").read_text())["summary"]["relation_examples"] == summary["relation_examples"]
+    assert (
+        json.loads((capture / "manifest.json").read_text())["summary"]["relation_examples"]
+        == summary["relation_examples"]
+    )
     keep = np.load(capture / RELATION_ROWS)
     assert keep.sum() == summary["relation_examples"]
     # Every example has its logits; relation targets only where chosen; the batch says which rows have them.
@@ -168,8 +196,16 @@ def test_scale_bench_verdict_names_what_misses_the_goal():
     import scale
 
     def result(size, rss, cpu):  # cpu: stage -> CPU seconds
-        stages = {s: {"peak_rss_gb": rss.get(s, 0.6), "cpu_s": cpu.get(s, 10.0), "examples": size,
-                      "cpu_us_per_example": 1e6 * cpu.get(s, 10.0) / size, "seconds": 1.0} for s in scale.STAGES}
+        stages = {
+            s: {
+                "peak_rss_gb": rss.get(s, 0.6),
+                "cpu_s": cpu.get(s, 10.0),
+                "examples": size,
+                "cpu_us_per_example": 1e6 * cpu.get(s, 10.0) / size,
+                "seconds": 1.0,
+            }
+            for s in scale.STAGES
+        }
         stages.update({s: {"peak_rss_gb": rss.get(s, 0.6), "ms_per_step": 10.0, "read_ms": 1.0} for s in scale.SLICES})
         if size > 1000:
             stages["distill_step"]["vs_baseline"] = {"step_ratio": 1.05, "read_ratio": 1.0}
@@ -179,8 +215,11 @@ def test_scale_bench_verdict_names_what_misses_the_goal():
     assert scale.verdict(linear)["met"]
     assert scale.verdict(linear)["marginal_ratio"]["prepare"] == pytest.approx(1.0)
     # Capture over the memory goal at the largest size, prepare growing faster than linearly.
-    worse = [result(1000, {}, {"prepare": 1.1, "capture": 1.2}), result(10_000, {}, {"prepare": 2, "capture": 3}),
-             result(100_000, {"capture": 3.5}, {"prepare": 60, "capture": 21})]
+    worse = [
+        result(1000, {}, {"prepare": 1.1, "capture": 1.2}),
+        result(10_000, {}, {"prepare": 2, "capture": 3}),
+        result(100_000, {"capture": 3.5}, {"prepare": 60, "capture": 21}),
+    ]
     verdict = scale.verdict(worse)
     assert not verdict["met"]
     assert any(m.startswith("capture peak RSS 3.50 GB") for m in verdict["misses"])

@@ -18,16 +18,23 @@ STAGES = Path(__file__).resolve().parent.parent / "stages"
 
 def inputs_read(source: str) -> set[str]:
     """The stage names of every ``<anything>.input("name")`` call with a literal argument."""
-    return {node.args[0].value for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "input"
-            and node.args and isinstance(node.args[0], ast.Constant)}
+    return {
+        node.args[0].value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "input"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    }
 
 
 @pytest.mark.parametrize("stage", runner.STAGES)
 def test_every_stage_input_is_in_after(stage):
     read = inputs_read((STAGES / f"{stage}.py").read_text())
-    assert read <= set(runner.stage_module(stage).AFTER), f"{stage} reads {sorted(read)} but AFTER is " \
-                                                          f"{runner.stage_module(stage).AFTER}"
+    assert read <= set(runner.stage_module(stage).AFTER), (
+        f"{stage} reads {sorted(read)} but AFTER is {runner.stage_module(stage).AFTER}"
+    )
 
 
 def test_the_scan_sees_a_call_outside_after():
@@ -36,8 +43,9 @@ def test_the_scan_sees_a_call_outside_after():
 
 def test_input_refuses_a_stage_not_in_after(tmp_path):
     dist = types.SimpleNamespace(world=1, rank=0, is_main=True)
-    ctx = runner.StageContext(config=None, name="evaluate", run_dir=tmp_path, out=tmp_path / "evaluate.partial",
-                              tracker=None, dist=dist)
+    ctx = runner.StageContext(
+        config=None, name="evaluate", run_dir=tmp_path, out=tmp_path / "evaluate.partial", tracker=None, dist=dist
+    )
     (tmp_path / "capture").mkdir()
     with pytest.raises(runner.PipelineError) as err:
         ctx.input("capture")

@@ -18,8 +18,13 @@ from tests.helpers import ROOT
 def protocol_members(protocol: type) -> dict[str, object]:
     """Name -> the protocol's declaration (a function, a property, or the annotation of a field)."""
     members: dict[str, object] = dict(protocol.__annotations__)
-    members.update({name: value for name, value in vars(protocol).items()
-                    if not name.startswith("_") and (callable(value) or isinstance(value, property))})
+    members.update(
+        {
+            name: value
+            for name, value in vars(protocol).items()
+            if not name.startswith("_") and (callable(value) or isinstance(value, property))
+        }
+    )
     return members
 
 
@@ -38,8 +43,10 @@ def missing_or_different(implementation: type, protocol: type) -> list[str]:
             if not inspect.isfunction(has):
                 problems.append(f"{name}: not a method")
             elif list(inspect.signature(has).parameters) != list(inspect.signature(declared).parameters):
-                problems.append(f"{name}: parameters {list(inspect.signature(has).parameters)}, "
-                                f"the protocol's {list(inspect.signature(declared).parameters)}")
+                problems.append(
+                    f"{name}: parameters {list(inspect.signature(has).parameters)}, "
+                    f"the protocol's {list(inspect.signature(declared).parameters)}"
+                )
     return problems
 
 

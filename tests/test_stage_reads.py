@@ -42,9 +42,11 @@ class RecordingConfig:
             self._reads.add(f"{prefix}{name}")
             return value
         if name == "section":  # a dotted key read at once
+
             def section(dotted: str):
                 self._reads.add(f"{prefix}{dotted}")
                 return model.section(dotted)
+
             return section
         attribute = getattr(type(model), name, None)
         if callable(attribute) and not hasattr(BaseModel, name):  # the config's own methods read through the recorder
@@ -82,10 +84,22 @@ def test_every_key_a_stage_reads_is_declared(tmp_path, monkeypatch):
     import pipeline.runner as runner
     from pipeline.runner import STAGES, resolve_precision, run_pipeline
 
-    config = load_config("tiny", ["data.max_examples=160", "teacher.epochs=1", "distill.epochs=1",
-                                  "student.ffn_size=32", "student.ffn_importance_examples=16",
-                                  "capture.augment.copies=1", "export.trim_vocab=true", "export.latency_runs=2",
-                                  "export.latency_rounds=1", "export.latency_sentences=4", "tracking.enabled=false"])
+    config = load_config(
+        "tiny",
+        [
+            "data.max_examples=160",
+            "teacher.epochs=1",
+            "distill.epochs=1",
+            "student.ffn_size=32",
+            "student.ffn_importance_examples=16",
+            "capture.augment.copies=1",
+            "export.trim_vocab=true",
+            "export.latency_runs=2",
+            "export.latency_rounds=1",
+            "export.latency_sentences=4",
+            "tracking.enabled=false",
+        ],
+    )
     config = config.model_copy(update={"precision": resolve_precision(config.precision)})
     reads: dict[str, set[str]] = {}
 
@@ -103,4 +117,6 @@ def test_every_key_a_stage_reads_is_declared(tmp_path, monkeypatch):
         missing = sorted(k for k in reads[name] if not k.startswith(NOT_INPUTS) and not covered(k, declared))
         if missing:
             undeclared[name] = missing
-    assert not undeclared, f"keys read but in no READS the fingerprint covers (they would not rerun the stage): {undeclared}"
+    assert not undeclared, (
+        f"keys read but in no READS the fingerprint covers (they would not rerun the stage): {undeclared}"
+    )

@@ -8,18 +8,27 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from pipeline.export.onnx_graph import LogitsOnly, OUTPUT_NAMES, export_onnx, ort_session
-from pipeline.export.tokenizer import trim_embeddings
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
+from pipeline.export.onnx_graph import OUTPUT_NAMES, LogitsOnly, export_onnx, ort_session
+from pipeline.export.tokenizer import trim_embeddings
 from pipeline.models import load_classifier
-from pipeline.static_model import (StaticEmbeddingConfig, StaticEmbeddingForSequenceClassification, context_vectors, pca,
-                                   sif_weights, static_table, token_vectors)
+from pipeline.static_model import (
+    StaticEmbeddingConfig,
+    StaticEmbeddingForSequenceClassification,
+    context_vectors,
+    pca,
+    sif_weights,
+    static_table,
+    token_vectors,
+)
 
 
 def random_static(vocab=50, dim=8, labels=3, seed=0):
     torch.manual_seed(seed)
-    model = StaticEmbeddingForSequenceClassification(StaticEmbeddingConfig(vocab_size=vocab, hidden_size=dim, num_labels=labels))
+    model = StaticEmbeddingForSequenceClassification(
+        StaticEmbeddingConfig(vocab_size=vocab, hidden_size=dim, num_labels=labels)
+    )
     with torch.no_grad():
         model.token_weights.weight.normal_(0, 1)  # non-uniform pooling weights, or the test cannot see them
     return model.eval()
@@ -41,8 +50,9 @@ def test_forward_is_the_weighted_mean_of_token_vectors_then_the_head():
 def test_padding_does_not_change_the_logits():
     model = random_static()
     alone = model(input_ids=torch.tensor([[4, 8, 15]]), attention_mask=torch.ones(1, 3, dtype=torch.long)).logits
-    padded = model(input_ids=torch.tensor([[4, 8, 15, 0, 0, 0, 0]]),
-                   attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0, 0]])).logits
+    padded = model(
+        input_ids=torch.tensor([[4, 8, 15, 0, 0, 0, 0]]), attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0, 0]])
+    ).logits
     torch.testing.assert_close(alone, padded)
 
 
@@ -74,13 +84,17 @@ def test_sif_weights_and_context_means():
 
 def test_token_and_context_vectors_read_the_encoder():
     torch.manual_seed(0)
-    encoder = BertModel(BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                   intermediate_size=32)).eval()
+    encoder = BertModel(
+        BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    ).eval()
     vectors = token_vectors(encoder, 30, cls_id=1, sep_id=2, batch_size=7)
     with torch.no_grad():
         one = encoder(input_ids=torch.tensor([[1, 11, 2]])).last_hidden_state[0, 1]
     np.testing.assert_allclose(vectors[11], one.numpy(), rtol=1e-5, atol=1e-6)
-    batch = {"input_ids": torch.tensor([[1, 5, 5, 2], [1, 5, 2, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])}
+    batch = {
+        "input_ids": torch.tensor([[1, 5, 5, 2], [1, 5, 2, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
+    }
     sums, counts = context_vectors(encoder, [batch], 30, 16)
     with torch.no_grad():
         out = encoder(**batch).last_hidden_state
@@ -111,7 +125,9 @@ def test_saves_loads_and_exports_like_any_student(tmp_path):
     expected = model(input_ids=ids, attention_mask=mask).logits.detach().numpy()
     np.testing.assert_array_equal(loaded(input_ids=ids, attention_mask=mask).logits.detach().numpy(), expected)
     export_onnx(LogitsOnly(loaded), tmp_path / "static.onnx", 18)
-    got = ort_session(tmp_path / "static.onnx").run(OUTPUT_NAMES, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    got = ort_session(tmp_path / "static.onnx").run(
+        OUTPUT_NAMES, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    )[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -122,6 +138,8 @@ def test_config_refuses_what_a_static_student_cannot_do():
     assert "distill.loss.attention=0" in message and "distill.loss.value_relation=0" in message
     with pytest.raises(ConfigError, match="student.ffn_size"):
         load_config("bert_small", ["student.kind=static", "distill.loss.attention=0", "distill.loss.value_relation=0"])
-    config = load_config("bert_small", ["student.kind=static", "student.ffn_size=null", "distill.loss.attention=0",
-                                        "distill.loss.value_relation=0"])
+    config = load_config(
+        "bert_small",
+        ["student.kind=static", "student.ffn_size=null", "distill.loss.attention=0", "distill.loss.value_relation=0"],
+    )
     assert config.student_depth() == 0

@@ -14,8 +14,8 @@ import mlflow
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.runner import STAGES
 from pipeline.plots import pareto_front
+from pipeline.runner import STAGES
 from pipeline.sweep import Constraint, choose, load_sweep, parse_pick
 from tests.helpers import ROOT, read_json, run_cli
 
@@ -35,8 +35,12 @@ def sweep(tmp_path_factory):
     result = run_cli("sweep", "tiny", SWEEP, NO_PTE, "--pick", "mb<=1000", runs_dir=runs_dir, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     folder = runs_dir / "tiny" / "sweeps" / "tiny_depth"
-    return {"runs_dir": runs_dir, "folder": folder, "first": result,
-            "client": mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")}
+    return {
+        "runs_dir": runs_dir,
+        "folder": folder,
+        "first": result,
+        "client": mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}"),
+    }
 
 
 def _runs(client, **tags):
@@ -55,8 +59,12 @@ def _rows(folder) -> dict[str, dict]:
 
 def _stage_work(folder) -> dict:
     """Every variant's stage manifests: (completed_at, MLflow run) per stage, to show nothing reran."""
-    return {(v, s): (m["completed_at"], m["mlflow_run_id"])
-            for v in VARIANTS for s in STAGES if (m := read_json(folder / v / s / "manifest.json"))}
+    return {
+        (v, s): (m["completed_at"], m["mlflow_run_id"])
+        for v in VARIANTS
+        for s in STAGES
+        if (m := read_json(folder / v / s / "manifest.json"))
+    }
 
 
 def test_shared_stages_run_once(sweep):
@@ -104,7 +112,9 @@ def test_table_and_plot(sweep):
     # wall time: the stages a variant ran itself; the first one also ran the shared ones
     seconds = {(v, s): read_json(folder / v / s / "manifest.json")["duration_s"] for v in VARIANTS for s in STAGES}
     assert rows["first"]["wall_s"] == pytest.approx(sum(seconds["first", s] for s in STAGES), abs=0.11)
-    assert rows["both"]["wall_s"] == pytest.approx(sum(seconds["both", s] for s in STAGES[STAGES.index("distill"):]), abs=0.11)
+    assert rows["both"]["wall_s"] == pytest.approx(
+        sum(seconds["both", s] for s in STAGES[STAGES.index("distill") :]), abs=0.11
+    )
     with open(folder / "sweep.csv") as handle:
         table = list(csv.DictReader(handle))
     assert [r["variant"] for r in table] == VARIANTS and float(table[2]["mb"]) == rows["both"]["mb"]
@@ -128,7 +138,9 @@ def test_rerun_does_no_stage_work_and_a_new_pick_moves_the_alias(sweep):
     rows = _rows(folder)
     slowest = max(rows.values(), key=lambda r: r["latency_ms"])
     # only the slowest variant meets a latency floor at its own latency: the alias must follow the constraint
-    result = run_cli("sweep", "tiny", SWEEP, NO_PTE, "--pick", f"latency_ms>={slowest['latency_ms']}", runs_dir=sweep["runs_dir"])
+    result = run_cli(
+        "sweep", "tiny", SWEEP, NO_PTE, "--pick", f"latency_ms>={slowest['latency_ms']}", runs_dir=sweep["runs_dir"]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert _stage_work(folder) == before
     assert len(_runs(client, role="stage")) == stage_runs
@@ -144,7 +156,10 @@ def test_no_variant_meets_the_constraint(sweep):
     assert result.returncode == 1
     assert "No variant meets retention>=1.5" in result.stderr
     for name, row in _rows(sweep["folder"]).items():
-        assert f"{name}: retention {row['retention']:.4g} (needs >= 1.5, off by {1.5 - row['retention']:.4g})" in result.stderr
+        assert (
+            f"{name}: retention {row['retention']:.4g} (needs >= 1.5, off by {1.5 - row['retention']:.4g})"
+            in result.stderr
+        )
     assert "'champion' alias was not moved" in result.stderr
     assert _champion(client) == champion
     assert read_json(sweep["folder"] / "sweep.json")["pick"]["picked"] is None
@@ -180,17 +195,20 @@ def _write(tmp_path, text):
     return path
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("variant:\n  a: {}\n", "variant: unknown key. Did you mean 'variants'?"),
-    ("variants:\n  a: {overides: {seed: 1}}\n", "variants.a.overides: unknown key. Did you mean 'overrides'?"),
-    ("variants: {}\n", "variants: Dictionary should have at least 1 item"),
-    ("variants:\n  'a b': {}\n", '"a b" is not a usable variant name'),
-    ("variants:\n  a: {overrides: {student.teacher_layer: [0]}}\n", "variant 'a'"),
-    ("variants:\n  a: {overrides: {distill.epochs: -1}}\n", "distill.epochs"),
-    ("variants:\n  a: {overrides: {name: other}}\n", "sets 'name', which the variants must share"),
-    ("pick: fast\nvariants:\n  a: {}\n", "'fast' is not a constraint"),
-    ("- a\n- b\n", "must hold a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("variant:\n  a: {}\n", "variant: unknown key. Did you mean 'variants'?"),
+        ("variants:\n  a: {overides: {seed: 1}}\n", "variants.a.overides: unknown key. Did you mean 'overrides'?"),
+        ("variants: {}\n", "variants: Dictionary should have at least 1 item"),
+        ("variants:\n  'a b': {}\n", '"a b" is not a usable variant name'),
+        ("variants:\n  a: {overrides: {student.teacher_layer: [0]}}\n", "variant 'a'"),
+        ("variants:\n  a: {overrides: {distill.epochs: -1}}\n", "distill.epochs"),
+        ("variants:\n  a: {overrides: {name: other}}\n", "sets 'name', which the variants must share"),
+        ("pick: fast\nvariants:\n  a: {}\n", "'fast' is not a constraint"),
+        ("- a\n- b\n", "must hold a mapping"),
+    ],
+)
 def test_bad_sweep_file_is_one_clear_error(tmp_path, text, expected):
     with pytest.raises(ConfigError) as info:
         load_sweep("tiny", _write(tmp_path, text))
@@ -200,7 +218,9 @@ def test_bad_sweep_file_is_one_clear_error(tmp_path, text, expected):
 
 
 def test_bad_sweep_exits_2_before_any_work(tmp_path):
-    result = run_cli("sweep", "tiny", str(_write(tmp_path, "variants:\n  a: {overides: {}}\n")), runs_dir=tmp_path / "r")
+    result = run_cli(
+        "sweep", "tiny", str(_write(tmp_path, "variants:\n  a: {overides: {}}\n")), runs_dir=tmp_path / "r"
+    )
     assert result.returncode == 2
     assert "overides: unknown key" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "r" / "tiny").exists()
@@ -218,15 +238,19 @@ def test_sweep_file_resolves_every_variant(tmp_path):
 
 
 def test_pick_grammar_and_choice():
-    assert parse_pick("retention>=0.98, latency_ms<5") == [Constraint("retention", ">=", 0.98),
-                                                             Constraint("latency_ms", "<", 5.0)]
+    assert parse_pick("retention>=0.98, latency_ms<5") == [
+        Constraint("retention", ">=", 0.98),
+        Constraint("latency_ms", "<", 5.0),
+    ]
     for bad in ("retention=0.9", "speed>=2", "mb<=ten", ""):
         with pytest.raises(ConfigError, match="is not a constraint"):
             parse_pick(bad)
-    rows = [{"variant": "a", "retention": 0.99, "latency_ms": 4.0, "mb": 9.0},
-            {"variant": "b", "retention": 0.97, "latency_ms": 2.0, "mb": 5.0},
-            {"variant": "c", "retention": 0.985, "latency_ms": 3.0, "mb": 12.0},
-            {"variant": "d", "retention": 0.995, "latency_ms": None, "mb": 8.0}]
+    rows = [
+        {"variant": "a", "retention": 0.99, "latency_ms": 4.0, "mb": 9.0},
+        {"variant": "b", "retention": 0.97, "latency_ms": 2.0, "mb": 5.0},
+        {"variant": "c", "retention": 0.985, "latency_ms": 3.0, "mb": 12.0},
+        {"variant": "d", "retention": 0.995, "latency_ms": None, "mb": 8.0},
+    ]
     assert choose(rows, parse_pick("retention>=0.98"))[0]["variant"] == "c"  # fastest that meets it; unmeasured last
     assert choose(rows, parse_pick("retention>=0.98,mb<=10"))[0]["variant"] == "a"
     assert choose(rows, parse_pick("latency_ms<=2.5"))[0]["variant"] == "b"

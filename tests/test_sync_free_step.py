@@ -21,8 +21,8 @@ from pipeline.config import load_config
 from pipeline.data import pad_batch
 from pipeline.errors import TrainingError
 from pipeline.inference import model_inputs
-from pipeline.splits import has_padding
 from pipeline.runner import Distributed
+from pipeline.splits import has_padding
 from pipeline.training import FiniteWatch, build_trainer, cross_entropy_loss, train_step
 
 READ_BACKS = ("item", "tolist", "__float__", "__int__")
@@ -30,15 +30,26 @@ READ_BACKS = ("item", "tolist", "__float__", "__int__")
 
 def tiny_bert():
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32, num_labels=2)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=2,
+    )
     return BertForSequenceClassification(config)
 
 
 def batch_of(rows, pad=0):
     ids, mask = pad_batch([np.array(r) for r in rows], pad)
-    return {"input_ids": ids, "attention_mask": mask, "padded": has_padding(mask),
-            "labels": torch.tensor([i % 2 for i in range(len(rows))])}
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "padded": has_padding(mask),
+        "labels": torch.tensor([i % 2 for i in range(len(rows))]),
+    }
 
 
 # AdamW's step counter is a host tensor (capturable=False): its .item() in torch.optim reads no device memory.
@@ -55,8 +66,10 @@ def read_backs_forbidden():
             caller = sys._getframe(1).f_code.co_filename
             if any(part in caller for part in HOST_SIDE):
                 return originals[name](self, *args, **kwargs)
-            raise AssertionError(f"Tensor.{name}() read a value back from the device during a training step "
-                                 f"(called from {caller})")
+            raise AssertionError(
+                f"Tensor.{name}() read a value back from the device during a training step (called from {caller})"
+            )
+
         return refuse
 
     try:
@@ -111,6 +124,7 @@ def test_a_non_finite_loss_is_reported_with_its_step_and_term_at_the_next_read()
                 kd = torch.tensor(math.inf)
                 return loss + kd, {"ce": terms["ce"], "kd": kd}
             return loss, {"ce": terms["ce"], "kd": torch.tensor(0.5)}
+
         return loss_fn
 
     for step in (1, 2):
@@ -118,8 +132,11 @@ def test_a_non_finite_loss_is_reported_with_its_step_and_term_at_the_next_read()
     trainer.watch.check(dist, "distill")  # all finite so far: no error
     for step in (3, 4, 5):  # steps after the bad one do not move the reported step
         train_step(trainer, batch_of([[1, 5, 2], [1, 6, 2]]), loss_at(step), step=step)
-    with pytest.raises(TrainingError, match=r"distill: the loss became non-finite at optimizer step 3 \(term\(s\): kd; "
-                                            r"values: ce=[0-9.]+, kd=inf\)"):
+    with pytest.raises(
+        TrainingError,
+        match=r"distill: the loss became non-finite at optimizer step 3 \(term\(s\): kd; "
+        r"values: ce=[0-9.]+, kd=inf\)",
+    ):
         trainer.watch.check(dist, "distill")
 
 
@@ -142,7 +159,9 @@ def test_a_distillation_step_from_the_cache_with_logits_only_rows_reads_nothing_
     objective = DistillObjective(fake_config(weights), plan, 32, 32)
     batch = lengths_batch(lengths)
     online = teacher_targets(teacher, batch, plan)
-    write_cache(tmp_path, online, batch, CacheLayout(plan, 3, 32, choose_stores(plan, np.array(lengths), 32, "auto"), "float32"))
+    write_cache(
+        tmp_path, online, batch, CacheLayout(plan, 3, 32, choose_stores(plan, np.array(lengths), 32, "auto"), "float32")
+    )
     cache = TeacherCache(tmp_path)
     batch["relation_rows"] = torch.tensor([True, False, True, False])  # rows 1 and 3: augmented, logits only
     with read_backs_forbidden():
@@ -180,11 +199,24 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_its_step(tmp_path
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
     root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             str(script)],  # --standalone: torchrun picks a free rendezvous port itself
-                            cwd=root, env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+        ],  # --standalone: torchrun picks a free rendezvous port itself
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
-        assert f"rank {rank}: distill: the loss became non-finite at optimizer step 3" in result.stdout, \
+        assert f"rank {rank}: distill: the loss became non-finite at optimizer step 3" in result.stdout, (
             result.stdout + result.stderr[-3000:]
+        )

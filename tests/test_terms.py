@@ -70,7 +70,9 @@ def test_embedding_mse_from_the_cache_and_on_relation_rows_only(tmp_path):
     objective = DistillObjective(fake_config(weights), plan, 32, 24)
     batch = batch_of(LENGTHS)
     online = teacher_targets(teacher, batch, plan)
-    write_cache(tmp_path, online, batch, CacheLayout(plan, 3, 32, choose_stores(plan, np.array(LENGTHS), 32, "auto"), "float32"))
+    write_cache(
+        tmp_path, online, batch, CacheLayout(plan, 3, 32, choose_stores(plan, np.array(LENGTHS), 32, "auto"), "float32")
+    )
     cached = TeacherCache(tmp_path).batch(batch["indices"], batch["input_ids"].shape[1], "cpu")
     assert set(cached) == set(online)
     online_terms, cached_terms = objective(student, batch, online)[1], objective(student, batch, cached)[1]
@@ -80,7 +82,9 @@ def test_embedding_mse_from_the_cache_and_on_relation_rows_only(tmp_path):
     mixed = dict(batch, relation_rows=torch.tensor([True, False, True, False]))
     kept = {k: v[[0, 2]] for k, v in batch.items()}
     expected = naive_embedding_mse(student, teacher, kept, [7, 9], objective.projections["embedding"])
-    torch.testing.assert_close(objective(student, mixed, online)[1]["embedding"].double(), expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        objective(student, mixed, online)[1]["embedding"].double(), expected, rtol=1e-5, atol=1e-7
+    )
     # ... and with none of them, the term is left out.
     none = dict(batch, relation_rows=torch.zeros(4, dtype=torch.bool))
     assert set(objective(student, none, online)[1]) == {"ce", "kd"}
@@ -119,7 +123,9 @@ def test_a_plan_takes_term_flags_or_names_and_refuses_unknown_ones():
 @pytest.mark.process
 def test_config_weights_follow_the_registry():
     assert list(LossWeights.model_fields) == list(TERMS)
-    assert {name: f.default for name, f in LossWeights.model_fields.items()} == {name: t.default for name, t in TERMS.items()}
+    assert {name: f.default for name, f in LossWeights.model_fields.items()} == {
+        name: t.default for name, t in TERMS.items()
+    }
     assert LossWeights().embedding == 0.0 and set(TERMS["embedding"].needs) == {"embedding"} <= set(TARGETS)
     assert load_config("tiny", ["distill.loss.embedding=0.5"]).distill.loss.embedding == 0.5
     # The declarations import nothing heavy: the config (and the CLI's checks) stay fast.

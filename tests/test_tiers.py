@@ -16,7 +16,7 @@ from tests.tiers import TierBreach
 
 pytestmark = pytest.mark.process  # pytest in a subprocess, but for the unit-tier guard's own tests below
 
-CASES = '''
+CASES = """
 import pytest
 
 @pytest.fixture
@@ -32,22 +32,44 @@ def test_reads_a_run(tiny_run):
 @pytest.mark.external
 def test_needs_a_tool():
     pytest.skip("no such tool here")
-'''
+"""
 
 
 def pytest_in(folder, *args, env=None):
     """pytest on ``folder`` with only the tiers plugin (not this suite's conftest)."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "tests.tiers", "-p", "no:cacheprovider", "--rootdir", str(folder),
-               "-o", "markers=unit\nprocess\npipeline\nexternal", *args, str(folder)]
-    return subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                          capture_output=True, text=True, timeout=120)
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "tests.tiers",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(folder),
+        "-o",
+        "markers=unit\nprocess\npipeline\nexternal",
+        *args,
+        str(folder),
+    ]
+    return subprocess.run(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_unmarked_is_unit_and_a_run_fixture_makes_pipeline(tmp_path):
     (tmp_path / "test_cases.py").write_text(CASES)
     unit = pytest_in(tmp_path, "-m", "unit", "--collect-only")
     pipeline = pytest_in(tmp_path, "-m", "pipeline", "--collect-only")
-    assert "test_plain" in unit.stdout and "test_reads_a_run" not in unit.stdout and "test_needs_a_tool" not in unit.stdout
+    assert (
+        "test_plain" in unit.stdout and "test_reads_a_run" not in unit.stdout and "test_needs_a_tool" not in unit.stdout
+    )
     assert "test_reads_a_run" in pipeline.stdout and "test_plain" not in pipeline.stdout
 
 
@@ -57,17 +79,20 @@ def test_an_external_skip_fails_only_where_external_tools_are_required(tmp_path)
     assert local.returncode == 0 and "1 skipped" in local.stdout, local.stdout
     ci = pytest_in(tmp_path, env={"REQUIRE_EXTERNAL": "1"})
     assert ci.returncode == 1 and "1 failed" in ci.stdout, ci.stdout
-    assert "REQUIRE_EXTERNAL=1: this test needs a tool that is missing here" in ci.stdout and "no such tool here" in ci.stdout
+    assert (
+        "REQUIRE_EXTERNAL=1: this test needs a tool that is missing here" in ci.stdout
+        and "no such tool here" in ci.stdout
+    )
 
 
-DOCKER_CASE = '''
+DOCKER_CASE = """
 import pytest
 from tests.tiers import docker_or_skip
 
 @pytest.mark.external
 def test_needs_docker():
     docker_or_skip(compose=True)
-'''
+"""
 
 
 def test_a_missing_docker_skips_with_the_reason_and_fails_in_ci(tmp_path):

@@ -12,7 +12,7 @@ from pipeline import timing
 def binomial_interval_index(n: int, confidence: float = 0.95) -> int:
     """The textbook order statistic: the largest k with P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2."""
     k = 0
-    while k < n // 2 and sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n <= (1 - confidence) / 2:
+    while k < n // 2 and sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= (1 - confidence) / 2:
         k += 1
     return max(k, 1)
 
@@ -34,6 +34,7 @@ class FakeClock:
         def run(_item):
             self.now += self.durations[name](self.calls[name]) / 1000  # ms -> s
             self.calls[name] += 1
+
         return run
 
     def perf_counter(self):
@@ -44,8 +45,15 @@ def test_steady_models_stop_at_the_minimum_rounds_with_exact_ratios(monkeypatch)
     clock = FakeClock({"teacher": lambda i: 3.0, "student": lambda i: 1.0})
     monkeypatch.setattr(timing.time, "perf_counter", clock.perf_counter)
     runners = {name: clock.runner(name) for name in ("teacher", "student")}
-    result = timing.interleaved(runners, {"teacher": [0, 1], "student": [0, 1]}, repeat=2, warmup=1, min_rounds=6,
-                                max_rounds=40, reference="teacher")
+    result = timing.interleaved(
+        runners,
+        {"teacher": [0, 1], "student": [0, 1]},
+        repeat=2,
+        warmup=1,
+        min_rounds=6,
+        max_rounds=40,
+        reference="teacher",
+    )
     student = result["student"]
     assert student["rounds"] == 6 and student["calls_per_round"] == 4
     assert student["median_ms"] == pytest.approx(1.0) and student["p25_ms"] == pytest.approx(1.0)
@@ -60,8 +68,9 @@ def test_a_noisy_ratio_adds_rounds_until_the_cap_and_says_so(monkeypatch):
     clock = FakeClock({"teacher": lambda i: 3.0, "student": lambda i: 1.0 if (i // 5) % 2 else 2.0})
     monkeypatch.setattr(timing.time, "perf_counter", clock.perf_counter)
     runners = {name: clock.runner(name) for name in ("teacher", "student")}
-    result = timing.interleaved(runners, {"teacher": [0] * 5, "student": [0] * 5}, warmup=1, min_rounds=4,
-                                max_rounds=12, reference="teacher")
+    result = timing.interleaved(
+        runners, {"teacher": [0] * 5, "student": [0] * 5}, warmup=1, min_rounds=4, max_rounds=12, reference="teacher"
+    )
     student = result["student"]
     assert student["rounds"] == 12 and not student["spread_target_met"]
     assert student["speedup_low"] == pytest.approx(1.5) and student["speedup_high"] == pytest.approx(3.0)
@@ -73,8 +82,9 @@ def test_rounds_stop_once_the_interval_is_narrow(monkeypatch):
     clock = FakeClock({"teacher": lambda i: 3.0, "student": lambda i: 2.0 if i == 0 else 1.0})
     monkeypatch.setattr(timing.time, "perf_counter", clock.perf_counter)
     runners = {name: clock.runner(name) for name in ("teacher", "student")}
-    result = timing.interleaved(runners, {"teacher": [0], "student": [0]}, warmup=0, min_rounds=3, max_rounds=40,
-                                reference="teacher")
+    result = timing.interleaved(
+        runners, {"teacher": [0], "student": [0]}, warmup=0, min_rounds=3, max_rounds=40, reference="teacher"
+    )
     student = result["student"]
     assert 3 < student["rounds"] < 40 and student["spread_target_met"]  # whole range until n = 6, then [x2, x_{n-1}]
     assert student["speedup"] == pytest.approx(3.0) and student["speedup_low"] == pytest.approx(3.0)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pipeline.data import rotten_tomatoes_path
 from pipeline.export.files import BUNDLE_TEMPLATES
 from pipeline.export.tokenizer import tokenize_texts, tokenizer_facts, tokenizer_files
-from pipeline.data import rotten_tomatoes_path
 from tests.helpers import read_json
 
 
@@ -42,15 +42,39 @@ def byte_level_bpe(folder: Path) -> dict:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=800, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer.post_processor = processors.RobertaProcessing(("</s>", tokenizer.token_to_id("</s>")),
-                                                            ("<s>", tokenizer.token_to_id("<s>")))
-    save_folder(tokenizer, folder, bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
-                pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
-    return {"model": "BPE", "template": "<s> text </s>",
-            "roles": {"cls": ("<s>", 0), "pad": ("<pad>", 1), "sep": ("</s>", 2), "unk": ("<unk>", 3), "mask": ("<mask>", 4)}}
+    tokenizer.train_from_iterator(
+        corpus(),
+        trainers.BpeTrainer(
+            vocab_size=800,
+            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tokenizer.post_processor = processors.RobertaProcessing(
+        ("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>"))
+    )
+    save_folder(
+        tokenizer,
+        folder,
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
+    return {
+        "model": "BPE",
+        "template": "<s> text </s>",
+        "roles": {
+            "cls": ("<s>", 0),
+            "pad": ("<pad>", 1),
+            "sep": ("</s>", 2),
+            "unk": ("<unk>", 3),
+            "mask": ("<mask>", 4),
+        },
+    }
 
 
 def unigram_metaspace(folder: Path) -> dict:
@@ -61,15 +85,36 @@ def unigram_metaspace(folder: Path) -> dict:
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    tokenizer.train_from_iterator(corpus(), trainers.UnigramTrainer(
-        vocab_size=600, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "<mask>"], unk_token="<unk>"))
+    tokenizer.train_from_iterator(
+        corpus(),
+        trainers.UnigramTrainer(
+            vocab_size=600, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "<mask>"], unk_token="<unk>"
+        ),
+    )
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    save_folder(tokenizer, folder, cls_token="[CLS]", sep_token="[SEP]", pad_token="<pad>", unk_token="<unk>",
-                mask_token="<mask>")
-    return {"model": "Unigram", "template": "[CLS] text [SEP]",
-            "roles": {"pad": ("<pad>", 0), "unk": ("<unk>", 1), "cls": ("[CLS]", 2), "sep": ("[SEP]", 3), "mask": ("<mask>", 4)}}
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    save_folder(
+        tokenizer,
+        folder,
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
+    return {
+        "model": "Unigram",
+        "template": "[CLS] text [SEP]",
+        "roles": {
+            "pad": ("<pad>", 0),
+            "unk": ("<unk>", 1),
+            "cls": ("[CLS]", 2),
+            "sep": ("[SEP]", 3),
+            "mask": ("<mask>", 4),
+        },
+    }
 
 
 KINDS = {"byte_level_bpe": byte_level_bpe, "unigram_metaspace": unigram_metaspace}
@@ -108,8 +153,12 @@ def check_bundle_for_tokenizer_kind(kind: str, folder: Path, expected: dict, run
     assert set(metadata["files"]) == files - {"metadata.json"}
     readme = (bundle / "README.md").read_text(encoding="utf-8")
     table = readme.split("## Files", 1)[1].split("Check the download", 1)[0]
-    listed = {cell.strip("` ") for line in table.splitlines() if line.startswith("| `")
-              for cell in line.split("|")[1].split(",")}
+    listed = {
+        cell.strip("` ")
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for cell in line.split("|")[1].split(",")
+    }
     assert listed == files
 
     # the README describes the shipped tokenizer and its real special tokens
@@ -136,7 +185,9 @@ def test_predict_reads_the_pad_id_by_role_or_the_older_key():
     predict = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(predict)
     pad_token_id = predict.pad_token_id
-    assert pad_token_id({"special_tokens": {"pad": {"token": "<pad>", "id": 1}}, "special_token_ids": {"<pad>": 1}}) == 1
+    assert (
+        pad_token_id({"special_tokens": {"pad": {"token": "<pad>", "id": 1}}, "special_token_ids": {"<pad>": 1}}) == 1
+    )
     assert pad_token_id({"special_token_ids": {"[PAD]": 0, "[CLS]": 101}}) == 0  # bundles written before roles
 
 
@@ -151,7 +202,13 @@ def test_wordpiece_facts_keep_the_old_keys_and_add_roles(tmp_path):
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     facts = tokenizer_facts(tmp_path / "tokenizer.json")  # no tokenizer_config.json: roles from the template and names
     assert facts["special_token_ids"] == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
-    assert {r: e["id"] for r, e in facts["special_tokens"].items()} == {"cls": 2, "sep": 3, "pad": 0, "unk": 1, "mask": 4}
+    assert {r: e["id"] for r, e in facts["special_tokens"].items()} == {
+        "cls": 2,
+        "sep": 3,
+        "pad": 0,
+        "unk": 1,
+        "mask": 4,
+    }
     assert facts["template"] == "[CLS] text [SEP]" and facts["pair_template"] == "[CLS] text [SEP] text_pair [SEP]"
     assert facts["lowercase"] is True and tokenizer_files(facts) == ["tokenizer.json", "vocab.txt"]
 
@@ -174,7 +231,12 @@ def test_augmentation_finds_whole_words_for_every_tokenizer_kind(kind, tmp_path)
     assert words == sentence.split()
     assert any(end - start > 1 for start, end in spans), "the sentence should hold a word of several pieces"
     candidates = set(word_candidates(tokenizer, [ids]).tolist())
-    one_piece = [ids[start] for start, end in spans if end - start == 1 and tokenizer.decode([ids[start]]).strip().isalpha()
-                 and len(tokenizer.decode([ids[start]]).strip()) > 1]
+    one_piece = [
+        ids[start]
+        for start, end in spans
+        if end - start == 1
+        and tokenizer.decode([ids[start]]).strip().isalpha()
+        and len(tokenizer.decode([ids[start]]).strip()) > 1
+    ]
     assert one_piece and set(one_piece) <= candidates
     assert not candidates & set(tokenizer.all_special_ids)

@@ -11,7 +11,6 @@ student (RoBERTa: byte-level BPE, DeBERTa-v3: Unigram, XLM-R: a 250k-piece Unigr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from faker import Faker
@@ -38,8 +37,12 @@ def mixed_language_text(per_locale: int, seed: int) -> list[str]:
 def byte_level_bpe(texts):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=3000, special_tokens=SPECIALS,
-                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=3000, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     return tokenizer
 
 
@@ -47,8 +50,9 @@ def unigram(texts, byte_fallback=False):
     tokenizer = Tokenizer(models.Unigram())
     tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-    tokenizer.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=3000, special_tokens=SPECIALS,
-                                                                 unk_token="<unk>"))
+    tokenizer.train_from_iterator(
+        texts, trainers.UnigramTrainer(vocab_size=3000, special_tokens=SPECIALS, unk_token="<unk>")
+    )
     return with_byte_pieces(tokenizer) if byte_fallback else tokenizer
 
 
@@ -86,8 +90,13 @@ def wordpiece(texts):
     return tokenizer
 
 
-KINDS = {"byte_level_bpe": byte_level_bpe, "sentencepiece_bpe": sentencepiece_bpe, "unigram": unigram,
-         "unigram_byte_fallback": lambda texts: unigram(texts, byte_fallback=True), "wordpiece": wordpiece}
+KINDS = {
+    "byte_level_bpe": byte_level_bpe,
+    "sentencepiece_bpe": sentencepiece_bpe,
+    "unigram": unigram,
+    "unigram_byte_fallback": lambda texts: unigram(texts, byte_fallback=True),
+    "wordpiece": wordpiece,
+}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -102,7 +111,9 @@ def test_trimmed_tokenizer_gives_the_same_pieces_to_every_text_whose_pieces_surv
     keep = {i for text in training for i in full.encode(text).ids}
     kept = trim_vocabulary(full_path, keep, trimmed_path)
     trimmed = Tokenizer.from_file(str(trimmed_path))
-    assert len(kept) == trimmed.get_vocab_size() < full.get_vocab_size() * 0.8  # a fifth of the vocabulary or more was cut
+    assert (
+        len(kept) == trimmed.get_vocab_size() < full.get_vocab_size() * 0.8
+    )  # a fifth of the vocabulary or more was cut
 
     fresh = mixed_language_text(40, seed=1) + ["naïve café ☃ 🙂 Ωμέγα ok"]
     kept_set, surviving, other = set(kept), 0, 0
@@ -141,12 +152,30 @@ def test_unigram_trimming_keeps_the_unknown_score_and_every_character(tmp_path):
     """tokenizers scores a character no piece covers at (lowest score - 10): dropping the lowest-scoring piece or a
     single-character piece would change that lattice, and "abcd" (pieces ▁ab + cd, both kept) would become
     ▁ + <unk> + bcd. The trim keeps them, so it does not."""
-    pieces = [["<unk>", 0.0], ["\u2581ab", -15.0], ["cd", -15.0], ["\u2581", -0.5], ["bcd", -0.5],
-              ["a", -40.0], ["b", -40.0], ["c", -40.0], ["d", -40.0], ["xyz", -60.0], ["wq", -1.0]]
-    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-            "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
-            "post_processor": None, "decoder": None,
-            "model": {"type": "Unigram", "unk_id": 0, "byte_fallback": False, "vocab": pieces}}
+    pieces = [
+        ["<unk>", 0.0],
+        ["\u2581ab", -15.0],
+        ["cd", -15.0],
+        ["\u2581", -0.5],
+        ["bcd", -0.5],
+        ["a", -40.0],
+        ["b", -40.0],
+        ["c", -40.0],
+        ["d", -40.0],
+        ["xyz", -60.0],
+        ["wq", -1.0],
+    ]
+    spec = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "Unigram", "unk_id": 0, "byte_fallback": False, "vocab": pieces},
+    }
     full_path, trimmed_path = tmp_path / "tokenizer.json", tmp_path / "trimmed.json"
     full_path.write_text(json.dumps(spec), encoding="utf-8")
     full = Tokenizer.from_file(str(full_path))
@@ -170,5 +199,6 @@ def test_added_tokens_outside_the_model_vocabulary_are_kept_after_it(tmp_path):
     kept = trim_vocabulary(full_path, keep, trimmed_path)
     trimmed = Tokenizer.from_file(str(trimmed_path))
     assert kept[-2:] == [begin, end] and trimmed.token_to_id("<|end_of_text|>") == len(kept) - 1
-    assert [kept[i] for i in trimmed.encode(f"<|begin_of_text|>{text}<|end_of_text|>").ids] == \
-        full.encode(f"<|begin_of_text|>{text}<|end_of_text|>").ids
+    assert [kept[i] for i in trimmed.encode(f"<|begin_of_text|>{text}<|end_of_text|>").ids] == full.encode(
+        f"<|begin_of_text|>{text}<|end_of_text|>"
+    ).ids

@@ -46,8 +46,11 @@ class TierBreach(RuntimeError):
 
 def _refuse(what: str):
     def refuse(*_args, **_kwargs):
-        raise TierBreach(f"a unit-tier test {what}: `make test-fast` promises none. Mark the test (or its module) "
-                         "`pipeline` (pytest.mark.pipeline) if it must, or test the function without it.")
+        raise TierBreach(
+            f"a unit-tier test {what}: `make test-fast` promises none. Mark the test (or its module) "
+            "`pipeline` (pytest.mark.pipeline) if it must, or test the function without it."
+        )
+
     return refuse
 
 
@@ -96,16 +99,23 @@ def pytest_runtest_makereport(item, call):
 def docker_or_skip(compose: bool = False) -> None:
     """Skip, with what to install, unless a Docker daemon answers (and, with ``compose``, docker-compose is there)."""
     if shutil.which("docker") is None:
-        pytest.skip("no 'docker' command: install Docker (Debian: apt-get install docker.io) and start dockerd; "
-                    ".ci/run does both")
+        pytest.skip(
+            "no 'docker' command: install Docker (Debian: apt-get install docker.io) and start dockerd; "
+            ".ci/run does both"
+        )
     try:
-        info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                              timeout=60)
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60
+        )
         problem = None if info.returncode == 0 else (info.stderr or info.stdout).strip()[-400:]
     except subprocess.TimeoutExpired:
         problem = "no answer in 60 s"
     if problem:
-        pytest.skip(f"the Docker daemon does not answer ('docker info': {problem}); start it (dockerd, or "
-                    "systemctl start docker) and make sure this user may use its socket")
+        pytest.skip(
+            f"the Docker daemon does not answer ('docker info': {problem}); start it (dockerd, or "
+            "systemctl start docker) and make sure this user may use its socket"
+        )
     if compose and shutil.which(COMPOSE[0]) is None:
-        pytest.skip(f"no '{COMPOSE[0]}' command: install Compose (Debian: apt-get install docker-compose); .ci/run does")
+        pytest.skip(
+            f"no '{COMPOSE[0]}' command: install Compose (Debian: apt-get install docker-compose); .ci/run does"
+        )

@@ -88,7 +88,9 @@ def main() -> None:
                 module.forward = originals[name]
                 continue
             weight = fake_weight(module.weight.data)
-            module.forward = lambda x, m=module, w=weight: torch.nn.functional.linear(fake_input(x, per_token), w, m.bias)
+            module.forward = lambda x, m=module, w=weight: torch.nn.functional.linear(
+                fake_input(x, per_token), w, m.bias
+            )
 
     def torch_accuracy() -> float:
         right = 0
@@ -99,8 +101,11 @@ def main() -> None:
                 right += int(logits.argmax(-1).item() == test.labels[i])
         return right / len(rows)
 
-    for per_token, what in [(None, "fp32"), (False, "int8 simulated, per-tensor activations (onnxruntime's scheme)"),
-                            (True, "int8 simulated, per-token activations (ExecuTorch's int8 linears)")]:
+    for per_token, what in [
+        (None, "fp32"),
+        (False, "int8 simulated, per-tensor activations (onnxruntime's scheme)"),
+        (True, "int8 simulated, per-token activations (ExecuTorch's int8 linears)"),
+    ]:
         simulate(per_token)
         print(f"PyTorch {what}: {torch_accuracy():.4f} ({len(rows)} test texts)")
 
@@ -115,8 +120,14 @@ def main() -> None:
         session, right = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), 0
         for record_ in records:
             encoding = tokenizer.encode(record_["text"])
-            ids = np.array([encoding.ids[: max_length - 1] + encoding.ids[-1:]
-                            if len(encoding.ids) > max_length else encoding.ids], dtype=np.int64)
+            ids = np.array(
+                [
+                    encoding.ids[: max_length - 1] + encoding.ids[-1:]
+                    if len(encoding.ids) > max_length
+                    else encoding.ids
+                ],
+                dtype=np.int64,
+            )
             logits = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
             right += int(logits.argmax() == names[record_["label"]])
         return right / len(records)
@@ -125,10 +136,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for reduce_range, bits in [(False, 8), (True, 7)]:
             path = Path(tmp) / f"int8_{bits}.onnx"
-            quantize_int8(bundle / "model.onnx", path, {"name": f"{bits}-bit", "per_channel": True,
-                                                        "reduce_range": reduce_range, "op_types": ["MatMul", "Gather"]})
-            print(f"onnxruntime dynamic int8, {bits}-bit per-channel weights, int8 embeddings: "
-                  f"{ort_accuracy(path):.4f}, {path.stat().st_size / 1e6:.1f} MB")
+            quantize_int8(
+                bundle / "model.onnx",
+                path,
+                {
+                    "name": f"{bits}-bit",
+                    "per_channel": True,
+                    "reduce_range": reduce_range,
+                    "op_types": ["MatMul", "Gather"],
+                },
+            )
+            print(
+                f"onnxruntime dynamic int8, {bits}-bit per-channel weights, int8 embeddings: "
+                f"{ort_accuracy(path):.4f}, {path.stat().st_size / 1e6:.1f} MB"
+            )
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ def main() -> None:
     import torch
 
     from pipeline.config import load_config
-    from pipeline.splits import label_names
     from pipeline.metrics import classification_report
     from pipeline.peers import Model2VecPeer
+    from pipeline.splits import label_names
     from stages.baselines import StaticInputs, model2vec_peer, read_splits
 
     torch.set_num_threads(1)
@@ -38,8 +38,9 @@ def main() -> None:
     texts, labels = read_splits(prepare, names)
     config = load_config(args.config or args.run.name)
     start = time.perf_counter()
-    peer, settings = model2vec_peer(StaticInputs(prepare, teacher), texts, labels, config.baselines,
-                                    config.seed if args.seed is None else args.seed)
+    peer, settings = model2vec_peer(
+        StaticInputs(prepare, teacher), texts, labels, config.baselines, config.seed if args.seed is None else args.seed
+    )
     print(f"trained in {time.perf_counter() - start:.0f} s (token vectors from the teacher included): {settings}")
     with tempfile.TemporaryDirectory() as tmp:
         peer.save(Path(tmp) / "model2vec.zip")

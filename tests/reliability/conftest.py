@@ -37,5 +37,3 @@ def run_copy(base_run, tmp_path) -> Run:
     runs_dir = tmp_path / "runs"
     shutil.copytree(base_run.runs_dir, runs_dir)
     return Run(runs_dir, base_run.config)
-
-

@@ -25,7 +25,7 @@ CONFIG_NAME = "rel"
 # A cheap variant of `tiny`: fewer examples, a teacher that is not fine-tuned,
 # one short distillation epoch with frequent checkpoints.
 BASE_CONFIG = f"""\
-extends: {ROOT / 'configs' / 'tiny.yaml'}
+extends: {ROOT / "configs" / "tiny.yaml"}
 description: reliability suite base run
 data:
   max_examples: 120
@@ -44,6 +44,7 @@ BASE_STAGES = ("prepare", "teacher", "baselines", "capture")
 # than two threads fighting other jobs for two cores (and changes no behaviour).
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
+
 @contextlib.contextmanager
 def one_torch_thread():
     import torch
@@ -55,11 +56,13 @@ def one_torch_thread():
     finally:
         torch.set_num_threads(saved)
 
+
 @dataclass
 class CliResult:
     returncode: int
     stdout: str
     stderr: str
+
 
 def cli(*args: str, env: dict | None = None) -> CliResult:
     """Run ``python -m pipeline ARGS`` in-process and capture its output.
@@ -94,12 +97,26 @@ def cli(*args: str, env: dict | None = None) -> CliResult:
         _reset_accelerate()
     return CliResult(code, out.getvalue(), err.getvalue())
 
+
 def _logging_state():
     import logging
 
-    loggers = [logging.getLogger(name) for name in ("pipeline", "transformers", "datasets", "accelerate", "mlflow",
-                                                    "alembic", "sqlalchemy", "httpx", "torch.onnx")] + [logging.getLogger()]
+    loggers = [
+        logging.getLogger(name)
+        for name in (
+            "pipeline",
+            "transformers",
+            "datasets",
+            "accelerate",
+            "mlflow",
+            "alembic",
+            "sqlalchemy",
+            "httpx",
+            "torch.onnx",
+        )
+    ] + [logging.getLogger()]
     return [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+
 
 def _restore_logging(state) -> None:
     """Undo what setup_logging did to process-wide loggers (other test modules share them)."""
@@ -108,6 +125,7 @@ def _restore_logging(state) -> None:
         logger.setLevel(level)
         logger.propagate = propagate
 
+
 def _reset_accelerate() -> None:
     """Each in-process run creates its own Accelerator, as a fresh process would."""
     with contextlib.suppress(Exception):
@@ -115,6 +133,7 @@ def _reset_accelerate() -> None:
 
         AcceleratorState._reset_state(True)
         PartialState._reset_state()
+
 
 def expect_error(*args: str, code: int, phrases: tuple[str, ...] = (), env: dict | None = None) -> CliResult:
     """The user-error contract: exit code, message phrases, no traceback. (That --debug adds the traceback is
@@ -129,10 +148,12 @@ def expect_error(*args: str, code: int, phrases: tuple[str, ...] = (), env: dict
         assert phrase.lower() in message.lower(), f"{phrase!r} not in message:\n{message}"
     return result
 
+
 def error_message(stderr: str) -> str:
     """The 'error: ...' paragraph the CLI prints (one per failure)."""
     assert stderr.count("\nerror: ") == 1, f"expected exactly one error message:\n{stderr[-3000:]}"
     return stderr.split("\nerror: ", 1)[1].strip()
+
 
 def assert_resumable_interrupt(process, stderr: str) -> None:
     """A stopped pipeline process (Ctrl-C, SIGTERM): exit 130, no traceback, the resume hint."""
@@ -140,11 +161,13 @@ def assert_resumable_interrupt(process, stderr: str) -> None:
     assert "Traceback" not in stderr
     assert "rerun the same command to resume" in error_message(stderr).lower()
 
+
 def stop(process) -> None:
     """Kill a test's child pipeline if it is still running (always, in a finally)."""
     if process.poll() is None:
         process.kill()
         process.wait()
+
 
 def planned(config_path: str, runs_dir: Path, *overrides: str) -> list[str]:
     from pipeline.config import load_config
@@ -154,16 +177,22 @@ def planned(config_path: str, runs_dir: Path, *overrides: str) -> list[str]:
     config = config.model_copy(update={"precision": resolve_precision(config.precision)})  # as the CLI does
     return [name for name, run in plan(config, Path(runs_dir) / config.name, False, None, None).items() if run]
 
+
 def tree_digest(folder: Path) -> dict[str, str]:
     """sha256 of every file under a folder, by relative path."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
 
 def snapshot(run_dir: Path) -> dict:
     """Complete stages of a run folder: manifest + file digests."""
     from pipeline.runner import STAGES, read_manifest
 
     return {s: (read_manifest(run_dir / s), tree_digest(run_dir / s)) for s in STAGES if read_manifest(run_dir / s)}
+
 
 def assert_complete_stages_untouched(before: dict, run_dir: Path) -> None:
     after = snapshot(run_dir)
@@ -172,9 +201,11 @@ def assert_complete_stages_untouched(before: dict, run_dir: Path) -> None:
         assert after[stage][0] == manifest, f"manifest of {stage} changed"
         assert after[stage][1] == files, f"files of {stage} changed"
 
+
 def nothing_written(run_dir: Path) -> dict:
     """Digest of a whole run folder, for errors that must stop before writing anything."""
     return tree_digest(run_dir) if run_dir.exists() else {}
+
 
 @dataclass
 class Run:
@@ -190,6 +221,7 @@ class Run:
     def snapshot(self) -> dict:
         return snapshot(self.run_dir)
 
+
 def write_config(folder: Path, name: str, text: str) -> Path:
     path = Path(folder) / f"{name}.yaml"
     path.write_text(text)
@@ -200,8 +232,10 @@ def write_config(folder: Path, name: str, text: str) -> Path:
 
 
 def rows(n: int, labels=("pos", "neg")) -> list[dict]:
-    return [{"text": f"review number {i} says it was {labels[i % len(labels)]}", "label": labels[i % len(labels)]}
-            for i in range(n)]
+    return [
+        {"text": f"review number {i} says it was {labels[i % len(labels)]}", "label": labels[i % len(labels)]}
+        for i in range(n)
+    ]
 
 
 def write(path: Path, records: list[dict]) -> Path:
@@ -217,8 +251,18 @@ def write(path: Path, records: list[dict]) -> Path:
 
 def prepare_with(run, path: Path | str, *overrides: str) -> tuple:
     source = Path(path).suffix.lstrip(".") or "csv"
-    return ("run", run.config, f"data.source={source}", f"data.path={path}", "data.group_column=null", *overrides,
-            "--only", "prepare", "--runs-dir", str(run.runs_dir))
+    return (
+        "run",
+        run.config,
+        f"data.source={source}",
+        f"data.path={path}",
+        "data.group_column=null",
+        *overrides,
+        "--only",
+        "prepare",
+        "--runs-dir",
+        str(run.runs_dir),
+    )
 
 
 def check(run, path, *overrides, phrases):

@@ -7,7 +7,6 @@ same run folder as the prepared base run, whose stages must stay untouched.
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.reliability.helpers import CONFIG_NAME, error_message, expect_error, nothing_written, write_config
@@ -19,8 +18,11 @@ def run_args(run, *extra):
 
 def test_missing_config_file(run_copy):
     before = nothing_written(run_copy.run_dir)
-    result = expect_error(*run_args(run_copy, "tinny"), code=2,
-                          phrases=("config 'tinny'", "not found", "did you mean 'tiny'", "available configs"))
+    result = expect_error(
+        *run_args(run_copy, "tinny"),
+        code=2,
+        phrases=("config 'tinny'", "not found", "did you mean 'tiny'", "available configs"),
+    )
     assert "configs/tinny.yaml" in result.stderr
     assert nothing_written(run_copy.run_dir) == before
 
@@ -32,8 +34,12 @@ def test_missing_config_path(run_copy, tmp_path):
 
 def test_malformed_yaml_names_file_and_line(run_copy, tmp_path):
     before = nothing_written(run_copy.run_dir)
-    path = write_config(tmp_path, CONFIG_NAME, f"extends: {run_copy.config}\nseed: 3\ndistill:\n  epochs: [1, 2\n  lr: 0.1\n")
-    result = expect_error(*run_args(run_copy, str(path)), code=2, phrases=(f"{path}, line", "not valid yaml", "fix the syntax"))
+    path = write_config(
+        tmp_path, CONFIG_NAME, f"extends: {run_copy.config}\nseed: 3\ndistill:\n  epochs: [1, 2\n  lr: 0.1\n"
+    )
+    result = expect_error(
+        *run_args(run_copy, str(path)), code=2, phrases=(f"{path}, line", "not valid yaml", "fix the syntax")
+    )
     assert "line 5" in result.stderr or "line 4" in result.stderr, result.stderr
     assert nothing_written(run_copy.run_dir) == before
 
@@ -50,28 +56,42 @@ def test_config_that_is_not_a_mapping(run_copy, tmp_path):
 
 def test_unknown_key_suggests_nearest(run_copy):
     before = nothing_written(run_copy.run_dir)
-    expect_error(*run_args(run_copy, run_copy.config, "distill.temperatur=3"), code=2,
-                 phrases=("distill.temperatur: unknown key", "did you mean 'distill.temperature'", "valid keys here"))
+    expect_error(
+        *run_args(run_copy, run_copy.config, "distill.temperatur=3"),
+        code=2,
+        phrases=("distill.temperatur: unknown key", "did you mean 'distill.temperature'", "valid keys here"),
+    )
     assert nothing_written(run_copy.run_dir) == before
 
 
 def test_unknown_key_in_file_suggests_nearest(run_copy, tmp_path):
     path = write_config(tmp_path, CONFIG_NAME, f"extends: {run_copy.config}\ndata:\n  max_lenght: 16\n")
-    expect_error(*run_args(run_copy, str(path)), code=2, phrases=("data.max_lenght: unknown key", "did you mean 'data.max_length'"))
+    expect_error(
+        *run_args(run_copy, str(path)),
+        code=2,
+        phrases=("data.max_lenght: unknown key", "did you mean 'data.max_length'"),
+    )
 
 
 def test_wrong_type(run_copy):
     before = nothing_written(run_copy.run_dir)
-    expect_error(*run_args(run_copy, run_copy.config, "distill.epochs=three", "capture.mode=[1]"), code=2,
-                 phrases=("2 problem(s)", "distill.epochs", "valid integer", '(got "three")', "capture.mode"))
+    expect_error(
+        *run_args(run_copy, run_copy.config, "distill.epochs=three", "capture.mode=[1]"),
+        code=2,
+        phrases=("2 problem(s)", "distill.epochs", "valid integer", '(got "three")', "capture.mode"),
+    )
     assert nothing_written(run_copy.run_dir) == before
 
 
-@pytest.mark.parametrize("override,phrase", [
-    ("distill.temperature=0", "distill.temperature: input should be greater than 0"),
-    ("data.validation_fraction=0.7", "data.validation_fraction: input should be less than 0.5"),
-    ("teacher.lr=5", "teacher.lr: input should be less than or equal to 1"),
-], ids=["temperature-zero", "fraction-too-big", "lr-too-big"])
+@pytest.mark.parametrize(
+    "override,phrase",
+    [
+        ("distill.temperature=0", "distill.temperature: input should be greater than 0"),
+        ("data.validation_fraction=0.7", "data.validation_fraction: input should be less than 0.5"),
+        ("teacher.lr=5", "teacher.lr: input should be less than or equal to 1"),
+    ],
+    ids=["temperature-zero", "fraction-too-big", "lr-too-big"],
+)
 def test_out_of_range_value(run_copy, override, phrase):
     before = nothing_written(run_copy.run_dir)
     expect_error(*run_args(run_copy, run_copy.config, override), code=2, phrases=(phrase,))
@@ -80,23 +100,34 @@ def test_out_of_range_value(run_copy, override, phrase):
 
 def test_extends_missing_config(run_copy, tmp_path):
     path = write_config(tmp_path, CONFIG_NAME, "extends: tinyy\nseed: 1\n")
-    expect_error(*run_args(run_copy, str(path)), code=2,
-                 phrases=("config 'tinyy' (extended by 'rel') not found", "did you mean 'tiny'"))
+    expect_error(
+        *run_args(run_copy, str(path)),
+        code=2,
+        phrases=("config 'tinyy' (extended by 'rel') not found", "did you mean 'tiny'"),
+    )
 
 
 def test_extends_cycle(run_copy, tmp_path):
     write_config(tmp_path, "other", f"extends: {tmp_path / (CONFIG_NAME + '.yaml')}\n")
     path = write_config(tmp_path, CONFIG_NAME, f"extends: {tmp_path / 'other.yaml'}\n")
-    expect_error(*run_args(run_copy, str(path)), code=2, phrases=("cycle: rel -> other -> rel", "remove one of the 'extends' lines"))
+    expect_error(
+        *run_args(run_copy, str(path)),
+        code=2,
+        phrases=("cycle: rel -> other -> rel", "remove one of the 'extends' lines"),
+    )
 
 
-@pytest.mark.parametrize("override,phrase", [
-    ("distill.epochs", "not of the form key=value"),
-    ("=3", "empty key"),
-    ("distill..epochs=1", "empty key"),
-    ("seed.value=1", "'seed' is a value, not a section"),
-    ("distill.epochs=[1", "is not valid yaml"),
-], ids=["no-equals", "no-key", "empty-part", "into-a-value", "bad-value"])
+@pytest.mark.parametrize(
+    "override,phrase",
+    [
+        ("distill.epochs", "not of the form key=value"),
+        ("=3", "empty key"),
+        ("distill..epochs=1", "empty key"),
+        ("seed.value=1", "'seed' is a value, not a section"),
+        ("distill.epochs=[1", "is not valid yaml"),
+    ],
+    ids=["no-equals", "no-key", "empty-part", "into-a-value", "bad-value"],
+)
 def test_bad_override_syntax(run_copy, override, phrase):
     before = nothing_written(run_copy.run_dir)
     expect_error(*run_args(run_copy, run_copy.config, override), code=2, phrases=(f"override '{override}'", phrase))
@@ -119,12 +150,16 @@ def test_python_launcher_prints_no_traceback(run_copy, tmp_path):
     assert f"{path}, line 2" in error_message(plain.stderr) and plain.stdout == ""
 
 
-@pytest.mark.parametrize("extra, phrases", [
-    (("--only", "prepare", "--only", "teacher"), ("--only was given 2 times (prepare, teacher)", "give it once")),
-    (("--from", "export", "--to", "prepare"), ("--from export comes after --to prepare", "holds no stage")),
-    (("--to", "capture", "--to", "distill"), ("--to was given 2 times (capture, distill)",)),
-    (("--only", "prepare", "--to", "teacher"), ("--only prepare cannot be combined with --from/--to",)),
-], ids=["only-twice", "empty-range", "to-twice", "only-with-to"])
+@pytest.mark.parametrize(
+    "extra, phrases",
+    [
+        (("--only", "prepare", "--only", "teacher"), ("--only was given 2 times (prepare, teacher)", "give it once")),
+        (("--from", "export", "--to", "prepare"), ("--from export comes after --to prepare", "holds no stage")),
+        (("--to", "capture", "--to", "distill"), ("--to was given 2 times (capture, distill)",)),
+        (("--only", "prepare", "--to", "teacher"), ("--only prepare cannot be combined with --from/--to",)),
+    ],
+    ids=["only-twice", "empty-range", "to-twice", "only-with-to"],
+)
 def test_stage_options_that_cannot_mean_what_they_say_are_refused(run_copy, extra, phrases):
     """Never "the last --only wins" or an empty range that exits 0 having done nothing."""
     from tests.reliability.helpers import cli
@@ -168,10 +203,22 @@ def test_overrides_are_taken_after_options_too(tmp_path):
     assert stray.returncode == 2 and "unrecognized arguments: oops" in stray.stderr
 
 
-@pytest.mark.parametrize("command, text, line", [
-    ("run", "extends: tiny\ndistill:\n  epochs: 1\nseed: 3\ndistill:\n  lr: 0.01\n", "the key 'distill' is given twice (first on line 2)"),
-    ("sweep", "variants:\n  a: {overrides: {seed: 1}}\n  a: {overrides: {seed: 2}}\n", "the key 'a' is given twice (first on line 2)"),
-], ids=["config-section-twice", "sweep-variant-twice"])
+@pytest.mark.parametrize(
+    "command, text, line",
+    [
+        (
+            "run",
+            "extends: tiny\ndistill:\n  epochs: 1\nseed: 3\ndistill:\n  lr: 0.01\n",
+            "the key 'distill' is given twice (first on line 2)",
+        ),
+        (
+            "sweep",
+            "variants:\n  a: {overrides: {seed: 1}}\n  a: {overrides: {seed: 2}}\n",
+            "the key 'a' is given twice (first on line 2)",
+        ),
+    ],
+    ids=["config-section-twice", "sweep-variant-twice"],
+)
 def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path, command, text, line):
     """YAML keeps the last of two equal keys; the product would silently drop the first section or variant."""
     from tests.reliability.helpers import cli
@@ -206,16 +253,35 @@ def test_an_override_key_given_twice_on_the_command_line_is_refused(tmp_path):
     from tests.reliability.helpers import cli
 
     result = cli("validate", "tiny", "seed=1", "--runs-dir", str(tmp_path), "seed=2")
-    assert result.returncode == 2 and "seed is given 2 times on the command line with different values (1, 2)" in result.stderr
-    same = cli("validate", "tiny", "seed=1", "--runs-dir", str(tmp_path), "seed=1")  # a composed script repeating itself
+    assert (
+        result.returncode == 2
+        and "seed is given 2 times on the command line with different values (1, 2)" in result.stderr
+    )
+    same = cli(
+        "validate", "tiny", "seed=1", "--runs-dir", str(tmp_path), "seed=1"
+    )  # a composed script repeating itself
     assert same.returncode == 0, same.stderr[-2000:]
 
 
-@pytest.mark.parametrize("args, code", [
-    (("run", "tinny"), 2),  # refused while reading the config
-    (("run", "tiny", "data.source=csv", "data.path=/nonexistent/reviews.csv", "tracking.enabled=false", "--only",
-      "prepare"), 1),  # refused inside a stage
-], ids=["config", "stage"])
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (("run", "tinny"), 2),  # refused while reading the config
+        (
+            (
+                "run",
+                "tiny",
+                "data.source=csv",
+                "data.path=/nonexistent/reviews.csv",
+                "tracking.enabled=false",
+                "--only",
+                "prepare",
+            ),
+            1,
+        ),  # refused inside a stage
+    ],
+    ids=["config", "stage"],
+)
 def test_debug_adds_the_traceback_and_keeps_the_exit_code(tmp_path, args, code):
     """Every user-facing error goes through cli.main's one handler: without --debug one paragraph and no
     traceback (expect_error checks that in every case), with --debug the same exit code and the traceback."""

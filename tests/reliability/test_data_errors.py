@@ -44,8 +44,12 @@ def test_header_only_csv(run_copy, tmp_path):
 
 def test_a_split_that_ends_up_empty(run_copy, tmp_path):
     path = write(tmp_path / "data.csv", rows(12))
-    check(run_copy, path, "data.validation_fraction=0.02",
-          phrases=("the validation split is empty", "12 examples", "use more data or larger fractions"))
+    check(
+        run_copy,
+        path,
+        "data.validation_fraction=0.02",
+        phrases=("the validation split is empty", "12 examples", "use more data or larger fractions"),
+    )
 
 
 def test_only_one_class(run_copy, tmp_path):
@@ -70,8 +74,12 @@ def test_test_label_unseen_in_training(run_copy, tmp_path):
         return False
 
     seed = next(s for s in range(200) if places_neutral_in_test(s))
-    check(run_copy, path, f"seed={seed}",
-          phrases=("label(s) ['neutral'] appear in the test split but never in train", "add training examples"))
+    check(
+        run_copy,
+        path,
+        f"seed={seed}",
+        phrases=("label(s) ['neutral'] appear in the test split but never in train", "add training examples"),
+    )
 
 
 def test_undecodable_bytes_in_csv(run_copy, tmp_path):
@@ -79,7 +87,11 @@ def test_undecodable_bytes_in_csv(run_copy, tmp_path):
     lines = ["text,label"] + [f"{r['text']},{r['label']}" for r in rows(30)]
     lines[3] = "caf\xe9 cr\xe8me was lovely,pos"
     path.write_bytes("\n".join(lines).encode("latin-1"))
-    check(run_copy, path, phrases=(f"data file '{path}' is not valid utf-8", "line 4, byte 0xe9 at column 4", "re-save it as utf-8"))
+    check(
+        run_copy,
+        path,
+        phrases=(f"data file '{path}' is not valid utf-8", "line 4, byte 0xe9 at column 4", "re-save it as utf-8"),
+    )
 
 
 def test_malformed_jsonl(run_copy, tmp_path):
@@ -127,8 +139,18 @@ def test_a_jsonl_file_with_a_utf8_bom_reads_like_one_without(run_copy, tmp_path)
     runs = {}
     for name, path in (("plain", plain), ("bom", marked)):
         folder = tmp_path / f"runs_{name}"
-        result = cli("run", run_copy.config, "data.source=jsonl", f"data.path={path}", "data.group_column=null",
-                     "tracking.enabled=false", "--only", "prepare", "--runs-dir", str(folder))
+        result = cli(
+            "run",
+            run_copy.config,
+            "data.source=jsonl",
+            f"data.path={path}",
+            "data.group_column=null",
+            "tracking.enabled=false",
+            "--only",
+            "prepare",
+            "--runs-dir",
+            str(folder),
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         runs[name] = next(folder.glob("*/prepare"))
     for split in ("train", "validation", "test"):

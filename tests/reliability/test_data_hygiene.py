@@ -17,8 +17,7 @@ import datasets
 import pandas as pd
 import pytest
 
-from tests.reliability.helpers import cli, error_message, planned
-from tests.reliability.helpers import check, prepare_with, rows, write
+from tests.reliability.helpers import check, cli, error_message, planned, prepare_with, rows, write
 
 NAMES = ("neg", "pos")
 
@@ -32,8 +31,12 @@ def prepared(run, path, *overrides) -> tuple:
 
 
 def records_of(prepare: Path) -> list[dict]:
-    return [json.loads(line) for split in ("train", "validation", "test")
-            for line in (prepare / f"{split}.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for split in ("train", "validation", "test")
+        for line in (prepare / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
 
 
 def labels_json(prepare: Path) -> dict:
@@ -86,6 +89,7 @@ def test_only_missing_labels_is_no_usable_rows(run_copy, tmp_path):
 
 # ---------------------------------------------------------------- label_names for integer labels
 
+
 def id_rows(n: int, make=lambda i: i) -> list[dict]:
     """Rows whose label is an id; the text says which name it stands for."""
     return [{"text": f"review number {i} says it was {NAMES[i % 2]}", "label": make(i % 2)} for i in range(n)]
@@ -111,25 +115,34 @@ def test_label_names_apply_to_integer_labels(run_copy, tmp_path, case):
 
 def test_integer_label_outside_label_names_in_csv(run_copy, tmp_path):
     path = write(tmp_path / "data.csv", [{"text": f"review {i}", "label": str(i % 3)} for i in range(40)])
-    check(run_copy, path, "data.label_names=[neg,pos]",
-          phrases=("label id(s) [2] outside data.label_names", "ids 0..1"))
+    check(
+        run_copy, path, "data.label_names=[neg,pos]", phrases=("label id(s) [2] outside data.label_names", "ids 0..1")
+    )
 
 
 def test_labels_that_are_neither_ids_nor_names(run_copy, tmp_path):
     path = write(tmp_path / "data.csv", rows(40, labels=("positive", "negative")))
-    check(run_copy, path, "data.label_names=[neg,pos]",
-          phrases=("label(s) 'negative', 'positive' that are neither integer ids nor names in data.label_names",))
+    check(
+        run_copy,
+        path,
+        "data.label_names=[neg,pos]",
+        phrases=("label(s) 'negative', 'positive' that are neither integer ids nor names in data.label_names",),
+    )
 
 
 # ---------------------------------------------------------------- text cells must be strings
 
-@pytest.mark.parametrize("suffix,value,kind", [
-    ("jsonl", ["a", "list", "of", "words"], "a list"),
-    ("jsonl", {"title": "a dict"}, "a dict"),
-    ("jsonl", 4.5, "a number"),
-    ("parquet", ["a", "list", "of", "words"], "an array"),
-    ("parquet", b"some bytes", "bytes"),
-])
+
+@pytest.mark.parametrize(
+    "suffix,value,kind",
+    [
+        ("jsonl", ["a", "list", "of", "words"], "a list"),
+        ("jsonl", {"title": "a dict"}, "a dict"),
+        ("jsonl", 4.5, "a number"),
+        ("parquet", ["a", "list", "of", "words"], "an array"),
+        ("parquet", b"some bytes", "bytes"),
+    ],
+)
 def test_text_cells_that_are_not_strings_are_refused(run_copy, tmp_path, suffix, value, kind):
     path = tmp_path / f"data.{suffix}"
     if suffix == "jsonl":  # one bad cell, on the sixth line
@@ -141,15 +154,24 @@ def test_text_cells_that_are_not_strings_are_refused(run_copy, tmp_path, suffix,
         column = [t.split() for t in texts] if isinstance(value, list) else [t.encode() for t in texts]
         pd.DataFrame({"text": column, "label": labels}).to_parquet(path)
     where = "row 6 (line 6 of the file)" if suffix == "jsonl" else "row 1"
-    check(run_copy, path, phrases=(f"text column 'text' holds {kind}, not a string, at {where}",
-                                   "point data.text_column at the column holding the text"))
+    check(
+        run_copy,
+        path,
+        phrases=(
+            f"text column 'text' holds {kind}, not a string, at {where}",
+            "point data.text_column at the column holding the text",
+        ),
+    )
 
 
 def test_a_whole_number_column_as_text_is_refused(run_copy, tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text("\n" + "".join(json.dumps({"id": i, "text": i, "label": NAMES[i % 2]}) + "\n" for i in range(40)))
-    check(run_copy, path, phrases=("text column 'text' holds a number, not a string, at row 1 (line 2 of the file)",
-                                   "wrong column"))
+    check(
+        run_copy,
+        path,
+        phrases=("text column 'text' holds a number, not a string, at row 1 (line 2 of the file)", "wrong column"),
+    )
 
 
 def test_text_pair_cells_must_be_strings(run_copy, tmp_path):
@@ -157,9 +179,15 @@ def test_text_pair_cells_must_be_strings(run_copy, tmp_path):
     records[7]["second"] = ["not", "a", "string"]
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    check(run_copy, path, "data.text_pair_column=second",
-          phrases=("text_pair column 'second' holds a list, not a string, at row 8 (line 8 of the file)",
-                   "data.text_pair_column"))
+    check(
+        run_copy,
+        path,
+        "data.text_pair_column=second",
+        phrases=(
+            "text_pair column 'second' holds a list, not a string, at row 8 (line 8 of the file)",
+            "data.text_pair_column",
+        ),
+    )
 
 
 def test_a_list_of_labels_is_refused(run_copy, tmp_path):
@@ -171,6 +199,7 @@ def test_a_list_of_labels_is_refused(run_copy, tmp_path):
 
 
 # ---------------------------------------------------------------- huge text cells
+
 
 @pytest.mark.parametrize("setting,limit", [(None, 20 * 32), ("data.max_text_chars=100", 100)])
 def test_a_huge_text_cell_is_cut_before_tokenization(run_copy, tmp_path, monkeypatch, setting, limit):
@@ -216,10 +245,13 @@ def test_huge_text_pair_cell_is_cut(run_copy, tmp_path):
 
 # ---------------------------------------------------------------- error messages quote input briefly
 
+
 def test_an_enormous_header_is_not_quoted_in_full(run_copy, tmp_path):
     path = tmp_path / "data.csv"
     path.write_text("h" * 1_000_000 + "\n" + "".join(f"row {i}\n" for i in range(20)))
-    result = check(run_copy, path, phrases=("no text column 'text'", "its columns are hhhh", "...", "set data.text_column"))
+    result = check(
+        run_copy, path, phrases=("no text column 'text'", "its columns are hhhh", "...", "set data.text_column")
+    )
     assert len(error_message(result.stderr)) < 1000
 
 
@@ -254,6 +286,7 @@ def test_jsonl_parse_error_names_the_line(run_copy, tmp_path):
 
 # ---------------------------------------------------------------- hub class labels
 
+
 @pytest.mark.parametrize("label_names", [None, ["neg", "pos"]])
 def test_hub_unlabelled_rows_are_missing_labels(monkeypatch, label_names):
     """A hub ClassLabel column marks unlabelled rows (GLUE test splits) with -1: dropped and counted, with or
@@ -261,8 +294,9 @@ def test_hub_unlabelled_rows_are_missing_labels(monkeypatch, label_names):
     from pipeline.config import DataConfig
     from pipeline.data import load_frame
 
-    features = datasets.Features({"sentence": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=["negative", "positive"])})
+    features = datasets.Features(
+        {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])}
+    )
     table = {"sentence": [f"sentence {i}" for i in range(30)], "label": [-1, -1] + [i % 2 for i in range(28)]}
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_dict(table, features=features))
     report: dict = {}
@@ -281,8 +315,12 @@ def test_given_split_files_are_kept_exactly(run_copy, tmp_path):
     for split, n in (("train", 60), ("validation", 14), ("test", 16)):
         records = [{"text": f"{split} review {i} was {NAMES[i % 2]}", "label": NAMES[i % 2]} for i in range(n)]
         files[split] = (write(tmp_path / f"{split}.csv", records), records)
-    overrides = ["data.source=csv", "data.path=null", "data.group_column=null",
-                 *(f"data.{split}={path}" for split, (path, _) in files.items())]
+    overrides = [
+        "data.source=csv",
+        "data.path=null",
+        "data.group_column=null",
+        *(f"data.{split}={path}" for split, (path, _) in files.items()),
+    ]
     result = cli("run", run_copy.config, *overrides, "--only", "prepare", "--runs-dir", str(run_copy.runs_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     prepare = run_copy.run_dir / "prepare"
@@ -299,9 +337,25 @@ def test_a_bad_cell_in_a_given_split_names_that_file_and_line(run_copy, tmp_path
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"text": f"good review {i}", "label": NAMES[i % 2]}) + "\n" for i in range(30)))
     test = tmp_path / "test.jsonl"
-    test.write_text(json.dumps({"text": "fine", "label": "pos"}) + "\n\n" + json.dumps({"text": ["a", "list"], "label": "neg"}) + "\n")
-    result = cli("run", run_copy.config, "data.source=jsonl", "data.path=null", "data.group_column=null",
-                 f"data.train={train}", f"data.test={test}", "--only", "prepare", "--runs-dir", str(run_copy.runs_dir))
+    test.write_text(
+        json.dumps({"text": "fine", "label": "pos"})
+        + "\n\n"
+        + json.dumps({"text": ["a", "list"], "label": "neg"})
+        + "\n"
+    )
+    result = cli(
+        "run",
+        run_copy.config,
+        "data.source=jsonl",
+        "data.path=null",
+        "data.group_column=null",
+        f"data.train={train}",
+        f"data.test={test}",
+        "--only",
+        "prepare",
+        "--runs-dir",
+        str(run_copy.runs_dir),
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     message = error_message(result.stderr)
     assert str(test) in message and "row 2 (line 3 of the file)" in message and "a list" in message

@@ -18,8 +18,18 @@ import pandas as pd
 import pytest
 
 from tests.helpers import ROOT
-from tests.reliability.helpers import (CONFIG_NAME, ONE_THREAD, assert_resumable_interrupt, cli, error_message,
-                                        expect_error, nothing_written, planned, stop, write_config)
+from tests.reliability.helpers import (
+    CONFIG_NAME,
+    ONE_THREAD,
+    assert_resumable_interrupt,
+    cli,
+    error_message,
+    expect_error,
+    nothing_written,
+    planned,
+    stop,
+    write_config,
+)
 
 
 def args(run, *overrides, only=None, to=None):
@@ -36,15 +46,24 @@ def manifest(run_dir: Path, stage: str) -> dict:
 
 def test_edited_data_file_makes_prepare_and_everything_after_stale(run_copy, tmp_path):
     data = tmp_path / "reviews.csv"
-    rows = [{"text": f"review {i} was {'good' if i % 2 else 'bad'} overall", "label": "pos" if i % 2 else "neg"}
-            for i in range(60)]
+    rows = [
+        {"text": f"review {i} was {'good' if i % 2 else 'bad'} overall", "label": "pos" if i % 2 else "neg"}
+        for i in range(60)
+    ]
     pd.DataFrame(rows).to_csv(data, index=False)
     overrides = ("data.source=csv", f"data.path={data}", "data.group_column=null")
     assert cli(*args(run_copy, *overrides, only="prepare")).returncode == 0
     assert "prepare" not in planned(run_copy.config, run_copy.runs_dir, *overrides)
     pd.DataFrame(rows + [{"text": "one more review, a new one", "label": "pos"}]).to_csv(data, index=False)
-    assert planned(run_copy.config, run_copy.runs_dir, *overrides) == ["prepare", "teacher", "baselines", "capture", "distill",
-                                                                        "evaluate", "export"]
+    assert planned(run_copy.config, run_copy.runs_dir, *overrides) == [
+        "prepare",
+        "teacher",
+        "baselines",
+        "capture",
+        "distill",
+        "evaluate",
+        "export",
+    ]
     status = cli("status", run_copy.config, *overrides, "--runs-dir", str(run_copy.runs_dir))
     assert "prepare    stale" in status.stdout
 
@@ -138,8 +157,12 @@ def test_unexpected_exception_names_the_stage_and_hides_secrets(run_copy, monkey
 
     monkeypatch.setattr(stages.distill, "run", broken)
     env = {"FAKE_API_TOKEN": secret}
-    result = expect_error(*args(run_copy, only="distill"), code=1, env=env,
-                          phrases=("unexpected error in the distill stage", "ValueError", "--debug", "***"))
+    result = expect_error(
+        *args(run_copy, only="distill"),
+        code=1,
+        env=env,
+        phrases=("unexpected error in the distill stage", "ValueError", "--debug", "***"),
+    )
     assert secret not in result.stderr
     debug = cli(*args(run_copy, only="distill"), "--debug", env=env)
     assert "Traceback" in debug.stderr and secret not in debug.stderr
@@ -156,8 +179,11 @@ def test_permission_denied_is_explained(run_copy, monkeypatch):
         yield
 
     monkeypatch.setattr(pipeline.runner, "run_lock", read_only)
-    expect_error(*args(run_copy, only="prepare"), code=1,
-                 phrases=("permission denied", str(run_copy.run_dir / ".lock"), "--runs-dir"))
+    expect_error(
+        *args(run_copy, only="prepare"),
+        code=1,
+        phrases=("permission denied", str(run_copy.run_dir / ".lock"), "--runs-dir"),
+    )
 
 
 def test_runs_dir_that_is_a_file(run_copy, tmp_path):
@@ -173,8 +199,11 @@ def test_damaged_mlflow_database(run_copy):
     db = run_copy.runs_dir / "mlflow.db"
     db.write_bytes(b"not a database " * 400)
     before = nothing_written(run_copy.run_dir)
-    expect_error(*args(run_copy, only="distill"), code=1,
-                 phrases=("is not a readable sqlite database", f"mv {db} {db}.bad", "Nothing was run"))
+    expect_error(
+        *args(run_copy, only="distill"),
+        code=1,
+        phrases=("is not a readable sqlite database", f"mv {db} {db}.bad", "Nothing was run"),
+    )
     assert nothing_written(run_copy.run_dir) == before
 
 
@@ -191,10 +220,17 @@ def test_locked_mlflow_database(run_copy):
     assert "is locked by another process" in error_message(result.stderr)
 
 
-@pytest.mark.parametrize("uri, phrases", [
-    ("htp://alice:pa55-w0rd-x@localhost:5000", ("htp://***@localhost:5000", "scheme, 'htp'")),
-    ("postgresql://alice:pa55-w0rd-x@localhost:5432/mlflow", ("postgresql://***@localhost", "driver", "pip install")),
-], ids=["scheme-typo", "postgres-without-driver"])
+@pytest.mark.parametrize(
+    "uri, phrases",
+    [
+        ("htp://alice:pa55-w0rd-x@localhost:5000", ("htp://***@localhost:5000", "scheme, 'htp'")),
+        (
+            "postgresql://alice:pa55-w0rd-x@localhost:5432/mlflow",
+            ("postgresql://***@localhost", "driver", "pip install"),
+        ),
+    ],
+    ids=["scheme-typo", "postgres-without-driver"],
+)
 def test_tracking_uri_problems_never_show_the_password(run_copy, uri, phrases):
     env = {"MLFLOW_TRACKING_URI": uri}
     result = expect_error(*args(run_copy, only="distill"), code=1, phrases=phrases, env=env)
@@ -205,12 +241,21 @@ def test_tracking_uri_problems_never_show_the_password(run_copy, uri, phrases):
 @pytest.mark.pipeline  # two real processes preparing at once
 def test_two_configs_start_at_once_on_a_fresh_runs_folder(tmp_path):
     runs_dir = tmp_path / "runs"
-    configs = [write_config(tmp_path, name, f"extends: {ROOT / 'configs' / 'tiny.yaml'}\ndata:\n  max_examples: 60\n")
-               for name in ("first", "second")]
-    processes = [subprocess.Popen([sys.executable, "-m", "pipeline", "run", str(c), "--only", "prepare",
-                                   "--runs-dir", str(runs_dir)], cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD})
-                 for c in configs]
+    configs = [
+        write_config(tmp_path, name, f"extends: {ROOT / 'configs' / 'tiny.yaml'}\ndata:\n  max_examples: 60\n")
+        for name in ("first", "second")
+    ]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "run", str(c), "--only", "prepare", "--runs-dir", str(runs_dir)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **ONE_THREAD},
+        )
+        for c in configs
+    ]
     for process in processes:
         _, stderr = process.communicate(timeout=300)
         assert process.returncode == 0, stderr[-3000:]
@@ -237,8 +282,9 @@ def test_artifacts_follow_a_moved_runs_folder(run_copy, base_run):
 
 def start_distill(run) -> subprocess.Popen:
     command = [sys.executable, "-m", "pipeline", *args(run, "distill.epochs=40", only="distill")]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **ONE_THREAD})
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD}
+    )
 
 
 def wait_for_checkpoint(process: subprocess.Popen, run, newer_than: float = 0.0) -> None:
@@ -310,8 +356,16 @@ def test_only_refuses_to_read_a_damaged_input(tiny_run, tmp_path):
     shutil.copytree(tiny_run["runs_dir"], runs_dir)
     with open(runs_dir / "tiny" / "distill" / "student" / "model.safetensors", "r+b") as fh:
         fh.truncate(10)
-    expect_error("run", "tiny", "--only", "evaluate", "--runs-dir", str(runs_dir), code=1,
-                 phrases=("needs the output of 'distill', which is damaged", "student/model.safetensors has 10 bytes"))
+    expect_error(
+        "run",
+        "tiny",
+        "--only",
+        "evaluate",
+        "--runs-dir",
+        str(runs_dir),
+        code=1,
+        phrases=("needs the output of 'distill', which is damaged", "student/model.safetensors has 10 bytes"),
+    )
 
 
 def test_out_of_memory_is_explained(tmp_path):

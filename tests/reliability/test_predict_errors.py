@@ -68,8 +68,9 @@ def predict(bundle: Path, *args: str) -> Result:
 
 
 def predict_process(bundle: Path, *args: str) -> Result:
-    proc = subprocess.run([sys.executable, str(bundle / "predict.py"), *args], cwd=bundle,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(bundle / "predict.py"), *args], cwd=bundle, capture_output=True, text=True, timeout=120
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -81,15 +82,25 @@ def assert_error(result: Result, *phrases: str, code: int = 2) -> None:
         assert phrase in result.stderr, f"{phrase!r} not in:\n{result.stderr}"
 
 
-@pytest.mark.parametrize("args, phrases", [
-    (["--batch-size", "0"], ["argument --batch-size: expected a positive integer, got '0'"]),
-    (["--batch-size", "-1"], ["argument --batch-size: expected a positive integer, got '-1'"]),
-    (["--threads", "0"], ["argument --threads: expected a positive integer, got '0'"]),
-    (["--threads", "-2"], ["argument --threads: expected a positive integer, got '-2'"]),
-    (["--model", "nope.onnx"], ["nope.onnx does not exist", "this bundle's models: model.int8.onnx, model.int8.ort, model.int8.pte, model.int8.static.onnx, "
-                                        "model.int8.static.ort, model.onnx, model.pte"]),
-    (["--model", "labels.json"], ["labels.json is not an ONNX or ORT-format model"]),
-], ids=["batch-size-0", "batch-size-negative", "threads-0", "threads-negative", "missing-model", "model-not-onnx"])
+@pytest.mark.parametrize(
+    "args, phrases",
+    [
+        (["--batch-size", "0"], ["argument --batch-size: expected a positive integer, got '0'"]),
+        (["--batch-size", "-1"], ["argument --batch-size: expected a positive integer, got '-1'"]),
+        (["--threads", "0"], ["argument --threads: expected a positive integer, got '0'"]),
+        (["--threads", "-2"], ["argument --threads: expected a positive integer, got '-2'"]),
+        (
+            ["--model", "nope.onnx"],
+            [
+                "nope.onnx does not exist",
+                "this bundle's models: model.int8.onnx, model.int8.ort, model.int8.pte, model.int8.static.onnx, "
+                "model.int8.static.ort, model.onnx, model.pte",
+            ],
+        ),
+        (["--model", "labels.json"], ["labels.json is not an ONNX or ORT-format model"]),
+    ],
+    ids=["batch-size-0", "batch-size-negative", "threads-0", "threads-negative", "missing-model", "model-not-onnx"],
+)
 def test_bad_arguments(exported, args, phrases):
     assert_error(predict(exported, *args, "a fine film"), *phrases)
 
@@ -101,8 +112,11 @@ def test_bundle_folder_missing(tmp_path, exported):
 
 def test_model_of_garbage_bytes(bundle):
     (bundle / "model.onnx").write_bytes(bytes(range(256)) * 8)
-    assert_error(predict(bundle, "--model", "model.onnx", "a fine film"),
-                 "model.onnx is not an ONNX or ORT-format model", "its sha256 differs from metadata.json")
+    assert_error(
+        predict(bundle, "--model", "model.onnx", "a fine film"),
+        "model.onnx is not an ONNX or ORT-format model",
+        "its sha256 differs from metadata.json",
+    )
 
 
 @pytest.mark.parametrize("name", ["metadata.json", "labels.json", "tokenizer.json"])
@@ -112,19 +126,28 @@ def test_damaged_bundle_file(bundle, name, damage):
         (bundle / name).unlink()
     else:
         (bundle / name).write_text('{"cut off', encoding="utf-8")
-    expected = "is missing" if damage == "missing" else \
-        "is not a tokenizers file" if name == "tokenizer.json" else "is not readable JSON"
+    expected = (
+        "is missing"
+        if damage == "missing"
+        else "is not a tokenizers file"
+        if name == "tokenizer.json"
+        else "is not readable JSON"
+    )
     assert_error(predict(bundle, "a fine film"), f"{name} {expected}", "re-download or re-export the bundle")
 
 
 EVAL_CASES = {  # content, phrases (PATH: the file's path)
-    "not-json-line": ('{"text": "fine", "label": "fresh"}\n\n{"text": "dull", "label": \n',
-                      ["--eval file PATH line 3 is not JSON", '{"text": <string>, "label": <label name>}']),
+    "not-json-line": (
+        '{"text": "fine", "label": "fresh"}\n\n{"text": "dull", "label": \n',
+        ["--eval file PATH line 3 is not JSON", '{"text": <string>, "label": <label name>}'],
+    ),
     "no-text": ('{"label": "fresh"}\n', ['--eval file PATH line 1 has no "text"']),
     "no-label": ('{"text": "fine"}\n', ['--eval file PATH line 1 has no "label"']),
     "number-text": ('{"text": 3, "label": "fresh"}\n', ['--eval file PATH line 1 has a number as "text"']),
-    "unknown-label": ('{"text": "fine", "label": "fresh"}\n{"text": "meh", "label": "lukewarm"}\n',
-                      ["labels ['lukewarm'] in the --eval file are not in labels.json", "['fresh', 'rotten']"]),
+    "unknown-label": (
+        '{"text": "fine", "label": "fresh"}\n{"text": "meh", "label": "lukewarm"}\n',
+        ["labels ['lukewarm'] in the --eval file are not in labels.json", "['fresh', 'rotten']"],
+    ),
     "empty-file": ("", ["--eval file PATH has no records"]),
 }
 
@@ -138,7 +161,10 @@ def test_bad_eval_file(exported, tmp_path, case):
 
 
 def test_eval_file_missing_or_not_utf8(exported, tmp_path):
-    assert_error(predict(exported, "--eval", str(tmp_path / "none.jsonl")), f"--eval file {tmp_path / 'none.jsonl'} does not exist")
+    assert_error(
+        predict(exported, "--eval", str(tmp_path / "none.jsonl")),
+        f"--eval file {tmp_path / 'none.jsonl'} does not exist",
+    )
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes('{"text": "caf\u00e9", "label": "fresh"}\n'.encode("latin-1"))
     assert_error(predict(exported, "--eval", str(latin)), f"--eval file {latin} is not UTF-8 text")
@@ -152,8 +178,12 @@ def test_changed_model_warns_by_default_and_fails_with_verify(bundle):
     assert json.loads(warned.stdout)["text"] == "a fine film"
     assert warned.stderr.startswith("warning: model.onnx has sha256 ") and warned.stderr.count("\n") == 1
     assert "--verify makes this an error" in warned.stderr
-    assert_error(predict_process(bundle, "--verify", *args), "error: --verify: model.onnx has sha256",
-                 "but metadata.json records", "the file changed after export")
+    assert_error(
+        predict_process(bundle, "--verify", *args),
+        "error: --verify: model.onnx has sha256",
+        "but metadata.json records",
+        "the file changed after export",
+    )
 
 
 def test_verify_passes_an_intact_bundle_and_names_an_unlisted_model(bundle, tmp_path):
@@ -163,8 +193,10 @@ def test_verify_passes_an_intact_bundle_and_names_an_unlisted_model(bundle, tmp_
     assert json.loads(ok.stdout)["text"] == ""
     outside = tmp_path / "elsewhere.onnx"
     shutil.copy(bundle / "model.onnx", outside)
-    assert_error(predict(bundle, "--verify", "--model", str(outside), "a fine film"),
-                 f"--verify: metadata.json records no sha256 for {outside}")
+    assert_error(
+        predict(bundle, "--verify", "--model", str(outside), "a fine film"),
+        f"--verify: metadata.json records no sha256 for {outside}",
+    )
 
 
 def test_metadata_naming_a_file_outside_the_bundle_is_refused(bundle, tmp_path):
@@ -175,15 +207,22 @@ def test_metadata_naming_a_file_outside_the_bundle_is_refused(bundle, tmp_path):
     metadata["variants"][recommended]["file"] = "../x.onnx"
     metadata["files"]["../x.onnx"] = metadata["files"]["model.onnx"]
     (bundle / "metadata.json").write_text(json.dumps(metadata))
-    assert_error(predict(bundle, "a fine film"), "metadata.json names '../x.onnx' as the recommended model",
-                 "not a file inside the bundle folder", "refusing to load it")
-    assert_error(predict_process(bundle, "--verify"), "--verify: metadata.json lists '../x.onnx', outside the bundle folder")
+    assert_error(
+        predict(bundle, "a fine film"),
+        "metadata.json names '../x.onnx' as the recommended model",
+        "not a file inside the bundle folder",
+        "refusing to load it",
+    )
+    assert_error(
+        predict_process(bundle, "--verify"), "--verify: metadata.json lists '../x.onnx', outside the bundle folder"
+    )
 
 
 def test_verify_names_a_model_file_the_export_did_not_write(bundle):
     shutil.copy(bundle / "model.onnx", bundle / "extra.onnx")
-    assert_error(predict_process(bundle, "--verify"),
-                 "--verify: extra.onnx in", "is a file metadata.json does not list")
+    assert_error(
+        predict_process(bundle, "--verify"), "--verify: extra.onnx in", "is a file metadata.json does not list"
+    )
 
 
 def test_a_pair_for_a_single_text_model_is_refused(exported, tmp_path):

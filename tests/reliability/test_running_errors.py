@@ -22,9 +22,17 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.helpers import ROOT
-from tests.reliability.helpers import (CONFIG_NAME, ONE_THREAD, assert_complete_stages_untouched,
-                                        assert_resumable_interrupt, cli, error_message, expect_error, nothing_written,
-                                        stop)
+from tests.reliability.helpers import (
+    CONFIG_NAME,
+    ONE_THREAD,
+    assert_complete_stages_untouched,
+    assert_resumable_interrupt,
+    cli,
+    error_message,
+    expect_error,
+    nothing_written,
+    stop,
+)
 
 
 def args(run, *overrides, only=None):
@@ -44,8 +52,10 @@ def mlflow_runs(runs_dir: Path):
 
 
 def hold_lock(run_dir: Path) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from pipeline.runner import run_lock\n"
-            "with run_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(300)\n")
+    code = (
+        "import sys, time; from pathlib import Path; from pipeline.runner import run_lock\n"
+        "with run_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(300)\n"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     return holder
@@ -55,9 +65,15 @@ def test_second_pipeline_on_the_same_folder_is_refused(run_copy):
     before = run_copy.snapshot()
     holder = hold_lock(run_copy.run_dir)
     try:
-        result = expect_error(*args(run_copy, only="distill"), code=1,
-                              phrases=(f"run folder {run_copy.run_dir} is in use by another pipeline", f"pid {holder.pid} on",
-                                       "wait for it to finish"))
+        result = expect_error(
+            *args(run_copy, only="distill"),
+            code=1,
+            phrases=(
+                f"run folder {run_copy.run_dir} is in use by another pipeline",
+                f"pid {holder.pid} on",
+                "wait for it to finish",
+            ),
+        )
         assert holder.poll() is None, "the first pipeline must keep running"
         assert f"pid {holder.pid}" in (run_copy.run_dir / ".lock").read_text()  # its lock record is intact
         assert not (run_copy.run_dir / "distill.partial").exists(), result.stderr
@@ -66,15 +82,27 @@ def test_second_pipeline_on_the_same_folder_is_refused(run_copy):
         holder.wait()
     assert_complete_stages_untouched(before, run_copy.run_dir)
     # Once the holder is gone the folder is free again.
-    assert cli(*args(run_copy, only="prepare", )).returncode == 0
+    assert (
+        cli(
+            *args(
+                run_copy,
+                only="prepare",
+            )
+        ).returncode
+        == 0
+    )
 
 
 # ------------------------------------------------------------------ disk full
 
 
 def _mount(*options: str, target: Path) -> bool:
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(target)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(target)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 @contextlib.contextmanager
@@ -107,9 +135,15 @@ def test_disk_full_while_writing_the_cache(run_copy):
     shard = (cache / "shard-00000.bin").stat().st_size
     before = run_copy.snapshot()
     with run_dir_on_small_disk(run_copy, room=shard + 48 * 1024) as make_room:
-        result = expect_error(*args(run_copy, only="capture"), code=1,
-                              phrases=("disk full: the capture stage could not write", f"{run_copy.run_dir}/capture.partial",
-                                       "rerun the same command"))
+        result = expect_error(
+            *args(run_copy, only="capture"),
+            code=1,
+            phrases=(
+                "disk full: the capture stage could not write",
+                f"{run_copy.run_dir}/capture.partial",
+                "rerun the same command",
+            ),
+        )
         assert_complete_stages_untouched(before, run_copy.run_dir)
         partial = run_copy.run_dir / "capture.partial" / "cache"
         assert (partial / "shard-00000.json").is_file(), "the shard finished before the disk filled is kept"
@@ -140,9 +174,14 @@ def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(tiny_run, tmp_path,
         stat = os.statvfs(runs_dir)
         used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
         assert subprocess.run(["mount", "-o", f"remount,size={used + room}", str(runs_dir)]).returncode == 0
-        result = subprocess.run([sys.executable, "-m", "pipeline", "run", "tiny", "--only", stage, "--force",
-                                 "--runs-dir", str(runs_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                                env={**os.environ, **ONE_THREAD})
+        result = subprocess.run(
+            [sys.executable, "-m", "pipeline", "run", "tiny", "--only", stage, "--force", "--runs-dir", str(runs_dir)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, **ONE_THREAD},
+        )
         assert result.returncode == 1, result.stderr[-3000:]
         assert "Traceback" not in result.stderr and "[SQL:" not in result.stderr, result.stderr[-3000:]
         message = error_message(result.stderr)
@@ -158,17 +197,22 @@ def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(tiny_run, tmp_path,
         subprocess.run(["umount", "-l", str(runs_dir)])
 
 
-@pytest.mark.parametrize("stage, overrides", [("prepare", ()), ("teacher", ()),
-                                              ("baselines", ("baselines.enabled=true", "baselines.fasttext.buckets=20000"))],
-                         ids=["prepare", "teacher", "baselines"])
+@pytest.mark.parametrize(
+    "stage, overrides",
+    [("prepare", ()), ("teacher", ()), ("baselines", ("baselines.enabled=true", "baselines.fasttext.buckets=20000"))],
+    ids=["prepare", "teacher", "baselines"],
+)
 def test_disk_full_in_the_other_writing_stages_is_one_paragraph(run_copy, stage, overrides):
     """With 64 KB left, each stage's first sizable write fails: the paragraph names the stage, the disk and the rerun,
     nothing complete is touched, and with room again the same command completes (capture, distill and export have
     their own cases above and below)."""
     before = run_copy.snapshot()
     with run_dir_on_small_disk(run_copy, room=64 * 1024) as make_room:
-        result = expect_error(*args(run_copy, *overrides, "--force", only=stage), code=1,
-                              phrases=(f"disk full: the {stage} stage could not write", "rerun the same command"))
+        result = expect_error(
+            *args(run_copy, *overrides, "--force", only=stage),
+            code=1,
+            phrases=(f"disk full: the {stage} stage could not write", "rerun the same command"),
+        )
         assert "Traceback" not in result.stderr
         assert_complete_stages_untouched(before, run_copy.run_dir)  # the forced stage's old output too
         make_room()
@@ -183,9 +227,11 @@ def test_disk_full_while_writing_a_checkpoint(run_copy):
     full_table = "distill.used_embedding_rows=false"  # every checkpoint holds the whole embedding table, as sized here
     before = run_copy.snapshot()
     with run_dir_on_small_disk(run_copy, room=int(4.5 * weights)) as make_room:
-        result = expect_error(*args(run_copy, full_table, only="distill"), code=1,
-                              phrases=("disk full: the distill stage could not write", "rerun the same command",
-                                       "last checkpoint"))
+        result = expect_error(
+            *args(run_copy, full_table, only="distill"),
+            code=1,
+            phrases=("disk full: the distill stage could not write", "rerun the same command", "last checkpoint"),
+        )
         assert_complete_stages_untouched(before, run_copy.run_dir)
         checkpoints = run_copy.run_dir / "distill.partial" / "checkpoints-distill"
         done = sorted(p.name for p in checkpoints.glob("step-*") if not p.name.endswith(".tmp"))
@@ -207,9 +253,15 @@ def test_corrupted_cache_shard(run_copy):
     shard.write_bytes(bytes(data))
     before = run_copy.snapshot()
     # The capture manifest's digests catch it before distill reads anything...
-    expect_error(*args(run_copy, only="distill"), code=1,
-                 phrases=("needs the output of 'capture', which is damaged", "cache/shard-00001.bin was modified",
-                          "capture reruns first"))
+    expect_error(
+        *args(run_copy, only="distill"),
+        code=1,
+        phrases=(
+            "needs the output of 'capture', which is damaged",
+            "cache/shard-00001.bin was modified",
+            "capture reruns first",
+        ),
+    )
     assert_complete_stages_untouched(before, run_copy.run_dir)
     # ...and the cache's own checksums (what online readers rely on) as well.
     from pipeline.cache import TeacherCache
@@ -226,8 +278,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_copy):
     """A NaN teacher logit in the 4th batch: the run stops at step 4 naming the term."""
     from pipeline.config import load_config
     from pipeline.data import global_batches
-    from pipeline.splits import TrainingData
     from pipeline.integrity import output_listing
+    from pipeline.splits import TrainingData
 
     config = load_config(run_copy.config)
     train = TrainingData(run_copy.run_dir / "prepare")
@@ -242,9 +294,16 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_copy):
     manifest["outputs"] = output_listing(run_copy.run_dir / "capture")
     manifest_path.write_text(json.dumps(manifest))
     before = run_copy.snapshot()
-    expect_error(*args(run_copy, only="distill"), code=1,
-                 phrases=("distill: the loss became non-finite at optimizer step 4", "term(s): kd",
-                          "last good checkpoint is kept", "lower the learning rate"))
+    expect_error(
+        *args(run_copy, only="distill"),
+        code=1,
+        phrases=(
+            "distill: the loss became non-finite at optimizer step 4",
+            "term(s): kd",
+            "last good checkpoint is kept",
+            "lower the learning rate",
+        ),
+    )
     assert_complete_stages_untouched(before, run_copy.run_dir)
     assert not (run_copy.run_dir / "distill").exists()
     checkpoints = run_copy.run_dir / "distill.partial" / "checkpoints-distill"
@@ -277,8 +336,9 @@ def test_unreachable_mlflow_server_fails_fast(run_copy):
 
 def test_unreachable_mlflow_server_never_shows_the_password(run_copy):
     uri = f"http://alice:s3cr3t-pass@127.0.0.1:{closed_port()}"
-    result = expect_error(*args(run_copy), code=1, phrases=("http://***@127.0.0.1", "unreachable"),
-                          env={"MLFLOW_TRACKING_URI": uri})
+    result = expect_error(
+        *args(run_copy), code=1, phrases=("http://***@127.0.0.1", "unreachable"), env={"MLFLOW_TRACKING_URI": uri}
+    )
     assert "s3cr3t-pass" not in result.stderr
     debug = cli(*args(run_copy), "--debug", env={"MLFLOW_TRACKING_URI": uri})
     assert "Traceback" in debug.stderr and "s3cr3t-pass" not in debug.stderr
@@ -290,8 +350,11 @@ def test_unreachable_mlflow_server_never_shows_the_password(run_copy):
 def test_only_a_stage_whose_inputs_are_missing(run_copy):
     shutil.rmtree(run_copy.run_dir / "prepare")
     before = run_copy.snapshot()
-    expect_error(*args(run_copy, only="teacher"), code=1,
-                 phrases=("stage 'teacher' needs the output of 'prepare', which is not complete", "run without --only first"))
+    expect_error(
+        *args(run_copy, only="teacher"),
+        code=1,
+        phrases=("stage 'teacher' needs the output of 'prepare', which is not complete", "run without --only first"),
+    )
     assert_complete_stages_untouched(before, run_copy.run_dir)
 
 
@@ -306,8 +369,9 @@ def test_checkpoint_at_an_already_saved_position(tmp_path):
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.AdamW(model.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    dist = SimpleNamespace(accelerator=SimpleNamespace(unwrap_model=lambda m: m, scaler=None), rank=0, is_main=True,
-                           barrier=lambda: None)
+    dist = SimpleNamespace(
+        accelerator=SimpleNamespace(unwrap_model=lambda m: m, scaler=None), rank=0, is_main=True, barrier=lambda: None
+    )
     checkpoints = Checkpoints(tmp_path, keep=2)
     progress = Progress(epoch=0, batches_done=2, global_step=2)
     first = checkpoints.save(dist, {"model": model}, optimizer, scheduler, progress)
@@ -317,8 +381,11 @@ def test_checkpoint_at_an_already_saved_position(tmp_path):
 
 def test_cache_too_large_points_to_online_mode(run_copy):
     before = run_copy.snapshot()
-    expect_error(*args(run_copy, "capture.max_cache_gb=0.00001", only="capture"), code=1,
-                 phrases=("above capture.max_cache_gb=1e-05", "set capture.mode=online"))
+    expect_error(
+        *args(run_copy, "capture.max_cache_gb=0.00001", only="capture"),
+        code=1,
+        phrases=("above capture.max_cache_gb=1e-05", "set capture.mode=online"),
+    )
     assert_complete_stages_untouched(before, run_copy.run_dir)
 
 
@@ -343,9 +410,15 @@ def test_sigint_during_distill_then_rerun_resumes(run_copy):
     command = [sys.executable, "-m", "pipeline", *args(run_copy, EPOCHS, only="distill")]
     # A test runner started in the background (`make test &`) inherits SIGINT as
     # ignored and so would the child: restore the default so Ctrl-C is delivered.
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, **ONE_THREAD},
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **ONE_THREAD},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     checkpoints = run_copy.run_dir / "distill.partial" / "checkpoints-distill"
     try:
         deadline = time.time() + 240

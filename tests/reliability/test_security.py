@@ -69,10 +69,14 @@ def recorded(monkeypatch):
         def load(reference, *args, **kwargs):
             calls.append((kind, kwargs))
             return real(reference, *args, **kwargs)
+
         return load
 
-    for kind, cls in (("model", models.AutoModelForSequenceClassification), ("config", models.AutoConfig),
-                      ("tokenizer", models.AutoTokenizer)):
+    for kind, cls in (
+        ("model", models.AutoModelForSequenceClassification),
+        ("config", models.AutoConfig),
+        ("tokenizer", models.AutoTokenizer),
+    ):
         monkeypatch.setattr(cls, "from_pretrained", recorder(kind, cls.from_pretrained))
     return calls
 
@@ -104,7 +108,9 @@ def test_trust_remote_code_only_when_the_config_says_so(recorded, teacher_folder
     from pipeline.models import build_teacher_for_finetune, load_tokenizer, teacher_model_config, tokenizer_reference
 
     assert load_config("tiny").teacher.trust_remote_code is False  # the default
-    config = load_config("tiny", [f"teacher.model={teacher_folder}", "teacher.finetune=false", "teacher.trust_remote_code=true"])
+    config = load_config(
+        "tiny", [f"teacher.model={teacher_folder}", "teacher.finetune=false", "teacher.trust_remote_code=true"]
+    )
     teacher_model_config(config)
     build_teacher_for_finetune(config, ["fresh", "rotten"], 30522)
     load_tokenizer(tokenizer_reference(config), config.teacher.trust_remote_code)
@@ -118,9 +124,13 @@ def test_yaml_object_tags_are_rejected(tmp_path, where):
     payload = f'!!python/object/apply:os.system ["touch {marker}"]'
     if where == "file":
         path = write_config(tmp_path, CONFIG_NAME, f"seed: 1\ndescription: {payload}\n")
-        expect_error("validate", str(path), code=2, phrases=(f"{path}, line 2", "not valid yaml", "python/object/apply"))
+        expect_error(
+            "validate", str(path), code=2, phrases=(f"{path}, line 2", "not valid yaml", "python/object/apply")
+        )
     else:
-        expect_error("validate", "tiny", f"description={payload}", code=2, phrases=("override 'description=", "not valid yaml"))
+        expect_error(
+            "validate", "tiny", f"description={payload}", code=2, phrases=("override 'description=", "not valid yaml")
+        )
     assert not marker.exists()
 
 
@@ -180,7 +190,9 @@ def test_fake_token_never_reaches_logs_errors_or_mlflow(run_copy, tmp_path):
     import mlflow
 
     env = {"HF_TOKEN": FAKE_TOKEN, "HUGGING_FACE_HUB_TOKEN": FAKE_TOKEN, "MLFLOW_TRACKING_TOKEN": FAKE_TOKEN}
-    result = cli("run", run_copy.config, "seed=7", "--only", "prepare", "--debug", "--runs-dir", str(run_copy.runs_dir), env=env)
+    result = cli(
+        "run", run_copy.config, "seed=7", "--only", "prepare", "--debug", "--runs-dir", str(run_copy.runs_dir), env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     # An error whose text would contain the secret (a value pasted into the wrong key) is printed redacted.
     failing = cli("validate", run_copy.config, f"seed={FAKE_TOKEN}", "--debug", env=env)

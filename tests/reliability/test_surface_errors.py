@@ -22,7 +22,6 @@ import pytest
 
 from tests.helpers import ROOT
 
-
 # ---------------------------------------------------------------- launcher
 
 
@@ -35,12 +34,19 @@ def launch(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--node-rank", "1"], "NODE_RANK=1 was given with NNODES=1"),
-    (["--node-rank", "1", "--master-addr", "10.0.0.1"], "NODE_RANK=1 and MASTER_ADDR=10.0.0.1 were given with NNODES=1"),
-    (["--master-addr", "10.0.0.1"], "MASTER_ADDR=10.0.0.1 was given with NNODES=1"),
-    (["--nproc", "2", "--master-addr", "node0.cluster.example"], "MASTER_ADDR=node0.cluster.example was given"),
-], ids=["rank", "rank-and-address", "address", "address-several-processes"])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--node-rank", "1"], "NODE_RANK=1 was given with NNODES=1"),
+        (
+            ["--node-rank", "1", "--master-addr", "10.0.0.1"],
+            "NODE_RANK=1 and MASTER_ADDR=10.0.0.1 were given with NNODES=1",
+        ),
+        (["--master-addr", "10.0.0.1"], "MASTER_ADDR=10.0.0.1 was given with NNODES=1"),
+        (["--nproc", "2", "--master-addr", "node0.cluster.example"], "MASTER_ADDR=node0.cluster.example was given"),
+    ],
+    ids=["rank", "rank-and-address", "address", "address-several-processes"],
+)
 def test_node_settings_without_several_nodes_are_refused(capsys, args, says):
     """The node that forgot NNODES=2 used to run a whole single-node job of its own."""
     code, out, err = launch(capsys, "--nnodes", "1", *args, "--dry-run", "--", "tiny")
@@ -64,12 +70,21 @@ def test_one_node_naming_itself_is_a_plain_run(capsys):
 @pytest.mark.pipeline  # runs `make -n` (a subprocess; nothing is built or run)
 def test_make_distill_sends_node_settings_to_the_launcher():
     """`make distill NODE_RANK=1 MASTER_ADDR=...` with NNODES left at 1 used to bypass the launcher's checks."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MASTER_ADDR",
-                                                            "NODE_RANK", "NNODES", "NPROC")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MASTER_ADDR", "NODE_RANK", "NNODES", "NPROC")
+    }
 
     def dry(*settings):
-        result = subprocess.run(["make", "-n", "-o", ".venv/.installed", "distill", "CONFIG=tiny", *settings], cwd=ROOT,
-                                env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            ["make", "-n", "-o", ".venv/.installed", "distill", "CONFIG=tiny", *settings],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         return " ".join(result.stdout.replace("\\\n", " ").split())
 
@@ -95,29 +110,40 @@ def write_small_bundle(folder: Path) -> Path:
     vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "good": 4, "bad": 5}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
-                                                             special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "labels.json").write_text(json.dumps({"0": "fresh", "1": "rotten"}))
     graph = helper.make_graph(
-        [helper.make_node("Cast", ["input_ids"], ["ids"], to=TensorProto.FLOAT),
-         helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
-         helper.make_node("Mul", ["ids", "mask"], ["kept"]),
-         helper.make_node("ReduceSum", ["kept", "axis"], ["total"], keepdims=1),
-         helper.make_node("Neg", ["total"], ["negative"]),
-         helper.make_node("Concat", ["total", "negative"], ["logits"], axis=1)],
-        "small", [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "length"])
-                  for name in ("input_ids", "attention_mask")],
+        [
+            helper.make_node("Cast", ["input_ids"], ["ids"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["ids", "mask"], ["kept"]),
+            helper.make_node("ReduceSum", ["kept", "axis"], ["total"], keepdims=1),
+            helper.make_node("Neg", ["total"], ["negative"]),
+            helper.make_node("Concat", ["total", "negative"], ["logits"], axis=1),
+        ],
+        "small",
+        [
+            helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "length"])
+            for name in ("input_ids", "attention_mask")
+        ],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
-        [helper.make_tensor("axis", TensorProto.INT64, [1], [1])])
+        [helper.make_tensor("axis", TensorProto.INT64, [1], [1])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, folder / "model.onnx")
     shutil.copy(folder / "model.onnx", folder / "model.int8.onnx")
-    metadata = {"max_length": 16, "tokenizer": {"special_tokens": {"pad": {"token": "[PAD]", "id": 0}}},
-                "recommended": "onnx_fp32", "text_pairs": False,
-                "variants": {"onnx_fp32": {"file": "model.onnx"}, "onnx_int8": {"file": "model.int8.onnx"}},
-                "files": file_table(folder)}
+    metadata = {
+        "max_length": 16,
+        "tokenizer": {"special_tokens": {"pad": {"token": "[PAD]", "id": 0}}},
+        "recommended": "onnx_fp32",
+        "text_pairs": False,
+        "variants": {"onnx_fp32": {"file": "model.onnx"}, "onnx_int8": {"file": "model.int8.onnx"}},
+        "files": file_table(folder),
+    }
     (folder / "metadata.json").write_text(json.dumps(metadata, indent=1))
     return folder
 
@@ -161,7 +187,9 @@ def test_the_small_bundle_classifies_and_verifies(bundle):
     result = predict(bundle, "--verify", "good bad good")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["label"] == "fresh"
-    shutil.copy(next((bundle / "__pycache__").glob("predict.*.pyc")), bundle / "__pycache__" / "sitecustomize.cpython-311.pyc")
+    shutil.copy(
+        next((bundle / "__pycache__").glob("predict.*.pyc")), bundle / "__pycache__" / "sitecustomize.cpython-311.pyc"
+    )
     assert_one_error(predict(bundle, "--verify"), "__pycache__/sitecustomize.cpython-311.pyc in")
 
 
@@ -170,15 +198,21 @@ def test_verify_names_every_file_metadata_does_not_list(bundle, stray):
     """--verify used to pass a bundle holding a stray file unless its name ended in .onnx, .ort or .pte."""
     (bundle / stray).parent.mkdir(exist_ok=True)
     shutil.copy(bundle / "model.onnx", bundle / stray)
-    assert_one_error(predict(bundle, "--verify"), f"--verify: {stray} in {bundle} is a file metadata.json does not list",
-                     "remove it or re-download or re-export the bundle")
+    assert_one_error(
+        predict(bundle, "--verify"),
+        f"--verify: {stray} in {bundle} is a file metadata.json does not list",
+        "remove it or re-download or re-export the bundle",
+    )
 
 
 def test_verify_names_all_the_unlisted_files_at_once(bundle):
     for name in ("model.int8.onnx.new", "zz.txt"):
         (bundle / name).write_text("x")
-    assert_one_error(predict(bundle, "--verify", "good"), "--verify: model.int8.onnx.new, zz.txt in",
-                     "are files metadata.json does not list")
+    assert_one_error(
+        predict(bundle, "--verify", "good"),
+        "--verify: model.int8.onnx.new, zz.txt in",
+        "are files metadata.json does not list",
+    )
 
 
 # ---------------------------------------------------------------- config keys of the static student
@@ -204,16 +238,20 @@ def config_problems(result) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("override, key", [
-    ("distill.layer_map=uniform", "distill.layer_map"),
-    ("distill.layer_map=[[0, 1]]", "distill.layer_map"),
-    ("student.teacher_layers=[0, 1]", "student.teacher_layers"),
-    ("student.ffn_size=64", "student.ffn_size"),
-    ("student.init=pretrained", "student.init"),
-    ("student.attn_implementation=eager", "student.attn_implementation"),
-    ("distill.relation_heads=4", "distill.relation_heads"),
-    ("distill.used_embedding_rows=false", "distill.used_embedding_rows"),
-], ids=lambda v: v.split("=")[0] if "=" in v else None)
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("distill.layer_map=uniform", "distill.layer_map"),
+        ("distill.layer_map=[[0, 1]]", "distill.layer_map"),
+        ("student.teacher_layers=[0, 1]", "student.teacher_layers"),
+        ("student.ffn_size=64", "student.ffn_size"),
+        ("student.init=pretrained", "student.init"),
+        ("student.attn_implementation=eager", "student.attn_implementation"),
+        ("distill.relation_heads=4", "distill.relation_heads"),
+        ("distill.used_embedding_rows=false", "distill.used_embedding_rows"),
+    ],
+    ids=lambda v: v.split("=")[0] if "=" in v else None,
+)
 def test_a_key_with_no_meaning_for_a_static_student_is_refused(tmp_path, override, key):
     """distill.layer_map (and the other layer keys) used to validate silently with student.kind: static."""
     problems = config_problems(validate("tiny", *STATIC, override, tmp_path=tmp_path))
@@ -224,9 +262,11 @@ def test_a_key_with_no_meaning_for_a_static_student_is_refused(tmp_path, overrid
 
 def test_the_static_student_section_is_refused_for_a_transformer(tmp_path):
     problems = config_problems(validate("tiny", "student.static.dim=8", tmp_path=tmp_path))
-    assert problems == ["student.static.dim: means nothing for a transformer student (student.kind: transformer), so it "
-                        "would be ignored: student.static shapes a static student (student.kind: static); this student "
-                        "is a transformer. Given: student.static.dim=8; remove it"]
+    assert problems == [
+        "student.static.dim: means nothing for a transformer student (student.kind: transformer), so it "
+        "would be ignored: student.static shapes a static student (student.kind: static); this student "
+        "is a transformer. Given: student.static.dim=8; remove it"
+    ]
 
 
 def test_keys_inherited_from_before_the_kind_was_chosen_are_not_refused(tmp_path):
@@ -238,8 +278,12 @@ def test_keys_inherited_from_before_the_kind_was_chosen_are_not_refused(tmp_path
 
     assert load_config("bert_small", [*STATIC, "student.ffn_size=null"]).student.kind == "static"
     assert load_sweep("bert_small", ROOT / "configs" / "sweeps" / "budget.yaml").configs["static"].student_depth() == 0
-    static = write_config(tmp_path, "static_base", "extends: bert_small\nstudent: {kind: static, ffn_size: null}\n"
-                                                   "distill: {loss: {attention: 0, value_relation: 0}}\n")
+    static = write_config(
+        tmp_path,
+        "static_base",
+        "extends: bert_small\nstudent: {kind: static, ffn_size: null}\n"
+        "distill: {loss: {attention: 0, value_relation: 0}}\n",
+    )
     assert load_config(str(static)).student.kind == "static"
     later = write_config(tmp_path, "later", f"extends: {static}\ndistill: {{layer_map: uniform}}\n")
     problems = config_problems(validate(str(later), tmp_path=tmp_path))
@@ -252,12 +296,21 @@ def test_every_problem_of_a_config_is_reported_at_once(tmp_path):
     static student cannot learn from), and those checks stopped at the first problem they found."""
     problems = config_problems(validate("tiny", "student.kind=static", "student.ffn_size=0", tmp_path=tmp_path))
     assert [p.split(":")[0] for p in problems] == ["student.ffn_size", "distill.loss.attention"], problems
-    assert "greater than or equal to 1" in problems[0] and "set distill.loss.attention=0, distill.loss.value_relation=0" \
-        in problems[1]
-    problems = config_problems(validate("bert_small", "student.kind=static", "distill.layer_map=uniform",
-                                        "distill.epochs=x", tmp_path=tmp_path))
-    assert sorted(p.split(":")[0] for p in problems) == ["distill.epochs", "distill.layer_map", "distill.loss.attention",
-                                                          "student.ffn_size"], problems
+    assert (
+        "greater than or equal to 1" in problems[0]
+        and "set distill.loss.attention=0, distill.loss.value_relation=0" in problems[1]
+    )
+    problems = config_problems(
+        validate(
+            "bert_small", "student.kind=static", "distill.layer_map=uniform", "distill.epochs=x", tmp_path=tmp_path
+        )
+    )
+    assert sorted(p.split(":")[0] for p in problems) == [
+        "distill.epochs",
+        "distill.layer_map",
+        "distill.loss.attention",
+        "student.ffn_size",
+    ], problems
     # a value refused on its own is not reported a second time through the default that stood in for it
     problems = config_problems(validate("tiny", "student.kind=statc", "student.static.dim=8", tmp_path=tmp_path))
     assert [p.split(":")[0] for p in problems] == ["student.kind"], problems
@@ -276,7 +329,9 @@ def executorch_build(tmp_path, setting: str):
 
     cfg = types.SimpleNamespace(executorch=setting, parity_tolerance=1e-3, max_int8_drop=1.0)
     test = types.SimpleNamespace(labels=np.array([0, 1]), input_ids=[[2, 4, 3], [2, 5, 3]])
-    shipped = types.SimpleNamespace(model=None, test=test, pad=0, reference=np.array([[1.0, 0.0], [0.0, 1.0]]), trim=None)
+    shipped = types.SimpleNamespace(
+        model=None, test=test, pad=0, reference=np.array([[1.0, 0.0], [0.0, 1.0]]), trim=None
+    )
     inputs = types.SimpleNamespace(segments=False, max_length=16, names=["fresh", "rotten"])
     tmp_path.mkdir(exist_ok=True)
     return executorch_program.build(shipped, inputs, cfg, tmp_path)
@@ -290,8 +345,11 @@ def test_an_executorch_that_cannot_be_imported_is_skipped_with_auto_and_one_erro
     result = executorch_build(tmp_path / "auto", "auto")
     assert result["built"] is False and "is installed but executorch.exir cannot be imported" in result["why"]
     assert "reinstall it: pip install executorch==" in result["why"]
-    with pytest.raises(PipelineError, match="export.executorch is on, but the executorch package .* is installed but "
-                                            "executorch.exir cannot be imported"):
+    with pytest.raises(
+        PipelineError,
+        match="export.executorch is on, but the executorch package .* is installed but "
+        "executorch.exir cannot be imported",
+    ):
         executorch_build(tmp_path / "on", "on")
 
 
@@ -301,7 +359,9 @@ def test_a_missing_executorch_is_skipped_with_auto_and_one_error_with_on(tmp_pat
 
     monkeypatch.setattr(executorch_program, "version", lambda: None)
     assert executorch_build(tmp_path / "auto", "auto") == {
-        "built": False, "why": f"the executorch package is not installed ({executorch_program.INSTALL})"}
+        "built": False,
+        "why": f"the executorch package is not installed ({executorch_program.INSTALL})",
+    }
     with pytest.raises(PipelineError, match=r"export.executorch is on, but the executorch package is not installed"):
         executorch_build(tmp_path / "on", "on")
 
@@ -327,11 +387,14 @@ def test_a_student_executorch_cannot_lower_is_skipped_with_auto_and_one_error_wi
     monkeypatch.setattr(executorch_program, "export_pte", export_pte)
     kept = executorch_build(tmp_path / "int8", "auto")  # the fp32 program is built; the int8 one is not
     assert kept["built"] is True and list(kept["variants"]) == ["fp32"]
-    assert "could not build or run model.int8.pte for this student (RuntimeError: Unsupported operator aten::bogus / " \
+    assert (
+        "could not build or run model.int8.pte for this student (RuntimeError: Unsupported operator aten::bogus / "
         "in the graph)" in kept["not_shipped"]["int8"]["why"]
+    )
     assert sorted(p.name for p in (tmp_path / "int8").iterdir()) == ["model.pte"]  # no partial file left
-    with pytest.raises(PipelineError, match="export.executorch is on, but ExecuTorch .* could not build or run "
-                                            "model.int8.pte"):
+    with pytest.raises(
+        PipelineError, match="export.executorch is on, but ExecuTorch .* could not build or run model.int8.pte"
+    ):
         executorch_build(tmp_path / "on", "on")
     none = executorch_build(tmp_path / "fail-fp32", "auto")
     assert none["built"] is False and "could not build or run model.pte" in none["why"]
@@ -342,12 +405,16 @@ def test_a_student_executorch_cannot_lower_is_skipped_with_auto_and_one_error_wi
 
 
 @pytest.mark.pipeline  # predict.py tries a changed model in a child process first
-@pytest.mark.parametrize("name, says", [
-    ("model.pte", "model.pte is not a model ExecuTorch can run: ExecuTorch ended the process with SIGABRT"),
-    ("model.ort", "model.ort is not an ONNX or ORT-format model onnxruntime"),
-    ("model.onnx", "model.onnx is not an ONNX or ORT-format model onnxruntime"),
-    ("model.int8.onnx", "its sha256 differs from metadata.json, so the file is damaged"),
-], ids=["pte", "ort", "onnx", "recorded-onnx"])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("model.pte", "model.pte is not a model ExecuTorch can run: ExecuTorch ended the process with SIGABRT"),
+        ("model.ort", "model.ort is not an ONNX or ORT-format model onnxruntime"),
+        ("model.onnx", "model.onnx is not an ONNX or ORT-format model onnxruntime"),
+        ("model.int8.onnx", "its sha256 differs from metadata.json, so the file is damaged"),
+    ],
+    ids=["pte", "ort", "onnx", "recorded-onnx"],
+)
 def test_a_model_file_of_random_bytes_is_one_error_never_a_crash(bundle, name, says):
     """ExecuTorch used to abort the whole process (signal 6, "terminate called after throwing ...") on a .pte of
     random bytes. predict.py runs in this process here: an abort would end the test run, not fail one test."""
@@ -405,12 +472,25 @@ def baselines_on(tmp_path, texts: dict, labels: dict, *overrides: str) -> dict:
     prepare.mkdir(parents=True)
     (prepare / "labels.json").write_text(json.dumps({"0": "fresh", "1": "rotten"}))
     for split in ("train", "validation", "test"):
-        (prepare / f"{split}.jsonl").write_text("".join(
-            json.dumps({"text": t, "label": ["fresh", "rotten"][y]}) + "\n" for t, y in zip(texts[split], labels[split])))
-    config = load_config("tiny", ["baselines.enabled=true", "baselines.fasttext.buckets=20000",
-                                  "baselines.fasttext.epochs=[10]",
-                                  *(overrides if any(o.startswith("baselines.peers=") for o in overrides)
-                                    else ["baselines.peers=[tfidf, fasttext]", *overrides])])
+        (prepare / f"{split}.jsonl").write_text(
+            "".join(
+                json.dumps({"text": t, "label": ["fresh", "rotten"][y]}) + "\n"
+                for t, y in zip(texts[split], labels[split])
+            )
+        )
+    config = load_config(
+        "tiny",
+        [
+            "baselines.enabled=true",
+            "baselines.fasttext.buckets=20000",
+            "baselines.fasttext.epochs=[10]",
+            *(
+                overrides
+                if any(o.startswith("baselines.peers=") for o in overrides)
+                else ["baselines.peers=[tfidf, fasttext]", *overrides]
+            ),
+        ],
+    )
     out = tmp_path / "baselines.partial"
     out.mkdir()
     ctx = StageContext(config, prepare, out)
@@ -422,8 +502,10 @@ def baselines_on(tmp_path, texts: dict, labels: dict, *overrides: str) -> dict:
 def test_texts_without_words_skip_tfidf_with_the_reason(tmp_path):
     """Training texts of only emoji and punctuation used to end in "Unexpected error in the baselines stage:
     ValueError: empty vocabulary" (scikit-learn's message, reported as a bug)."""
-    symbols = ["\U0001F600 !!", "\U0001F621 ?", "\U0001F44D\U0001F44D", "... \U0001F44E", "\u2764\ufe0f !", ":) :("]
-    texts = {s: [symbols[i % len(symbols)] for i in range(n)] for s, n in (("train", 60), ("validation", 20), ("test", 20))}
+    symbols = ["\U0001f600 !!", "\U0001f621 ?", "\U0001f44d\U0001f44d", "... \U0001f44e", "\u2764\ufe0f !", ":) :("]
+    texts = {
+        s: [symbols[i % len(symbols)] for i in range(n)] for s, n in (("train", 60), ("validation", 20), ("test", 20))
+    }
     labels = {s: [int(symbols.index(t) % 2) for t in texts[s]] for s in texts}
     written = baselines_on(tmp_path, texts, labels, "baselines.peers=[tfidf]")  # fastText's own case is below
     assert written["enabled"] is True and written["peers"] == {}  # the stage completes; the export compares no peer
@@ -489,8 +571,10 @@ def test_fasttext_nan_at_full_width_is_retried_narrow_and_recorded(tmp_path, mon
     texts, labels = few_words(30)
     grid = {"epochs": [10], "word_ngrams": [1, 2], "lr": 0.5, "dim": 100, "buckets": 20000, "cutoff": 100000}
     peer, settings = FastTextPeer.train(texts, labels, texts, labels, grid, tmp_path)
-    trained_narrow = {"epochs 10, word n-grams 1": 'trained at width 10 (lr 0.5): fastText said '
-                                                   '"Encountered NaN" at width 100 at every learning rate tried'}
+    trained_narrow = {
+        "epochs 10, word n-grams 1": "trained at width 10 (lr 0.5): fastText said "
+        '"Encountered NaN" at width 100 at every learning rate tried'
+    }
     assert peer == "the .ftz" and settings["narrowed"] == trained_narrow and "not_trained" not in settings, settings
     # the unigram setting scored best (0.7 against 0.6), so it is the one quantized and shipped, at width 10
     assert (settings["wordNgrams"], settings["dim"], settings["lr"], settings["quantized"]) == (1, 10, 0.5, True)
@@ -520,8 +604,11 @@ def test_fasttext_that_trains_at_no_setting_is_a_reason_not_an_error(tmp_path, m
     monkeypatch.setattr("pipeline.peers.ProcessPoolExecutor", NaNPool)
     texts, labels = few_words(30)
     grid = {"epochs": [10], "word_ngrams": [1, 2], "lr": 0.5, "dim": 100, "buckets": 20000, "cutoff": 100000}
-    with pytest.raises(PeerUnfit, match=r'no fastText setting of the grid trained: fastText reported "Encountered NaN" '
-                                        r"at every setting tried \(lr 0.5 dim 100, lr 0.25 dim 100, .*lr 0.05 dim 10; epochs 10, word n-grams 1\)"):
+    with pytest.raises(
+        PeerUnfit,
+        match=r'no fastText setting of the grid trained: fastText reported "Encountered NaN" '
+        r"at every setting tried \(lr 0.5 dim 100, lr 0.25 dim 100, .*lr 0.05 dim 10; epochs 10, word n-grams 1\)",
+    ):
         FastTextPeer.train(texts, labels, texts, labels, grid, tmp_path)
 
 
@@ -578,14 +665,14 @@ def end_all(parent: subprocess.Popen, started: list) -> None:
 def test_fasttext_workers_end_when_the_pipeline_is_killed(tmp_path):
     """A kill -9 of the pipeline in the middle of the fastText grid used to leave its spawned workers (and, through
     them, multiprocessing's resource tracker) running minutes later."""
-    import signal
     import time
 
     import psutil
 
     (tmp_path / "slowfit.py").write_text(SLOW_FIT)
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     children = []
     try:
         deadline, workers = time.monotonic() + 120, []
@@ -607,8 +694,15 @@ def test_a_skipped_peer_is_named_with_its_reason_in_the_summary_and_the_bundle_r
     from pipeline.export.readme import peers_section
 
     why = "TF-IDF 1-2 grams + logistic regression not trained on x/train.jsonl: TF-IDF found no word to count"
-    measured = {"measured": True, "threads": 1, "examples": 3, "timed_texts": 3, "rows": [], "versus_peers": None,
-                "skipped_peers": {"tfidf": why}}
+    measured = {
+        "measured": True,
+        "threads": 1,
+        "examples": 3,
+        "timed_texts": 3,
+        "rows": [],
+        "versus_peers": None,
+        "skipped_peers": {"tfidf": why},
+    }
     assert lines(measured)[-1] == f"  tfidf skipped: {why}"
     assert peers_section(measured).endswith(f"\n\nNot compared with tfidf: {why}.")
 
@@ -617,7 +711,6 @@ def test_a_skipped_peer_is_named_with_its_reason_in_the_summary_and_the_bundle_r
 def test_ranks_end_when_the_launcher_is_killed(tmp_path):
     """`make distill NPROC=2`: a kill -9 of the launcher (Accelerate's, which pipeline.launch becomes) used to leave
     both ranks running: each rank now arms the parent-death signal against it at start-up (pipeline/cli.py)."""
-    import signal
     import time
 
     import psutil
@@ -626,14 +719,21 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
 
     launcher = subprocess.Popen(
         [sys.executable, "-m", "pipeline.launch", "--nproc", "2", "--", "tiny", "--runs-dir", str(tmp_path)],
-        cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=ROOT,
+        env={**os.environ, **ONE_THREAD},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     ranks = []
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and len(ranks) < 2:
             time.sleep(0.5)
-            ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True)
-                     if "pipeline" in cmdline(p) and "run" in cmdline(p)]
+            ranks = [
+                p
+                for p in psutil.Process(launcher.pid).children(recursive=True)
+                if "pipeline" in cmdline(p) and "run" in cmdline(p)
+            ]
         assert len(ranks) == 2, f"two ranks did not start: {[cmdline(p) for p in ranks]}"
         time.sleep(5)  # past the ranks' start-up, where the signal is armed
         assert all(p.is_running() for p in ranks), "a rank ended before the launcher was killed"
