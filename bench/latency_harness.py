@@ -32,7 +32,7 @@ from pipeline.config import PipelineConfig
 from pipeline.export import from_text as FT
 from pipeline.export.latency import ort_runner, torch_runner
 from pipeline.export.onnx_graph import LogitsOnly, export_onnx
-from pipeline.export.quantize import quantize_int8
+from pipeline.export.quantize import quantize_like_student
 from pipeline.export.tokenizer import tokenize_texts
 from pipeline.models import load_classifier
 
@@ -69,17 +69,7 @@ def main(argv=None) -> int:
         teacher_onnx, teacher_int8 = Path(tmp) / "teacher.onnx", Path(tmp) / "teacher.int8.onnx"
         eager = load_classifier(str(args.run / "teacher" / "model"), attn_implementation="eager").eval()
         export_onnx(LogitsOnly(eager), teacher_onnx, config.export.opset)
-        quantize_int8(
-            teacher_onnx,
-            teacher_int8,
-            {
-                "name": quant["setting"],
-                "per_channel": quant["per_channel"],
-                "reduce_range": quant["reduce_range"],
-                "op_types": quant["op_types"],
-                "exclude": [],
-            },
-        )
+        quantize_like_student(teacher_onnx, teacher_int8, quant)
         teacher_tokenizer = args.run / "distill" / "student" / "tokenizer.json"  # the original vocabulary
         n = config.export.latency_sentences
         samples = {

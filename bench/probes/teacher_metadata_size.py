@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pipeline.export.onnx_graph import LogitsOnly, export_onnx, strip_node_metadata
-from pipeline.export.quantize import quantize_int8
+from pipeline.export.quantize import quantize_like_student
 from pipeline.models import load_classifier
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,15 +28,8 @@ work = Path(tempfile.mkdtemp())
 export_onnx(LogitsOnly(teacher), work / "with.onnx", metadata["opset"])
 shutil.copy(work / "with.onnx", work / "stripped.onnx")
 strip_node_metadata(work / "stripped.onnx")
-setting = {
-    "name": quant["setting"],
-    "per_channel": quant["per_channel"],
-    "reduce_range": quant["reduce_range"],
-    "exclude": [],
-    "op_types": quant["op_types"],
-}
 for name in ("with", "stripped"):
-    quantize_int8(work / f"{name}.onnx", work / f"{name}.int8.onnx", setting)
+    quantize_like_student(work / f"{name}.onnx", work / f"{name}.int8.onnx", quant)
     mb = (work / f"{name}.int8.onnx").stat().st_size / 1e6
     print(
         f"teacher int8, {name:>8} exporter metadata: {mb:.3f} MB; student ({metadata['recommended']}) {student_mb:.3f} MB: "

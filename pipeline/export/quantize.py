@@ -6,6 +6,7 @@ quantized exactly as the student was (the baseline a user would ship instead).
 from __future__ import annotations
 
 import logging
+import platform
 import shutil
 import tempfile
 import warnings
@@ -101,8 +102,6 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
 def cpu_int8_kernels() -> str:
     """How this CPU multiplies int8, which decides whether 8-bit weights saturate (see quantization_ladder): the
     ladder's accuracies are measured here, so metadata.json says which kind of machine measured them."""
-    import platform
-
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
         return f"{platform.machine()}: no int16 saturation in onnxruntime's int8 kernels"
     try:
@@ -264,21 +263,18 @@ def quantized_node_count(path: Path) -> int:
     )
 
 
+def quantize_like_student(teacher_onnx: Path, teacher_int8: Path, quant: dict) -> dict:
+    """The teacher quantized with the shipped student's recorded setting (metadata.json "quantization"), every
+    layer int8: no layer of the teacher is kept fp32, whatever the student's rung kept."""
+    setting = {key: quant[key] for key in ("per_channel", "reduce_range", "op_types")}
+    return quantize_int8(teacher_onnx, teacher_int8, {"name": quant["setting"], **setting, "exclude": []})
+
+
 def int8_teacher_baseline(teacher_onnx, teacher_int8, quant, test, pad, names) -> dict | None:
     """The teacher quantized exactly as the shipped student was (same quantizer and setting), on the test split."""
     if not quant:
         return None
-    quantize_int8(
-        teacher_onnx,
-        teacher_int8,
-        {
-            "name": quant["setting"],
-            "per_channel": quant["per_channel"],
-            "reduce_range": quant["reduce_range"],
-            "op_types": quant["op_types"],
-            "exclude": [],
-        },
-    )
+    quantize_like_student(teacher_onnx, teacher_int8, quant)
     report = classification_report(test.labels, onnx_logits(teacher_int8, test, pad).argmax(-1), names)
     return {
         "model": "teacher ONNX int8",
