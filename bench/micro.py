@@ -339,7 +339,7 @@ def run(
     from pipeline.objective import target_plan
     from pipeline.runner import Distributed
     from stages.capture import capture_shard
-    from stages.distill import teacher_ffn_importance
+    from stages.distill import teacher_importance
 
     if threads:
         torch.set_num_threads(threads)
@@ -367,11 +367,9 @@ def run(
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         data = training_data(Path(tmp) / "prepare", ids, labels)
         lengths = data.lengths
-        # The student as the distill stage builds it (student.ffn_size: FFN neurons kept by the teacher's importance).
-        ffn_scores = None
-        if config.student.ffn_size is not None:
-            ffn_scores = teacher_ffn_importance(teacher, data, config, config.seed, pad, dist.device)
-        base_student = build_student(config, teacher, ffn_scores)
+        # The student as the distill stage builds it (FFN neurons, heads and width kept by the teacher's importance).
+        ffn_scores, width_scores = teacher_importance(teacher, data, config, config.seed, pad, dist.device)
+        base_student = build_student(config, teacher, ffn_scores, width_scores)
         # The batches training sees (grouped by length when the config says so), full ones only.
         chosen = [
             b

@@ -261,8 +261,15 @@ class StudentConfig(Section):
         description="feed-forward neurons kept per layer (init teacher_layers), "
         "chosen by the teacher's Taylor importance; None keeps all",
     )
+    attention_heads: int | None = Field(
+        None,
+        ge=1,
+        description="attention heads kept per layer (init teacher_layers), chosen by the teacher's Taylor "
+        "importance; the hidden width shrinks with them to heads x head width, its channels chosen by activation "
+        "(pipeline/pruning.py); None keeps all",
+    )
     ffn_importance_examples: int = Field(
-        512, ge=1, le=1_000_000, description="training examples scored for FFN importance"
+        512, ge=1, le=1_000_000, description="training examples scored for FFN, head and width importance"
     )
 
     @field_validator("num_layers")
@@ -557,8 +564,9 @@ NO_MEANING = {
         "student.random": ("shapes a random transformer student; a static student has no layers", None),
         "student.attn_implementation": ("chooses the attention kernel; a static student has no attention", ...),
         "student.ffn_size": ("prunes transformer layers; a static student has none", None),
+        "student.attention_heads": ("prunes attention heads; a static student has none", None),
         "student.ffn_importance_examples": (
-            "scores the feed-forward neurons student.ffn_size keeps; a static student has none",
+            "scores the feed-forward neurons and heads a transformer student keeps; a static student has none",
             ...,
         ),
         "distill.layer_map": ("pairs student layers with teacher layers; a static student has no layers", ...),
@@ -674,13 +682,14 @@ class PipelineConfig(Section):
                 problems.append(
                     (("student.teacher_layers",), f"student.teacher_layers {s.teacher_layers} repeats a layer")
                 )
-            if s.ffn_size is not None and s.init != "teacher_layers":
-                problems.append(
-                    (
-                        ("student.ffn_size", "student.init"),
-                        "student.ffn_size prunes teacher layers: it needs student.init 'teacher_layers'",
+            for key in ("ffn_size", "attention_heads"):
+                if getattr(s, key) is not None and s.init != "teacher_layers":
+                    problems.append(
+                        (
+                            (f"student.{key}", "student.init"),
+                            f"student.{key} prunes teacher layers: it needs student.init 'teacher_layers'",
+                        )
                     )
-                )
             if s.init == "random" and s.random is None:
                 problems.append(
                     (

@@ -95,6 +95,10 @@ class Family:
     # from teacher layers must start with teacher layer 0 and use it nowhere else.
     layer_zero_differs: bool = False
     rotary_casts_back: bool = True  # the rotated Q/K are cast back to the projection's dtype (EuroBERT keeps float32)
+    # The attention's output Linear (heads -> hidden), from one layer; None: narrowing (pipeline/pruning.py) not
+    # supported (fused Q/K/V, grouped key/value heads or hidden-sized position projections).
+    attention_out: str | None = None
+    head_table: str | None = None  # a per-head table all layers share (MPNet's relative position bias), from base_model
 
     def projection_name(self, kind: str) -> str:
         """``query`` / ``key`` / ``value`` -> this family's Linear name inside the attention module."""
@@ -117,6 +121,7 @@ _BERT_LIKE = dict(
     ffn_size_key="intermediate_size",
     sdpa=True,
     attention_is_exact=True,
+    attention_out="attention.output.dense",
 )
 
 FAMILIES: dict[str, Family] = {
@@ -179,6 +184,7 @@ FAMILIES: dict[str, Family] = {
             sdpa=True,
             attention_is_exact=True,
             tokenizer_kind="WordPiece",
+            attention_out="attention.out_lin",
         ),
         Family(
             "ModernBERT",
@@ -273,6 +279,8 @@ FAMILIES: dict[str, Family] = {
             sdpa=False,
             attention_is_exact=False,
             tokenizer_kind="WordPiece (RoBERTa-style <s> ... </s>)",
+            attention_out="attention.attn.o",
+            head_table="encoder.relative_attention_bias",
         ),
     )
 }

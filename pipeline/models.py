@@ -42,7 +42,7 @@ from .families import (
     zero_attention_dropout,
 )
 from .model_packages import SPLIT_PACKAGES, split_package_folder
-from .pruning import prune_ffn, top_neurons
+from .pruning import kept_heads, narrow, narrowing_unsupported, prune_ffn, top_neurons
 from .static_model import (
     MODEL_TYPE as STATIC_MODEL_TYPE,
 )  # importing it registers the static student with the Auto classes
@@ -183,6 +183,13 @@ def check_against_models(config: PipelineConfig) -> None:
             problems.append(
                 f"student.ffn_size: {student.ffn_size} is above the teacher's {ffn} feed-forward neurons per layer."
             )
+        if student.attention_heads is not None:
+            if family.attention_out is None:
+                problems.append(narrowing_unsupported(family.name))
+            elif student.attention_heads > heads:
+                problems.append(
+                    f"student.attention_heads: {student.attention_heads} is above the teacher's {heads} heads per layer."
+                )
     if (
         not config.teacher.finetune
         and config.data.label_names
@@ -229,6 +236,8 @@ def check_against_models(config: PipelineConfig) -> None:
             f"data.max_length: {config.data.max_length} is above the teacher's {positions} position embeddings."
         )
     s_hidden, s_heads = hidden, heads
+    if student.init == "teacher_layers" and student.attention_heads is not None:  # narrowed: heads x head width
+        s_hidden, s_heads = student.attention_heads * (hidden // heads), student.attention_heads
     if pretrained_cfg is not None:
         s_hidden, s_heads = pretrained_cfg.hidden_size, pretrained_cfg.num_attention_heads
         s_positions = usable_positions(pretrained_cfg)
@@ -383,11 +392,18 @@ def _kernel(model_config, requested: str) -> str:
         return requested
 
 
-def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = None) -> torch.nn.Module:
+def build_student(
+    config: PipelineConfig,
+    teacher,
+    ffn_scores: dict | None = None,
+    width_scores: tuple[dict, torch.Tensor] | None = None,
+) -> torch.nn.Module:
     """The student classifier, initialised as configured.
 
     With ``student.ffn_size`` each copied layer keeps the feed-forward neurons
-    with the highest ``ffn_scores[teacher layer]`` (pipeline/pruning.py).
+    with the highest ``ffn_scores[teacher layer]``; with ``student.attention_heads``
+    the heads and hidden channels ranked highest by ``width_scores`` (head scores
+    by teacher layer, channel scores; pipeline/pruning.py).
     """
     student = config.student
     family = family_of(teacher, "teacher")
@@ -418,6 +434,18 @@ def build_student(config: PipelineConfig, teacher, ffn_scores: dict | None = Non
             for layer, source_index in zip(encoder_layers(model), student.teacher_layers):
                 prune_ffn(layer, top_neurons(ffn_scores[source_index], student.ffn_size), family)
             setattr(model.config, family.ffn_size_key, student.ffn_size)
+        if student.attention_heads is not None and student.attention_heads < cfg.num_attention_heads:
+            if width_scores is None:
+                raise ModelError(
+                    "student.attention_heads needs head and channel importance from the teacher "
+                    "(pipeline.pruning.width_importance)"
+                )
+            head_scores, channel_scores = width_scores
+            heads = kept_heads(
+                head_scores, student.teacher_layers, student.attention_heads, shared=family.head_table is not None
+            )
+            width = student.attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
+            model = narrow(model, torch.sort(top_neurons(channel_scores, width)).values, heads)
     elif student.init == "pretrained":  # any supported family with the teacher's tokenizer (checked with the config)
         model = load_classifier(
             resolve_reference(student.pretrained), _labels(teacher), attn_implementation=student.attn_implementation

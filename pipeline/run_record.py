@@ -74,6 +74,10 @@ def result_tags(config, run_dir: Path, done: set[str]) -> dict[str, str]:
         tags["attention_distill.student_layers"] = str(layers)
     if ffn:
         tags["attention_distill.student_ffn"] = str(ffn)
+    if student.get("hidden_size"):
+        tags["attention_distill.student_width"] = (
+            f"{student['hidden_size']} ({student.get('num_attention_heads')} heads)"
+        )
     if "export" in done:
         version = _read_json(run_dir / "export" / "export.json").get("registered_version")
         name = (_read_json(run_dir / "export" / "bundle" / "metadata.json").get("source") or {}).get("registered_model")

@@ -34,7 +34,7 @@ from pipeline.models import (
 )
 from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
-from pipeline.pruning import ffn_importance
+from pipeline.pruning import ffn_importance, width_importance
 from pipeline.splits import TokenizedSplit, TrainingData, pad_id, used_token_ids
 from pipeline.stage_api import Context
 from pipeline.static_model import (
@@ -69,12 +69,10 @@ def run(ctx: Context) -> dict:
             ctx.device
         )
     else:
-        ffn_scores = None
-        if config.student.ffn_size is not None:
-            ffn_scores = teacher_ffn_importance(
-                teacher, TokenizedSplit(prepare, "train"), config, seed, pad, ctx.device
-            )
-        student = build_student(config, teacher, ffn_scores).to(ctx.device)
+        ffn_scores, width_scores = teacher_importance(
+            teacher, TokenizedSplit(prepare, "train"), config, seed, pad, ctx.device
+        )
+        student = build_student(config, teacher, ffn_scores, width_scores).to(ctx.device)
     if config.student.dropout is not None:
         for module in student.modules():
             if isinstance(module, torch.nn.Dropout):
@@ -178,17 +176,37 @@ def static_student(config, teacher, tokenizer, train: TokenizedSplit, pad: int, 
     )
 
 
-def teacher_ffn_importance(teacher, train: TokenizedSplit, config, seed: int, pad: int, device) -> dict:
-    """Taylor importance of the teacher's FFN neurons on a seeded sample of training examples, by teacher layer."""
-    count = min(len(train), config.student.ffn_importance_examples)
+def teacher_importance(teacher, train: TokenizedSplit, config, seed: int, pad: int, device) -> tuple:
+    """What the student's pruning needs from the teacher, on a seeded sample of training examples: Taylor importance
+    of its FFN neurons by teacher layer (student.ffn_size) and of its heads and hidden channels
+    (student.attention_heads); None for what the student does not prune."""
+    student = config.student
+    count = min(len(train), student.ffn_importance_examples)
     sample = np.random.default_rng([seed, 7]).permutation(len(train))[:count]
     sample = sample[np.argsort(train.lengths[sample], kind="stable")]  # similar lengths per batch: little padding
-    batches = (train.batch(sample[i : i + 64], pad, device) for i in range(0, count, 64))
-    scores = ffn_importance(teacher, batches, encoder_layers(teacher))
-    log.info(
-        "[distill] FFN importance from %d training examples; keeping %d of %d neurons per layer",
-        count,
-        config.student.ffn_size,
-        len(scores[0]),
-    )
-    return scores
+
+    def batches():
+        return (train.batch(sample[i : i + 64], pad, device) for i in range(0, count, 64))
+
+    ffn_scores = width_scores = None
+    if student.ffn_size is not None:
+        ffn_scores = ffn_importance(teacher, batches(), encoder_layers(teacher))
+        log.info(
+            "[distill] FFN importance from %d training examples; keeping %d of %d neurons per layer",
+            count,
+            student.ffn_size,
+            len(ffn_scores[0]),
+        )
+    if student.attention_heads is not None:
+        width_scores = width_importance(teacher, batches(), student.teacher_layers)
+        heads = teacher.config.num_attention_heads
+        log.info(
+            "[distill] head and channel importance from %d training examples; keeping %d of %d heads per layer and "
+            "%d of %d hidden channels",
+            count,
+            student.attention_heads,
+            heads,
+            student.attention_heads * teacher.config.hidden_size // heads,
+            teacher.config.hidden_size,
+        )
+    return ffn_scores, width_scores

@@ -31,6 +31,7 @@ from pipeline.export import variants
 from pipeline.export.onnx_graph import weight_matmuls
 from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
 from pipeline.models import layer_map as models_layer_map
+from pipeline.pruning import narrow
 from tests.helpers import NODE_DIR, max_diff_valid_rows, padded_batch, read_json
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
 
@@ -257,6 +258,63 @@ def test_an_mpnet_student_from_teacher_layers_keeps_the_position_bias_table():
         student.mpnet.encoder.relative_attention_bias.weight, teacher.mpnet.encoder.relative_attention_bias.weight
     )
     assert torch.equal(F.projection(student, 0, "query").weight, F.projection(teacher, 1, "query").weight)
+
+
+NARROWABLE = sorted(t for t, f in F.FAMILIES.items() if f.attention_out is not None)
+
+
+@pytest.mark.parametrize("model_type", NARROWABLE)
+def test_narrowing_to_every_head_and_channel_in_another_order_is_the_same_model(model_type):
+    """Every weight that reads or writes the residual stream takes the channel order, every query/key/value row block
+    and output column block the head order: a permutation of all of them is the same function (a wrong index set or
+    dimension would not be). MPNet's bias table is shared, so its layers keep one head order."""
+    model = family_model(model_type, pad=1 if model_type == "mpnet" else 0)
+    if model_type == "mpnet":
+        torch.nn.init.normal_(model.mpnet.encoder.relative_attention_bias.weight, std=1.0)
+    generator = torch.Generator().manual_seed(0)
+    shared = F.FAMILIES[model_type].head_table is not None
+    heads = [torch.randperm(4, generator=generator) for _ in range(2)]
+    heads = [heads[0], heads[0]] if shared else heads
+    narrowed = narrow(model, torch.randperm(32, generator=generator), heads).eval()
+    assert (narrowed.config.hidden_size, narrowed.config.num_attention_heads) == (32, 4)
+    assert not torch.equal(F.projection(narrowed, 0, "query").weight, F.projection(model, 0, "query").weight)
+    ids, mask = family_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            narrowed(input_ids=ids, attention_mask=mask).logits,
+            model(input_ids=ids, attention_mask=mask).logits,
+            atol=1e-5,
+            rtol=1e-5,
+        )
+
+
+@pytest.mark.parametrize("model_type", sorted(set(F.FAMILIES) - set(NARROWABLE)))
+def test_narrowing_an_unsupported_family_is_one_clear_error(model_type, tmp_path):
+    model = family_model(model_type)
+    with pytest.raises(ModelError, match=r"narrowing a .* model is not supported.*student\.ffn_size"):
+        narrow(model, torch.arange(16), [torch.arange(2)] * 2)
+    teacher = save(model, tmp_path / "teacher")
+    with pytest.raises(ConfigError, match="narrowing a"):
+        check_against_models(tiny_config(f"teacher.model={teacher}", "student.attention_heads=2"))
+
+
+def test_an_mpnet_student_narrowed_keeps_the_bias_columns_of_its_heads():
+    teacher = family_model("mpnet", pad=1)
+    torch.nn.init.normal_(teacher.mpnet.encoder.relative_attention_bias.weight, std=1.0)
+    head_scores = {0: torch.tensor([4.0, 1.0, 3.0, 0.0]), 1: torch.tensor([0.0, 1.0, 3.0, 0.5])}  # sums 4, 2, 6, .5
+    channels = torch.arange(32, dtype=torch.float32)  # the highest 16 win
+    config = tiny_config("student.teacher_layers=[0,1]", "student.attention_heads=2", "distill.relation_heads=2")
+    student = build_student(config, teacher, width_scores=(head_scores, channels))
+    kept = torch.tensor([0, 2])  # the same heads in both layers: MPNet's bias table is shared
+    torch.testing.assert_close(
+        student.mpnet.encoder.relative_attention_bias.weight,
+        teacher.mpnet.encoder.relative_attention_bias.weight[:, kept],
+    )
+    rows = torch.cat([kept[:1] * 8 + torch.arange(8), kept[1:] * 8 + torch.arange(8)])
+    torch.testing.assert_close(
+        F.projection(student, 1, "key").weight, F.projection(teacher, 1, "key").weight[rows][:, 16:]
+    )
+    assert (student.config.hidden_size, student.config.num_attention_heads) == (16, 2)
 
 
 @pytest.mark.parametrize("model_type", sorted(F.FAMILIES))
@@ -613,7 +671,7 @@ RUNS = {  # the slowest first: two worker processes share them
         "distill.layer_map=[[0,1]]",
     ],  # + student.pretrained
     "roberta": [*PRUNED, "export.trim_vocab=true"],
-    "distilbert": PRUNED,
+    "distilbert": [*PRUNED, "student.attention_heads=2", "distill.relation_heads=2"],  # narrowed: 2 of 4 heads
     # XLM-R-shaped vocabulary: 250,002 Unigram pieces (xlm_r_sized), trimmed to what the data uses
     "xlm-roberta": [
         "student.init=random",
@@ -638,8 +696,9 @@ RUNS = {  # the slowest first: two worker processes share them
         "student.random={num_layers: 1, hidden_size: 16, "
         "num_heads: 2, intermediate_size: 32, max_position_embeddings: 64}",
     ],
-    # all-mpnet-base-v2's tokenizer kind (WordPiece inside <s> ... </s>), trimmed; the copied layer keeps the bias table
-    "mpnet": [*PRUNED, "export.trim_vocab=true"],
+    # all-mpnet-base-v2's tokenizer kind (WordPiece inside <s> ... </s>), trimmed; the copied layer keeps the bias
+    # table's columns of the 2 heads it keeps (narrowed to 2 of 4 heads, width 16)
+    "mpnet": [*PRUNED, "student.attention_heads=2", "distill.relation_heads=2", "export.trim_vocab=true"],
 }
 FAST = [
     "precision=fp32",
@@ -751,7 +810,7 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     if "student.ffn_size=32" in RUNS[run]:
         copied = 2 if "student.teacher_layers=[0,1]" in RUNS[run] else 1
         assert getattr(shipped, F.FAMILIES[model_type].ffn_size_key) == 32 and shipped.num_hidden_layers == copied
-    if model_type in ("xlm-roberta", "eurobert"):
+    if model_type in ("xlm-roberta", "eurobert") or "student.attention_heads=2" in RUNS[run]:
         assert (shipped.hidden_size, shipped.num_attention_heads) == (16, 2)
     if model_type == "xlm-roberta":  # the 250k-row table cut to the data's pieces, sizes and accuracy recorded
         trim = read_json(run_dir / "export" / "bundle" / "metadata.json")["vocab_trim"]

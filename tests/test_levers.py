@@ -15,7 +15,7 @@ from pipeline.augment import augment, nearest_words, word_spans
 from pipeline.config import LossWeights
 from pipeline.data import pad_batch
 from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
-from pipeline.pruning import ffn_importance, prune_ffn, top_neurons
+from pipeline.pruning import ffn_importance, kept_heads, prune_ffn, top_neurons, width_importance
 
 
 def bert(seed=0, layers=2, hidden=32, ffn=64):
@@ -126,6 +126,64 @@ def test_ffn_size_needs_teacher_layers_and_fits_the_teacher():
         load_config("tiny", ["student.init=random", "student.random={num_layers: 1}", "student.ffn_size=8"])
     with pytest.raises(ConfigError, match="student.ffn_size: 4096 is above the teacher's 64"):
         check_against_models(load_config("tiny", ["student.ffn_size=4096"]))
+
+
+# ---------------------------------------------------------------- heads and width
+
+
+def test_dead_heads_and_channels_score_zero_and_the_rest_score_above_zero():
+    model = bert()  # 4 heads of width 8, hidden 32
+    dead_head, dead_channels = 1, [3, 17]
+    with torch.no_grad():
+        for layer in model.bert.encoder.layer:
+            layer.attention.output.dense.weight[:, dead_head * 8 : (dead_head + 1) * 8] = 0.0  # its output is dropped
+        for norm in model.modules():
+            if isinstance(norm, torch.nn.LayerNorm):
+                norm.weight[dead_channels] = 0.0
+                norm.bias[dead_channels] = 0.0
+    for p in model.parameters():
+        p.requires_grad_(False)
+    heads, channels = width_importance(model, [batch_of([6, 9, 3]), batch_of([4, 8], seed=1)], [0, 1])
+    assert all(p.grad is None and not p.requires_grad for p in model.parameters())  # left as found
+    for scores in heads.values():
+        assert scores.shape == (4,) and scores[dead_head] == 0 and (np.delete(scores.numpy(), dead_head) > 0).all()
+        assert dead_head not in kept_heads({0: scores}, [0], 3, shared=False)[0].tolist()
+    assert channels.shape == (32,) and torch.all(channels[dead_channels] == 0)
+    assert (np.delete(channels.numpy(), dead_channels) > 0).all()
+
+
+def test_head_and_channel_importance_ignore_padding():
+    model = bert()
+    batch = batch_of([4, 9])
+    padded = dict(batch)
+    padded.update(  # the added ids are not pad ids: the mask alone must hide them
+        input_ids=torch.cat([batch["input_ids"], torch.full((2, 5), 7)], 1),
+        attention_mask=torch.cat([batch["attention_mask"], torch.zeros(2, 5, dtype=torch.long)], 1),
+    )
+    (a_heads, a_channels), (b_heads, b_channels) = (width_importance(model, [b], [0, 1]) for b in (batch, padded))
+    torch.testing.assert_close(a_channels, b_channels, rtol=1e-4, atol=1e-7)
+    for i in a_heads:
+        torch.testing.assert_close(a_heads[i], b_heads[i], rtol=1e-4, atol=1e-9)
+
+
+def test_shared_head_tables_keep_the_best_heads_by_summed_importance():
+    scores = {0: torch.tensor([4.0, 1.0, 3.0, 0.0]), 2: torch.tensor([0.0, 5.0, 3.0, 0.5])}
+    assert [h.tolist() for h in kept_heads(scores, [0, 2], 2, shared=False)] == [[0, 2], [1, 2]]
+    assert [h.tolist() for h in kept_heads(scores, [0, 2], 2, shared=True)] == [[1, 2], [1, 2]]  # sums 4, 6, 6, .5
+
+
+def test_attention_heads_needs_teacher_layers_fits_the_teacher_and_names_relation_heads():
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+    from pipeline.models import check_against_models
+
+    with pytest.raises(ConfigError, match="student.attention_heads prunes teacher layers"):
+        load_config("tiny", ["student.init=random", "student.random={num_layers: 1}", "student.attention_heads=2"])
+    with pytest.raises(ConfigError, match="student.attention_heads: 8 is above the teacher's 4 heads"):
+        check_against_models(load_config("tiny", ["student.attention_heads=8"]))
+    with pytest.raises(ConfigError, match="the student has 2 heads and the teacher 4; set distill.relation_heads"):
+        check_against_models(load_config("tiny", ["student.attention_heads=2"]))
+    check_against_models(load_config("tiny", ["student.attention_heads=2", "distill.relation_heads=2"]))
 
 
 # ---------------------------------------------------------------- augmentation
