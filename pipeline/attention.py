@@ -16,7 +16,7 @@ same key window (``window``), so the recomputed scores are again the model's.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -59,7 +59,10 @@ def capture_projections(
     """
     layers = list(layers)
     kinds = tuple(kinds)
-    family = family_of(model) if layers else None  # no layers (a static student): nothing to hook, any model
+    if not layers:  # a static student: nothing to hook, any model
+        yield {}
+        return
+    family = family_of(model)
     captured: dict[int, dict[str, torch.Tensor]] = {i: {} for i in layers}
     handles = []
 
@@ -105,7 +108,7 @@ def capture_projections(
             h.remove()
 
 
-def as_attention_sees_it(x: torch.Tensor, kind: str, family, attention: nn.Module, rotation) -> torch.Tensor:
+def as_attention_sees_it(x: torch.Tensor, kind: str, family, attention: Any, rotation) -> torch.Tensor:
     """A projection [B, N, width] as the attention kernel multiplies it: queries and keys rotated by their positions
     (RoPE families), keys and values repeated per query head (grouped-query attention) -> [B, N, heads * head_dim]."""
     groups = getattr(attention, "num_key_value_groups", 1)

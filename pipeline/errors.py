@@ -128,7 +128,8 @@ def brief(exc: BaseException) -> str:
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
-    chain, seen = [], exc
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
     while seen is not None and len(chain) < 8:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__

@@ -54,6 +54,7 @@ import functools
 import logging
 import re
 from dataclasses import dataclass
+from typing import Any, cast
 
 from torch import nn
 
@@ -107,7 +108,7 @@ class Family:
         return getattr(self, kind)
 
 
-_BERT_LIKE = dict(
+_BERT_LIKE: dict[str, Any] = dict(
     layers="encoder.layer",
     attention="attention.self",
     query="query",
@@ -300,7 +301,7 @@ def family_of(config_or_model, what: str = "model") -> Family:
         config_or_model = unwrap_model(config_or_model)
     config = getattr(config_or_model, "config", config_or_model)
     model_type = getattr(config, "model_type", None)
-    family = FAMILIES.get(model_type)
+    family = _row(config)
     if family is None:
         architectures = ", ".join(getattr(config, "architectures", None) or []) or type(config).__name__
         raise ModelError(
@@ -310,6 +311,12 @@ def family_of(config_or_model, what: str = "model") -> Family:
             "build students or export; use a model of a supported family."
         )
     return family
+
+
+def _row(config) -> Family | None:
+    """The table row of a config's model_type, or None."""
+    model_type = getattr(config, "model_type", None)
+    return FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -325,15 +332,15 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    model = unwrap_model(model)
-    return model.base_model.get_submodule(family_of(model).layers)
+    inner: Any = unwrap_model(model)  # a transformers model: base_model, base_model_prefix, config
+    return cast(nn.ModuleList, inner.base_model.get_submodule(family_of(inner).layers))
 
 
 def layer_prefix(model: nn.Module) -> str:
     """The state-dict prefix of the encoder layers, e.g. 'bert.encoder.layer.' or 'distilbert.transformer.layer.'."""
-    model = unwrap_model(model)
-    base = model.base_model_prefix if model.base_model is not model else ""
-    return ".".join(p for p in (base, family_of(model).layers) if p) + "."
+    inner: Any = unwrap_model(model)
+    base = inner.base_model_prefix if inner.base_model is not inner else ""
+    return ".".join(p for p in (base, family_of(inner).layers) if p) + "."
 
 
 def self_attention(model: nn.Module, layer: int) -> nn.Module:
@@ -344,12 +351,12 @@ def self_attention(model: nn.Module, layer: int) -> nn.Module:
 def projection(model: nn.Module, layer: int, kind: str) -> nn.Linear:
     """The ``query`` / ``key`` / ``value`` Linear of encoder layer ``layer``."""
     model = unwrap_model(model)
-    return self_attention(model, layer).get_submodule(family_of(model).projection_name(kind))
+    return cast(nn.Linear, self_attention(model, layer).get_submodule(family_of(model).projection_name(kind)))
 
 
 def layer_types(config) -> list[str] | None:
     """Per-layer attention kinds ("full_attention" / "sliding_attention") of a family that alternates them, else None."""
-    family = FAMILIES.get(getattr(config, "model_type", None))
+    family = _row(config)
     if family is None or family.sliding_window_key is None:
         return None
     return list(config.layer_types)
@@ -377,7 +384,8 @@ def ffn_paths(layer: nn.Module, family: Family | None = None) -> tuple[str, str]
 
 def ffn_linears(layer: nn.Module, family: Family | None = None) -> tuple[nn.Linear, nn.Linear]:
     """The feed-forward input (hidden -> ffn) and output (ffn -> hidden) Linears of one encoder layer."""
-    return tuple(layer.get_submodule(path) for path in ffn_paths(layer, family))
+    ffn_in, ffn_out = (cast(nn.Linear, layer.get_submodule(path)) for path in ffn_paths(layer, family))
+    return ffn_in, ffn_out
 
 
 def zero_attention_dropout(model: nn.Module) -> None:
@@ -389,7 +397,7 @@ def zero_attention_dropout(model: nn.Module) -> None:
         attention = self_attention(model, i)
         dropout = getattr(attention, family.attention_dropout)
         if isinstance(dropout, nn.Module):
-            dropout.p = 0.0
+            setattr(dropout, "p", 0.0)  # noqa: B010 (nn.Dropout's p, through the Module type the attribute has)
         else:  # ModernBERT, EuroBERT: a float the module passes to its attention kernel
             setattr(attention, family.attention_dropout, 0.0)
 
@@ -398,7 +406,7 @@ def attention_window(config, layer: int) -> int | None:
     """The key window of encoder layer ``layer``: keys j with |i - j| <= window for query i, None for global attention.
 
     Only ModernBERT's "sliding_attention" layers have one (``config.layer_types``, half-window ``sliding_window``)."""
-    family = FAMILIES.get(getattr(config, "model_type", None))
+    family = _row(config)
     if family is None or family.sliding_window_key is None:
         return None
     types = getattr(config, "layer_types", None) or []
@@ -438,7 +446,7 @@ def usable_positions(config) -> int | None:
     positions = getattr(config, "max_position_embeddings", None)
     if positions is None:
         return None
-    family = FAMILIES.get(getattr(config, "model_type", None))
+    family = _row(config)
     if family is not None and family.position_offset:
         positions -= (getattr(config, "pad_token_id", None) or 0) + 1
     return positions

@@ -30,7 +30,7 @@ class LaunchError(Exception):
     pass
 
 
-def _count(name: str, raw: str, lowest: int) -> int:
+def _count(name: str, raw: str | int | None, lowest: int) -> int:
     try:
         value = int(str(raw).strip())
     except ValueError:

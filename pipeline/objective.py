@@ -97,7 +97,7 @@ class TargetPlan:
 
     def teacher_keys(self) -> list[tuple[str, Target, int | None]]:
         """(key, target, teacher layer) of every target: per-example ones, then per layer."""
-        keys = [(t.key(None), t, None) for t in self.targets if not t.per_layer]
+        keys: list[tuple[str, Target, int | None]] = [(t.key(None), t, None) for t in self.targets if not t.per_layer]
         keys += [(t.key(layer), t, layer) for layer in self.teacher_layers for t in self.targets if t.per_layer]
         return keys
 

@@ -16,7 +16,7 @@ def plot_history(history: list[dict], path: Path, title: str) -> None:
     epochs = [h["epoch"] for h in history]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for key in sorted({k for h in history for k in h if k != "epoch"}):
-        ax.plot(epochs, [h.get(key) for h in history], marker="o", label=key)
+        ax.plot(epochs, [h.get(key, np.nan) for h in history], marker="o", label=key)
     ax.set_xlabel("epoch")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -81,7 +81,12 @@ def pareto_front(rows: list[dict], x: str) -> list[dict]:
 
 
 def pareto_plot(
-    rows: list[dict], path: Path, title: str, picked: str | None, references: list[dict] = (), alias: str = "picked"
+    rows: list[dict],
+    path: Path,
+    title: str,
+    picked: str | None,
+    references: list[dict] | tuple[()] = (),
+    alias: str = "picked",
 ) -> Path | None:
     """A sweep's variants: retention against latency and against size, the Pareto front joined, the pick starred
     (labelled with the registry ``alias`` it moved); with reference points (peers, int8 teacher from raw text)

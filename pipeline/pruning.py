@@ -43,6 +43,7 @@ every layer (the heads with the highest summed importance).
 from __future__ import annotations
 
 import copy
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,8 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
     family = family_of(model)
     outs = [ffn_linears(layer, family)[1] for layer in layers]
     scores = {i: torch.zeros(out.in_features) for i, out in enumerate(outs)}
-    handles, mask_holder = [], {}
+    handles: list[Any] = []
+    mask_holder: dict[str, torch.Tensor] = {}
     frozen = [p for p in model.parameters() if not p.requires_grad]
     for p in frozen:  # a frozen teacher builds no graph; gradients are needed here only
         p.requires_grad_(True)
@@ -102,11 +104,11 @@ def prune_ffn(layer, keep: torch.Tensor, family=None) -> None:
     """Keep only the FFN neurons ``keep`` (sorted indices) of one encoder layer, in place.
 
     ``family`` (pipeline/families.py) names its feed-forward Linears; without it they are found in the layer."""
-    keep = torch.sort(keep).values
+    keep = cast(torch.LongTensor, torch.sort(keep).values)
     family = family or family_of_layer(layer)
     in_path, out_path = ffn_paths(layer, family)
     width = layer.get_submodule(out_path).in_features
-    rows = torch.cat([keep, keep + width]) if family.ffn_fused_glu else keep  # value rows, then the same gate rows
+    rows = cast(torch.LongTensor, torch.cat([keep, keep + width]) if family.ffn_fused_glu else keep)  # value, gate rows
     layer.set_submodule(in_path, prune_linear_layer(layer.get_submodule(in_path), rows, dim=0))
     if family.ffn_gate is not None:
         layer.set_submodule(family.ffn_gate, prune_linear_layer(layer.get_submodule(family.ffn_gate), keep, dim=0))
@@ -119,7 +121,7 @@ def top_neurons(scores: torch.Tensor, count: int) -> torch.Tensor:
     return order[:count]
 
 
-def width_importance(model, batches, layers: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+def width_importance(model: Any, batches, layers: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """Taylor importance of each attention head of encoder ``layers`` (by layer index) and activation importance of
     each hidden channel (LayerNorm outputs of the embeddings and those layers), summed over ``batches``.
 
@@ -135,7 +137,8 @@ def width_importance(model, batches, layers: list[int]) -> tuple[dict[int, torch
     frozen = [p for p in model.parameters() if not p.requires_grad]
     for p in frozen:  # a frozen teacher builds no graph; gradients are needed here only
         p.requires_grad_(True)
-    mask_holder, handles = {}, []
+    mask_holder: dict[str, torch.Tensor] = {}
+    handles: list[Any] = []
 
     def watch_heads(index):
         def hook(module, inputs):
@@ -180,7 +183,7 @@ def kept_heads(head_scores: dict[int, torch.Tensor], layers: list[int], count: i
     """The ``count`` most important heads of each of ``layers`` (sorted indices); ``shared``: the same heads in every
     layer, by summed importance (a family whose per-head table all layers share)."""
     if shared:
-        top = torch.sort(top_neurons(sum(head_scores[i] for i in layers), count)).values
+        top = torch.sort(top_neurons(torch.stack([head_scores[i] for i in layers]).sum(0), count)).values
         return [top for _ in layers]
     return [torch.sort(top_neurons(head_scores[i], count)).values for i in layers]
 
@@ -194,7 +197,7 @@ def narrowing_unsupported(family: str) -> str:
     )
 
 
-def narrow(model: nn.Module, channels: torch.Tensor, heads: list[torch.Tensor]) -> nn.Module:
+def narrow(model: Any, channels: torch.Tensor, heads: list[torch.Tensor]) -> Any:
     """A copy of ``model`` keeping hidden channels ``channels`` and, in encoder layer i, the heads ``heads[i]``.
 
     The new hidden size is ``len(heads[i])`` times the head width and must equal ``len(channels)``. Indices are

@@ -192,7 +192,7 @@ def headline_metrics(evaluate: dict, export: dict) -> dict[str, float]:
         out["retention"] = evaluate["retention"]
     variant = export.get("recommended")
     shipped = export.get(f"onnx_{variant}") if variant else None
-    if shipped:
+    if variant and shipped:
         out["shipped_accuracy"] = shipped["accuracy"]
         out["shipped_macro_f1"] = shipped["macro_f1"]
         out["shipped_mb"] = shipped["file_mb"]

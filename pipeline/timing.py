@@ -73,8 +73,8 @@ def interleaved(
         for _ in range(warmup):
             for item in inputs[name]:
                 runners[name](item)
-    rounds = {name: [] for name in names}
-    calls = {name: [] for name in names}
+    rounds: dict[str, list[float]] = {name: [] for name in names}
+    calls: dict[str, list[float]] = {name: [] for name in names}
     while True:
         index = len(rounds[names[0]])
         for name in names[index % len(names) :] + names[: index % len(names)]:
