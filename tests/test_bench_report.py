@@ -196,3 +196,25 @@ def test_capture_levers_times_every_setting_on_a_run(tiny_run, tmp_path):
         rate = float(rows[label].split(" | ")[1])
         assert rate > 0, rows[label]
     assert "The stage itself (manifest): 260 examples" in text, text
+
+
+def test_ablation_table_averages_seeds_and_differences_on_common_seeds(tmp_path):
+    import ablation_table
+
+    sweep = tmp_path / "base_ablation"
+    figures = {"ce_s1": 0.80, "ce_s2": 0.82, "kd_s1": 0.83, "kd_s2": 0.83, "kd_s3": 0.90, "notes": 0.5}
+    for name, accuracy in figures.items():
+        (sweep / name / "evaluate").mkdir(parents=True)
+        (sweep / name / "distill").mkdir()
+        metrics = {"student": {"accuracy": accuracy, "macro_f1": accuracy - 0.01}, "teacher": {"accuracy": 0.9}}
+        (sweep / name / "evaluate" / "metrics.json").write_text(json.dumps({**metrics, "retention": accuracy / 0.9}))
+        (sweep / name / "distill" / "manifest.json").write_text(json.dumps({"duration_s": 100.0}))
+    (sweep / "kd_s4").mkdir()  # not evaluated yet: left out
+    variants = [{"variant": v, "description": f"{v.split('_')[0]} losses, seed {v[-1]}"} for v in ("kd_s1", "ce_s1")]
+    (sweep / "sweep.json").write_text(json.dumps({"variants": variants}))  # kd first: the sweep file's order wins
+    rows = ablation_table.table(*ablation_table.collect(sweep))[2:]
+    assert rows[0].startswith("| kd losses | 3 | 0.8533 (0.8300-0.9000) | 0.8433 |")
+    assert rows[1].startswith("| ce losses | 2 (fewer) | 0.8100 (0.8000-0.8200) |")
+    assert "| -2.00 (-3.00 to -1.00) | 100 |" in rows[1]  # ce - kd on seeds 1 and 2 only
+    assert rows[2].startswith("| teacher (fine-tuned, PyTorch) | - | 0.9000 |")
+    assert ablation_table.main([str(tmp_path / "missing")]) == 2

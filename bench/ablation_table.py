@@ -1,0 +1,116 @@
+"""A loss ablation run as a sweep with seeds, as one markdown table: mean and spread of each loss setting.
+
+    python bench/ablation_table.py runs/mpnet_base/sweeps/base_ablation [--out FILE.md]
+
+Reads every variant folder of the sweep whose name is ``<setting>_s<seed>`` (configs/sweeps/base_ablation.yaml)
+and has finished evaluate: the test accuracy and macro-F1 of the student in PyTorch, its retention of the teacher,
+its distillation seconds. One row per setting in the sweep file's order: the mean over seeds, the lowest and
+highest, and each setting's difference from the previous one (the lever it adds) with the seeds it has in common.
+Settings with fewer seeds than the others are marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import command_line, emit
+
+VARIANT = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def collect(sweep_dir: Path) -> tuple[dict[str, dict[int, dict]], dict[str, str], float | None]:
+    """{setting: {seed: figures}} in the sweep file's order (sweep.json, written when a sweep ends; else by name),
+    {setting: description} and the teacher's accuracy, from the variant folders."""
+    spec = _json(sweep_dir / "sweep.json")
+    descriptions = {v["variant"]: v.get("description", "") for v in spec.get("variants", [])}
+    runs: dict[str, dict[int, dict]] = {}
+    labels: dict[str, str] = {}
+    teacher = None
+    for folder in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        match = VARIANT.match(folder.name)
+        metrics = _json(folder / "evaluate" / "metrics.json")
+        if not match or not metrics.get("student"):
+            continue
+        setting, seed = match["setting"], int(match["seed"])
+        distill = _json(folder / "distill" / "manifest.json")
+        runs.setdefault(setting, {})[seed] = {
+            "accuracy": metrics["student"]["accuracy"],
+            "macro_f1": metrics["student"]["macro_f1"],
+            "retention": metrics["retention"],
+            "seconds": distill.get("duration_s"),
+        }
+        teacher = metrics["teacher"]["accuracy"]
+        label = descriptions.get(folder.name, "")
+        labels.setdefault(setting, re.sub(r",? seed \d+$", "", label) or setting)
+    order = list(dict.fromkeys(m["setting"] for m in map(VARIANT.match, descriptions) if m))
+    runs = dict(sorted(runs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
+    return runs, labels, teacher
+
+
+def _cell(values: list[float], points: bool = False) -> str:
+    scale = 100 if points else 1
+    mean = statistics.mean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.4f}" if not points else f"{mean:.2f}"
+    low, high = min(values) * scale, max(values) * scale
+    return f"{mean:.4f} ({low:.4f}-{high:.4f})" if not points else f"{mean:+.2f} ({low:+.2f} to {high:+.2f})"
+
+
+def table(runs: dict[str, dict[int, dict]], labels: dict[str, str], teacher: float | None) -> list[str]:
+    most = max((len(seeds) for seeds in runs.values()), default=0)
+    lines = [
+        "| student losses | seeds | accuracy, mean (min-max) | macro-F1, mean | retention, mean | "
+        "points over the row above, same seeds (min to max) | distill s, mean |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    previous = None
+    for setting, seeds in runs.items():
+        accuracy = [seeds[s]["accuracy"] for s in sorted(seeds)]
+        gain = "-"
+        if previous is not None and (common := sorted(set(seeds) & set(runs[previous]))):
+            gain = _cell([seeds[s]["accuracy"] - runs[previous][s]["accuracy"] for s in common], points=True)
+        seconds = [seeds[s]["seconds"] for s in seeds if seeds[s]["seconds"] is not None]
+        marked = f"{len(seeds)}" + (" (fewer)" if len(seeds) < most else "")
+        macro_f1 = statistics.mean(seeds[s]["macro_f1"] for s in seeds)
+        retention = statistics.mean(seeds[s]["retention"] for s in seeds)
+        lines.append(
+            f"| {labels[setting]} | {marked} | {_cell(accuracy)} | {macro_f1:.4f} | {retention:.4f} | {gain} | "
+            f"{f'{statistics.mean(seconds):.0f}' if seconds else '-'} |"
+        )
+        previous = setting
+    if teacher is not None:
+        lines.append(f"| teacher (fine-tuned, PyTorch) | - | {teacher:.4f} | - | 1.0000 | - | - |")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", type=Path, help="the sweep folder (runs/<config>/sweeps/<sweep>)")
+    parser.add_argument("--out", type=Path, help="also write the table here, headed by command, date and machine")
+    args = parser.parse_args(argv)
+    if not args.sweep.is_dir():
+        print(
+            f"error: {args.sweep} is not a folder; give a sweep folder, e.g. runs/mpnet_base/sweeps/base_ablation",
+            file=sys.stderr,
+        )
+        return 2
+    runs, labels, teacher = collect(args.sweep)
+    if not runs:
+        print(f"error: no variant named <setting>_s<seed> with a finished evaluate in {args.sweep}", file=sys.stderr)
+        return 2
+    emit(table(runs, labels, teacher), args.out, command_line("ablation_table.py", argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
