@@ -113,6 +113,25 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
     return found
 
 
+# Keys added after runs were made with the sections that hold them: left out of fingerprints while unset (None), so
+# a finished run stays current; set, they change the fingerprint like any other key.
+ADDED_KEYS = ("student.attention_heads",)
+
+
+def _reads(config: PipelineConfig, keys: list[str]) -> dict:
+    reads = {key: config.section(key) for key in keys}
+    for added in ADDED_KEYS:
+        for key in keys:
+            if added.startswith(key + "."):
+                holder = reads[key]
+                *parents, last = added[len(key) + 1 :].split(".")
+                for part in parents:
+                    holder = holder[part]
+                if holder.get(last, "missing") is None:
+                    del holder[last]
+    return reads
+
+
 def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cache: DigestCache | None = None) -> str:
     module = stage_module(name)
     payload = {
@@ -121,7 +140,7 @@ def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cac
         "reads": (
             module.fingerprint_inputs(config)
             if hasattr(module, "fingerprint_inputs")
-            else {key: config.section(key) for key in module.READS}
+            else _reads(config, module.READS)
         ),
         "after": {dep: upstream[dep] for dep in module.AFTER},
     }

@@ -66,6 +66,20 @@ def test_second_run_does_no_stage_work(tiny_run):
     assert before == after
 
 
+def test_a_key_added_later_leaves_finished_runs_current_while_unset(monkeypatch):
+    """student.attention_heads came after runs existed: unset, the fingerprints are those of a config without it."""
+    import pipeline.runner as runner
+
+    unset = fingerprints(load_config("tiny"))
+    monkeypatch.setattr(runner, "ADDED_KEYS", ())  # the key hashed like any other: None is a value
+    assert fingerprints(load_config("tiny"))["distill"] != unset["distill"]
+    monkeypatch.undo()
+    assert "attention_heads" not in runner._reads(load_config("tiny"), ["student"])["student"]
+    narrowed = fingerprints(load_config("tiny", ["student.attention_heads=2", "distill.relation_heads=2"]))
+    full_width = fingerprints(load_config("tiny", ["distill.relation_heads=2"]))
+    assert [s for s in STAGES if narrowed[s] != full_width[s]] == ["distill", "evaluate", "export"]
+
+
 def test_changing_a_key_reruns_only_downstream_fingerprints():
     base = fingerprints(load_config("tiny"))
     changed = fingerprints(load_config("tiny", ["distill.epochs=1"]))
