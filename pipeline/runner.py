@@ -138,9 +138,7 @@ def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cac
         "stage": name,
         "version": module.VERSION,
         "reads": (
-            module.fingerprint_inputs(config)
-            if hasattr(module, "fingerprint_inputs")
-            else _reads(config, module.READS)
+            module.fingerprint_inputs(config) if hasattr(module, "fingerprint_inputs") else _reads(config, module.READS)
         ),
         "after": {dep: upstream[dep] for dep in module.AFTER},
     }
