@@ -26,6 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -196,7 +197,7 @@ def flatten_targets(
     """Per-example records (unpadded) from a batch of online teacher targets; rows in ``empty_rows`` (kept for
     their logits only, capture.max_cache_gb) get an empty record."""
     dtype = DTYPES[layout.dtype]
-    pieces: dict[str, torch.Tensor] = {}
+    pieces: dict[str, Any] = {}  # torch tensors, then (below) their numpy copies
     for key, target, layer in layout.plan.teacher_keys():
         window = layout.plan.teacher_windows.get(layer) if target.windowed else None
         pieces.update(

@@ -14,7 +14,7 @@ import json
 import re
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import yaml
 from pydantic import (
@@ -309,7 +309,11 @@ LossWeights = create_model(
     __base__=_LossWeights,
     __module__=__name__,
     __doc__=_LossWeights.__doc__,
-    **{name: (float, Field(term.default, ge=0, le=1e6, description=term.summary)) for name, term in TERMS.items()},
+    # dict[str, Any]: mypy checks a ** dict's values against create_model's own __config__, __validators__...
+    **cast(
+        dict[str, Any],
+        {name: (float, Field(term.default, ge=0, le=1e6, description=term.summary)) for name, term in TERMS.items()},
+    ),
 )
 
 
@@ -549,7 +553,7 @@ class ConfigProblems(ValueError):
 # Keys that mean nothing for a student kind, with the value that stands for "not set" where one exists (None for an
 # optional key): given explicitly (in the config file or override that chose student.kind, or a later one) with
 # another value, they are refused instead of being silently ignored.
-NO_MEANING = {
+NO_MEANING: dict[str, dict[str, tuple[str, Any]]] = {
     "static": {
         "student.init": (
             "chooses how a transformer student starts; a static student always starts from the "
@@ -586,7 +590,7 @@ NO_MEANING = {
 
 def meaningless_keys(kind: str, explicit: set[str], values: dict[str, Any]) -> list[tuple[tuple[str, ...], str]]:
     """Problems for keys given explicitly that mean nothing for student.kind ``kind`` (``values``: the flat config)."""
-    problems = []
+    problems: list[tuple[tuple[str, ...], str]] = []
     for prefix, (why, unset) in NO_MEANING.get(kind, {}).items():
         given = sorted(k for k in explicit if k == prefix or k.startswith(prefix + "."))
         if not given or (unset is not ... and all(values.get(k, unset) == unset for k in given)):
@@ -735,6 +739,7 @@ class PipelineConfig(Section):
         if s.init == "teacher_layers":
             return len(s.teacher_layers)
         if s.init == "random":
+            assert s.random is not None  # validation refuses student.init 'random' without a student.random section
             return s.random.num_layers
         return s.num_layers
 
@@ -1065,7 +1070,7 @@ def _fields_at(path: tuple) -> list[str]:
 
 def validation_problems(exc: ValidationError) -> list[tuple[str, tuple[str, ...]]]:
     """One (line, dotted keys it concerns) per problem of a failed validation."""
-    problems = []
+    problems: list[tuple[str, tuple[str, ...]]] = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-"))
         path = ".".join(str(p) for p in loc) or "(top level)"
@@ -1112,6 +1117,7 @@ def _without_failed_values(raw: dict, exc: ValidationError) -> tuple[dict, set[s
     """``raw`` without the values that failed their own check (so the checks across sections can run on the rest),
     and their dotted keys. A section that failed as a whole is kept: the checks across sections cannot run then."""
     trimmed, removed = json.loads(json.dumps(raw, default=str)), set()
+    path: list[str]
     for err in exc.errors():
         node, path = trimmed, []
         for part in err["loc"]:

@@ -339,7 +339,8 @@ def _labels(values: pd.Series, cfg: DataConfig, source: str, report: dict) -> pd
     data.label_names[id] when label_names is set, whatever the file type.
     """
     missing_tokens = {token.strip().lower() for token in cfg.missing_labels} | {""}  # an empty label is never a class
-    texts, missing = [], Counter()
+    texts: list[str | None] = []
+    missing: Counter[str] = Counter()
     for index, value in enumerate(values.tolist()):
         if isinstance(value, _CONTAINERS):
             raise DataError(

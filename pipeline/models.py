@@ -16,6 +16,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -123,7 +124,7 @@ def random_bert_config(shape: RandomBert, vocab_size: int, num_labels: int = 2) 
         max_position_embeddings=shape.max_position_embeddings,
         hidden_dropout_prob=shape.dropout,
         attention_probs_dropout_prob=shape.dropout,
-        num_labels=num_labels,
+        num_labels=num_labels,  # type: ignore[call-arg]  # transformers 5 types the config __init__ from its dataclass fields only; __post_init__ takes num_labels
     )
 
 
@@ -131,6 +132,7 @@ def teacher_model_config(config: PipelineConfig, vocab_size: int | None = None):
     """The teacher's architecture config (no weights are read)."""
     teacher = config.teacher
     if teacher.model == "random":
+        assert teacher.random is not None  # validation refuses teacher.model 'random' without a teacher.random section
         return random_bert_config(teacher.random, vocab_size or 30522)
     reference = resolve_reference(teacher.model)
     try:
@@ -150,7 +152,7 @@ def layer_map(config: PipelineConfig, teacher_depth: int) -> list[tuple[int, int
         return [(student_depth - 1, teacher_depth - 1)]
     if spec == "uniform":  # TinyBERT: student layer i learns from teacher layer (i+1)*T/S - 1
         return [(i, (i + 1) * teacher_depth // student_depth - 1) for i in range(student_depth)]
-    return [tuple(pair) for pair in spec]
+    return cast(list[tuple[int, int]], [tuple(pair) for pair in spec])  # pydantic checked each is a pair
 
 
 def check_against_models(config: PipelineConfig) -> None:
@@ -202,6 +204,7 @@ def check_against_models(config: PipelineConfig) -> None:
     student_depth = config.student_depth() or depth
     pretrained_cfg = None
     if student.init == "pretrained":  # its own shape, from its config.json (no weights are read)
+        assert student.pretrained is not None  # validation refuses student.init 'pretrained' without student.pretrained
         try:
             pretrained_cfg = AutoConfig.from_pretrained(resolve_reference(student.pretrained))
             family_of(pretrained_cfg, "pretrained student")
@@ -246,8 +249,10 @@ def check_against_models(config: PipelineConfig) -> None:
                 f"data.max_length: {config.data.max_length} is above the pretrained student's {s_positions} position embeddings."
             )
     if student.init == "random":
+        assert student.random is not None  # validation refuses student.init 'random' without a student.random section
         s_hidden, s_heads = student.random.hidden_size, student.random.num_heads
         s_positions = usable_positions(random_student_config(teacher_cfg, student.random))
+        assert s_positions is not None  # random_student_config sets max_position_embeddings
         if config.data.max_length > s_positions:
             lost = student.random.max_position_embeddings - s_positions
             problems.append(
@@ -296,9 +301,9 @@ def teacher_label_names(model_config) -> list[str] | None:
     """The checkpoint's label names by id, or None when it has only transformers' placeholders (LABEL_0, ...)."""
     id2label = {int(i): str(name) for i, name in (getattr(model_config, "id2label", None) or {}).items()}
     names = [id2label.get(i) for i in range(model_config.num_labels)]
-    if None in names or all(_GENERIC_LABEL.fullmatch(name) for name in names):
+    if None in names or all(_GENERIC_LABEL.fullmatch(cast(str, name)) for name in names):
         return None
-    return names
+    return cast(list[str], names)  # None is not among them (checked above)
 
 
 def check_teacher_labels(model_config, label_names: list[str], reference: str) -> None:
@@ -370,6 +375,7 @@ def load_classifier(
 def build_teacher_for_finetune(config: PipelineConfig, label_names: list[str], vocab_size: int):
     teacher = config.teacher
     if teacher.model == "random":
+        assert teacher.random is not None  # validation refuses teacher.model 'random' without a teacher.random section
         cfg = random_bert_config(teacher.random, vocab_size, len(label_names))
         cfg.id2label, cfg.label2id = label_maps(label_names)
         model = BertForSequenceClassification(cfg)
@@ -447,13 +453,12 @@ def build_student(
             width = student.attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
             model = narrow(model, torch.sort(top_neurons(channel_scores, width)).values, heads)
     elif student.init == "pretrained":  # any supported family with the teacher's tokenizer (checked with the config)
+        assert student.pretrained is not None  # validation refuses student.init 'pretrained' without student.pretrained
         model = load_classifier(
             resolve_reference(student.pretrained), _labels(teacher), attn_implementation=student.attn_implementation
         )
-        if student.num_layers:
-            encoder_layers(model)[:] = encoder_layers(model)[: student.num_layers]
-            model.config.num_hidden_layers = student.num_layers
     else:  # random weights, the teacher's family, student.random's shape
+        assert student.random is not None  # validation refuses student.init 'random' without a student.random section
         model = type(teacher)(
             random_student_config(teacher.config, student.random, student_layer_types(config, teacher.config))
         )
@@ -473,9 +478,10 @@ def student_layer_types(config: PipelineConfig, teacher_config) -> list[str] | N
         return None
     if config.student.init == "teacher_layers":
         return [types[t] for t in config.student.teacher_layers]
-    learns_from = {}
+    learns_from: dict[int, int] = {}
     for s, t in layer_map(config, teacher_config.num_hidden_layers):
         learns_from.setdefault(s, t)
+    assert config.student.random is not None  # init 'random' here; validation refuses it without student.random
     return [
         types[learns_from[s]] if s in learns_from and 0 <= learns_from[s] < len(types) else "full_attention"
         for s in range(config.student.random.num_layers)
@@ -536,6 +542,7 @@ def tokenizer_difference(teacher_tokenizer, student_tokenizer) -> str | None:
 def student_tokenizer_problem(config: PipelineConfig) -> str | None:
     """A pretrained student must read the teacher's token ids: its tokenizer must be the teacher's (not just its name)."""
     student = config.student.pretrained
+    assert student is not None  # called for student.init 'pretrained', which validation refuses without it
     folder = Path(resolve_reference(student))
     if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
         # A checkpoint saved without its tokenizer (AutoTokenizer would build an empty one from config.json):
@@ -602,6 +609,8 @@ class UsedRowsEmbedding(torch.nn.Module):
     data never uses get no gradient in the full table either, so the used rows train exactly as they would there
     (only weight decay on the unused rows is skipped); ``full_table`` writes them back for saving.
     """
+
+    row_of: torch.Tensor  # a buffer (register_buffer): nn.Module.__getattr__ would type it Tensor | Module
 
     def __init__(self, full: torch.nn.Embedding, used: torch.Tensor):
         super().__init__()

@@ -43,7 +43,7 @@ class StaticEmbeddingConfig(PretrainedConfig):
         max_position_embeddings: int = 512,
         **kwargs,
     ):
-        super().__init__(pad_token_id=pad_token_id, **kwargs)
+        super().__init__(pad_token_id=pad_token_id, **kwargs)  # type: ignore[call-arg]  # transformers 5 types the config __init__ from its dataclass fields only; __post_init__ takes pad_token_id
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         # No layers and no position table: these keep the code that reads them from every student working
@@ -63,6 +63,7 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
         # log of each token's pooling weight: a second per-token table (kept apart from the vectors so
         # per-channel int8 of the vectors is not scaled by the weights)
         self.token_weights = torch.nn.Embedding(config.vocab_size, 1)
+        assert config.num_labels is not None  # a config has id2label (2 labels unless given)
         self.classifier = torch.nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 

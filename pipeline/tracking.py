@@ -367,7 +367,7 @@ class Tracker:
             self._mark_experiment_kind(run.info.experiment_id)
         result = pipeline_result(config, self.run_dir, done)
         datasets = "prepare" in done
-        digest = hashlib.sha256(
+        digest: str | None = hashlib.sha256(
             json.dumps([result, datasets and current.get("prepare")], sort_keys=True, default=str).encode()
         ).hexdigest()[:16]
         tags = dict(result["tags"])

@@ -86,7 +86,7 @@ def _load_trainable_state(modules: dict[str, torch.nn.Module], state: dict, acce
 
 
 def _rng_state() -> dict:
-    state = {"cpu": torch.get_rng_state()}
+    state: dict[str, torch.Tensor | list[torch.Tensor]] = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -229,7 +229,7 @@ def configure_optimizer(modules: dict[str, torch.nn.Module], settings: TrainSett
     """
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     named = [(n, p) for m in modules.values() for n, p in m.named_parameters() if p.requires_grad]
-    groups = [
+    groups: list[dict[str, Any]] = [
         {"params": [p for n, p in named if not n.endswith(NO_DECAY)], "weight_decay": settings.weight_decay},
         {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
     ]

@@ -42,6 +42,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -85,6 +86,8 @@ class BundleClassifier:
     ``sha256`` / ``recorded_sha256`` are the model file's digest and the one metadata.json records
     for it (None for a file metadata.json does not list, such as a model outside the bundle).
     """
+
+    session: Any  # an onnxruntime InferenceSession, or an ExecuTorchSession (same run()) for a .pte
 
     def __init__(self, bundle: Path = HERE, model: str | None = None, threads: int | None = None, probe: bool = True):
         bundle = Path(bundle)
@@ -244,7 +247,7 @@ def read_jsonl(path: Path) -> list[dict]:
         raise PredictError(f"--eval file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except OSError as exc:
         raise PredictError(f"cannot read --eval file {path}: {exc.strerror or exc}") from None
-    records = []
+    records: list[dict] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -516,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     except PredictError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for text, pair, result in zip(texts, pairs or [None] * len(texts), results):
+    pair_of_text: Sequence[str | None] = pairs or [None] * len(texts)
+    for text, pair, result in zip(texts, pair_of_text, results):
         print(
             json.dumps(
                 {"text": text, **({"text_pair": pair} if pair is not None else {}), **result}, ensure_ascii=False

@@ -216,7 +216,8 @@ def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
             "why": "sentence pairs: the .pte takes input_ids and attention_mask only (no token_type_ids)",
         }
     own = torch_logits(shipped.model, shipped.test, shipped.pad)  # the shipped PyTorch student, its own vocabulary
-    variants, dropped = {}, {}
+    variants: dict[str, dict] = {}
+    dropped: dict[str, dict] = {}
     for name, file, int8_linears in (("fp32", "model.pte", False), ("int8", "model.int8.pte", True)):
         try:
             info = export_pte(shipped.model, out / file, inputs.max_length, int8_linears)

@@ -49,6 +49,7 @@ def side_by_side(
     )
     full_types = shipped_types = None
     if inputs.segments:  # sentence pairs: each sentence's own segment ids
+        assert inputs.test.token_type_ids is not None  # a pair split carries them
         full_types = [list(inputs.test.token_type_ids[i]) for i in sample]
         shipped_types = [list(shipped.test.token_type_ids[i]) for i in sample]
     models = {
@@ -141,9 +142,10 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
             ]
             for name in models
         }
-        for name in sentence_types or {}:
-            for feed, types in zip(feeds[name], sentence_types[name]):
-                feed[SEGMENT_INPUT] = np.asarray([types], dtype=np.int64)
+        if sentence_types is not None:
+            for name in sentence_types:
+                for feed, types in zip(feeds[name], sentence_types[name]):
+                    feed[SEGMENT_INPUT] = np.asarray([types], dtype=np.int64)
         mean_tokens = float(np.mean([len(ids) for ids in next(iter(sentence_ids.values()))]))
         settings.append(("sentences", round(mean_tokens, 1), feeds))
     reference = "teacher ONNX int8" if "teacher ONNX int8" in models else None

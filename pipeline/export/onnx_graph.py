@@ -86,7 +86,10 @@ def export_onnx(
     """
     # torch's exporter logs one warning per missing torchvision op; not ours to fix.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    example = (torch.ones(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.long))  # length 1 fails to export
+    example: tuple[torch.Tensor, ...] = (
+        torch.ones(2, 16, dtype=torch.long),
+        torch.ones(2, 16, dtype=torch.long),
+    )  # length 1 fails to export
     if segments:  # a pair's second segment: ones in the second half
         example += (torch.cat([torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long)], dim=1),)
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
@@ -177,7 +180,7 @@ def onnx_parameters(path: Path) -> int:
     return int(sum(np.prod(init.dims, dtype=np.int64) for init in model.graph.initializer))
 
 
-def ort_session(path: Path | bytes, threads: int | None = None, custom_ops: str | None = None):
+def ort_session(path: str | Path | bytes, threads: int | None = None, custom_ops: str | None = None):
     """A CPU onnxruntime session; ``threads`` pins one sequential pool (the way latency is measured), ``custom_ops``
     registers an operator library (onnxruntime-extensions for the text-in model)."""
     options = ort.SessionOptions()

@@ -10,7 +10,9 @@ import platform
 import shutil
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnxruntime.quantization import (
@@ -49,7 +51,7 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
     head = [n["name"] for n in nodes if n["head"]]
     edge_layers = {num_layers - 1} | ({0} if num_layers > 2 else set())
     edges = [n["name"] for n in nodes if n["layer"] in edge_layers]
-    candidates = [
+    candidates: list[dict[str, Any]] = [
         {
             "name": "per_channel_embeddings",
             "per_channel": True,
@@ -208,7 +210,7 @@ def quantize_int8(source: Path, target: Path, setting: dict) -> dict:
 
 
 def quantize_static_int8(
-    source: Path, target: Path, calibration: list[dict], excluded: list[str] = (), reduce_range: bool = False
+    source: Path, target: Path, calibration: list[dict], excluded: Sequence[str] = (), reduce_range: bool = False
 ) -> dict:
     """Static QDQ int8: weights int8 per channel (every weight MatMul/Gemm and the embedding tables), activations
     uint8 with per-tensor scales fixed from ``calibration`` (batch-1 feeds of training text; MinMax), so no

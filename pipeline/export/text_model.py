@@ -148,7 +148,10 @@ def _basic_tokenizer_words(texts: list[str], lowercase: bool, strip: bool, fixes
             helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
             helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("axis", TensorProto.INT64, [], [0])),
             helper.make_node(
-                "Constant", [], ["space"], value=helper.make_tensor("space", TensorProto.STRING, [], [b" "])
+                "Constant",
+                [],
+                ["space"],
+                value=helper.make_tensor("space", TensorProto.STRING, [], [b" "]),  # type: ignore[list-item]  # onnx's hint omits the bytes a STRING tensor holds
             ),
             helper.make_node("Unsqueeze", ["string", "zero"], ["raw_text"]),
             *(
@@ -639,7 +642,7 @@ def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: 
     }
 
 
-def session(path: Path, threads: int | None = None):
+def session(path: str | Path, threads: int | None = None):
     """An onnxruntime session for a text-in model (.onnx or .ort), the extensions library registered."""
     return ort_session(path, threads, custom_ops=extensions_library())
 
@@ -736,7 +739,7 @@ def ship(
 # CJK, emoji, a 300-character word, control characters), full and trimmed vocabulary, at 32 and 128 tokens, and every
 # code point (normalization_fixes, which also lists what its fixes leave); byte-level BPE on 3,000 sentences plus
 # leading spaces, tabs and an empty text: identical ids. Where they part ways besides:
-KNOWN_DIFFERENCES = {
+KNOWN_DIFFERENCES: dict[str | None, list[str]] = {  # by tokenizer_facts' type (None: tokenizer.json has none)
     "WordPiece": [
         "a special token typed inside the text (e.g. the literal string '[SEP]') is split like ordinary "
         "text by the operators, while tokenizers maps it to the special token's id"

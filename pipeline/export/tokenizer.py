@@ -113,9 +113,9 @@ def tokenizer_facts(tokenizer_json: Path, role_tokens: dict[str, str] | None = N
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
     vocab = model.get("vocab") or {}
     if isinstance(vocab, dict):
-        for token in ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"):
-            if token not in specials and token in vocab:
-                specials[token] = vocab[token]
+        for special in ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"):
+            if special not in specials and special in vocab:
+                specials[special] = vocab[special]
     single, pair = _templates(spec)
     unk = model.get("unk_token")
     if kind == "Unigram" and model.get("unk_id") is not None and isinstance(vocab, list):

@@ -8,7 +8,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -274,7 +274,7 @@ def quantize_static(shipped: Shipped, inputs: Inputs, cfg, seed: int, out: Path,
     fp32_accuracy, path, attempts, best = shipped.fp32["accuracy"], out / "model.int8.static.onnx", [], None
     # (what stays fp32, its nodes, 7-bit weights): everything int8 first, with 8- then 7-bit weights (x86 CPUs
     # without VNNI saturate with 8: quantization_ladder), then the dynamic ladder's rungs that keep layers fp32
-    keep_fp32 = [("none", [], False), ("none_reduce_range", [], True)]
+    keep_fp32: list[tuple[str, list[str], bool]] = [("none", [], False), ("none_reduce_range", [], True)]
     keep_fp32 += [(s["name"], s["exclude"], s["reduce_range"]) for s in shipped.ladder if s["exclude"]]
     for step, (name, excluded, reduce_range) in enumerate(keep_fp32):
         candidate = work / f"int8_static_{step}.onnx"
@@ -300,6 +300,7 @@ def quantize_static(shipped: Shipped, inputs: Inputs, cfg, seed: int, out: Path,
             best = (attempt, settings, candidate, logits)
         if attempt["drop_points"] <= cfg.max_int8_drop:
             break
+    assert best is not None  # the first attempt sets it (keep_fp32 is never empty)
     attempt, settings, candidate, logits = best
     shutil.move(str(candidate), path)
     metrics = variant_metrics(
@@ -368,6 +369,7 @@ def choose_variant(cfg, int8: Int8 | None, static: Int8 | None, rows: list[dict]
                     f"faster on real sentences ({faster[key]:.2f}x vs {slower[key]:.2f}x the int8 teacher at "
                     f"{threads} thread, 95% intervals apart)"
                 )
+    assert int8 is not None and static is not None  # both are in fits here
     a, b = int8.metrics["accuracy"], static.metrics["accuracy"]
     if a > b:
         return (
@@ -382,8 +384,12 @@ def choose_variant(cfg, int8: Int8 | None, static: Int8 | None, rows: list[dict]
 
 def shipped_graph(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> Path:
     """The recommended variant's ids-in graph."""
-    return {"int8": int8.path if int8 else None, "int8_static": static.path if static else None}.get(
-        recommended, shipped.fp32_path
+    # choose_variant recommends only a variant that was made: never None
+    return cast(
+        Path,
+        {"int8": int8.path if int8 else None, "int8_static": static.path if static else None}.get(
+            recommended, shipped.fp32_path
+        ),
     )
 
 
