@@ -262,6 +262,15 @@ SECTIONS: list[Section] = [
         "sentence and the speed-up against the int8 base teacher with its 95% interval.",
     ),
     Section(
+        "ablation_base_mpnet_base.md",
+        "Does attention distillation pay at base scale? (mpnet_base, narrow student)",
+        "data",
+        "The loss ablation for the narrow student of the MPNet-base teacher (3 layers, 6 of 12 heads by importance, "
+        "width 384, FFN 256: bert_small's student shape), seeds from `configs/sweeps/base_ablation.yaml`: PyTorch "
+        "accuracy on the test split, mean and range over seeds, and each setting against the one above on the same "
+        "seeds (docs/base-teacher.md).",
+    ),
+    Section(
         "static_seeds_clothing.md",
         "Clothing reviews: the static student over three seeds",
         "data",
