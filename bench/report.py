@@ -251,15 +251,17 @@ SECTIONS: list[Section] = [
         "A BERT-base-class teacher (mpnet_base): every model from raw text",
         "data",
         "`configs/mpnet_base.yaml`: all-mpnet-base-v2 (110M parameters, 12 layers of width 768) fine-tuned on the "
-        "default split and distilled into 3 of its layers with FFN pruned to 1,024 of 3,072; the student, the int8 "
-        "teacher and the peers from raw text, one text per call (docs/base-teacher.md).",
+        "default split and distilled into 3 of its layers with FFN pruned to 1,024 of 3,072 (the default), 2 layers "
+        "(the fast rung, `layers2`) and a narrow student (`narrow3`: 6 of 12 heads, width 384, FFN 256); each "
+        "student, the int8 teacher and the peers from raw text, one text per call (docs/base-teacher.md).",
     ),
     Section(
         "phone_table_mpnet_base.md",
         "The base student's shipped files against the int8 base teacher",
         "data",
-        "Every variant of the mpnet_base run as its bundle ships it: accuracy one text per call, file size, ms per "
-        "sentence and the speed-up against the int8 base teacher with its 95% interval.",
+        "Every variant of the mpnet_base students (default, `layers2`, `narrow3`) as their bundles ship them: accuracy "
+        "one text per call, file size, ms per sentence and the speed-up against the int8 base teacher with its 95% "
+        "interval (each run times its own int8 teacher, quantized with the student's setting).",
     ),
     Section(
         "ablation_base_mpnet_base.md",
