@@ -67,9 +67,6 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
     scores = {i: torch.zeros(out.in_features) for i, out in enumerate(outs)}
     handles: list[Any] = []
     mask_holder: dict[str, torch.Tensor] = {}
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    for p in frozen:  # a frozen teacher builds no graph; gradients are needed here only
-        p.requires_grad_(True)
 
     def watch(index):
         def hook(module, inputs):
@@ -85,19 +82,31 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
 
     for index, out in enumerate(outs):
         handles.append(out.register_forward_pre_hook(watch(index)))
+    _task_loss_backward(model, batches, handles, mask_holder)
+    return scores
+
+
+def _task_loss_backward(model, batches, handles: list, mask_holder: dict[str, torch.Tensor]) -> int:
+    """The summed cross-entropy's backward pass on every batch, for the importance ``handles`` watch (each batch's
+    real-token mask in ``mask_holder["mask"]``); then the hooks are removed, the gradients cleared and frozen
+    parameters frozen again. Returns the real tokens seen."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:  # a frozen teacher builds no graph; gradients are needed here only
+        p.requires_grad_(True)
+    tokens = 0
     try:
         for batch in batches:
             mask_holder["mask"] = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
+            tokens += int(batch["attention_mask"].sum())
             logits = model(**model_inputs(batch)).logits
-            loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-            loss.backward()
+            F.cross_entropy(logits.float(), batch["labels"], reduction="sum").backward()
     finally:
         for handle in handles:
             handle.remove()
         model.zero_grad(set_to_none=True)
         for p in frozen:
             p.requires_grad_(False)
-    return scores
+    return tokens
 
 
 def prune_ffn(layer, keep: torch.Tensor, family=None) -> None:
@@ -134,9 +143,6 @@ def width_importance(model: Any, batches, layers: list[int]) -> tuple[dict[int, 
     hidden = model.config.hidden_size
     head_scores = {i: torch.zeros(heads) for i in layers}
     channel_scores = torch.zeros(hidden)
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    for p in frozen:  # a frozen teacher builds no graph; gradients are needed here only
-        p.requires_grad_(True)
     mask_holder: dict[str, torch.Tensor] = {}
     handles: list[Any] = []
 
@@ -163,19 +169,7 @@ def width_importance(model: Any, batches, layers: list[int]) -> tuple[dict[int, 
         handles.append(layer.get_submodule(family.attention_out).register_forward_pre_hook(watch_heads(index)))
         norms += [m for m in layer.modules() if isinstance(m, nn.LayerNorm)]
     handles += [norm.register_forward_hook(watch_channels) for norm in norms if norm.normalized_shape == (hidden,)]
-    tokens = 0
-    try:
-        for batch in batches:
-            mask_holder["mask"] = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
-            tokens += int(batch["attention_mask"].sum())
-            logits = model(**model_inputs(batch)).logits
-            F.cross_entropy(logits.float(), batch["labels"], reduction="sum").backward()
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.zero_grad(set_to_none=True)
-        for p in frozen:
-            p.requires_grad_(False)
+    tokens = _task_loss_backward(model, batches, handles, mask_holder)
     return head_scores, channel_scores / max(tokens, 1)
 
 
