@@ -16,7 +16,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -338,7 +338,7 @@ def load_classifier(
     With ``require_labels`` the checkpoint must already be a task model whose
     label count matches the data (an already fine-tuned teacher).
     """
-    kwargs = {}
+    kwargs: dict[str, Any] = {}  # typed loosely: newer transformers type each from_pretrained keyword
     if label_names is not None:
         id2label, label2id = label_maps(label_names)
         kwargs = dict(num_labels=len(label_names), id2label=id2label, label2id=label2id)
