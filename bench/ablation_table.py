@@ -1,12 +1,13 @@
 """A loss ablation run as a sweep with seeds, as one markdown table: mean and spread of each loss setting.
 
-    python bench/ablation_table.py runs/mpnet_base/sweeps/base_ablation [--out FILE.md]
+    python bench/ablation_table.py runs/mpnet_base/sweeps/base_ablation [--spec configs/sweeps/base_ablation.yaml] [--out FILE.md]
 
 Reads every variant folder of the sweep whose name is ``<setting>_s<seed>`` (configs/sweeps/base_ablation.yaml)
 and has finished evaluate: the test accuracy and macro-F1 of the student in PyTorch, its retention of the teacher,
 its distillation seconds. One row per setting in the sweep file's order: the mean over seeds, the lowest and
 highest, and each setting's difference from the previous one (the lever it adds) with the seeds it has in common.
-Settings with fewer seeds than the others are marked.
+Settings with fewer seeds than the others are marked. The labels and the order come from the sweep's sweep.json,
+written when the whole sweep ends; ``--spec`` reads them from the sweep file instead (a sweep stopped part way).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, emit
 
+from pipeline.config import read_yaml
+from pipeline.sweep.spec import SweepSpec
+
 VARIANT = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
 
 
@@ -28,11 +32,17 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def collect(sweep_dir: Path) -> tuple[dict[str, dict[int, dict]], dict[str, str], float | None]:
-    """{setting: {seed: figures}} in the sweep file's order (sweep.json, written when a sweep ends; else by name),
+def collect(
+    sweep_dir: Path, spec_file: Path | None = None
+) -> tuple[dict[str, dict[int, dict]], dict[str, str], float | None]:
+    """{setting: {seed: figures}} in the sweep file's order (``spec_file``, else sweep.json, else by name),
     {setting: description} and the teacher's accuracy, from the variant folders."""
-    spec = _json(sweep_dir / "sweep.json")
-    descriptions = {v["variant"]: v.get("description", "") for v in spec.get("variants", [])}
+    if spec_file is not None:
+        spec = SweepSpec.model_validate(read_yaml(spec_file))
+        descriptions = {name: variant.description for name, variant in spec.variants.items()}
+    else:
+        record = _json(sweep_dir / "sweep.json")
+        descriptions = {v["variant"]: v.get("description", "") for v in record.get("variants", [])}
     runs: dict[str, dict[int, dict]] = {}
     labels: dict[str, str] = {}
     teacher = None
@@ -96,6 +106,9 @@ def table(runs: dict[str, dict[int, dict]], labels: dict[str, str], teacher: flo
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", type=Path, help="the sweep folder (runs/<config>/sweeps/<sweep>)")
+    parser.add_argument(
+        "--spec", type=Path, help="the sweep file, for labels and order when the sweep stopped before sweep.json"
+    )
     parser.add_argument("--out", type=Path, help="also write the table here, headed by command, date and machine")
     args = parser.parse_args(argv)
     if not args.sweep.is_dir():
@@ -104,7 +117,13 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    runs, labels, teacher = collect(args.sweep)
+    if args.spec is not None and not args.spec.is_file():
+        print(
+            f"error: --spec {args.spec} is not a file; give the sweep's YAML file, e.g. configs/sweeps/base_ablation.yaml",
+            file=sys.stderr,
+        )
+        return 2
+    runs, labels, teacher = collect(args.sweep, args.spec)
     if not runs:
         print(f"error: no variant named <setting>_s<seed> with a finished evaluate in {args.sweep}", file=sys.stderr)
         return 2

@@ -61,12 +61,47 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
     ``batches`` yields dicts with input_ids, attention_mask and labels; the
     model is used in eval mode (no dropout) and its gradients are cleared after.
     """
+    return task_importance(model, batches, ffn_layers=layers)[0]
+
+
+def width_importance(model: Any, batches, layers: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """Taylor importance of each attention head of encoder ``layers`` (by layer index) and activation importance of
+    each hidden channel (LayerNorm outputs of the embeddings and those layers), summed over ``batches``.
+
+    ``batches`` as for ffn_importance; the model is left as found (eval mode, no gradients)."""
+    width = task_importance(model, batches, width_layers=layers)[1]
+    assert width is not None
+    return width
+
+
+def task_importance(
+    model: Any, batches, ffn_layers=None, width_layers: list[int] | None = None
+) -> tuple[Any, tuple[dict[int, torch.Tensor], torch.Tensor] | None]:
+    """FFN neuron importance of ``ffn_layers`` (modules) and head and channel importance of ``width_layers``
+    (indices), from one backward pass over ``batches``: (ffn scores or None, (head scores, channel scores) or None)."""
+    if ffn_layers is None and width_layers is None:
+        return None, None
     model.eval()
+    mask_holder: dict[str, torch.Tensor] = {}
+    handles: list[Any] = []
+    try:
+        ffn_scores = None if ffn_layers is None else _watch_ffn(model, ffn_layers, mask_holder, handles)
+        width = None if width_layers is None else _watch_width(model, width_layers, mask_holder, handles)
+    except BaseException:  # e.g. a family that cannot be narrowed: no hook left behind on the teacher
+        for handle in handles:
+            handle.remove()
+        raise
+    tokens = _task_loss_backward(model, batches, handles, mask_holder)
+    if width is not None:
+        width[1].div_(max(tokens, 1))  # channel activation: mean over real tokens
+    return ffn_scores, width
+
+
+def _watch_ffn(model, layers, mask_holder: dict[str, torch.Tensor], handles: list) -> dict[int, torch.Tensor]:
+    """Hooks (added to ``handles``) that sum |activation x gradient| of each FFN neuron into the returned scores."""
     family = family_of(model)
     outs = [ffn_linears(layer, family)[1] for layer in layers]
     scores = {i: torch.zeros(out.in_features) for i, out in enumerate(outs)}
-    handles: list[Any] = []
-    mask_holder: dict[str, torch.Tensor] = {}
 
     def watch(index):
         def hook(module, inputs):
@@ -80,10 +115,46 @@ def ffn_importance(model, batches, layers) -> dict[int, torch.Tensor]:
 
         return hook
 
-    for index, out in enumerate(outs):
-        handles.append(out.register_forward_pre_hook(watch(index)))
-    _task_loss_backward(model, batches, handles, mask_holder)
+    handles += [out.register_forward_pre_hook(watch(index)) for index, out in enumerate(outs)]
     return scores
+
+
+def _watch_width(
+    model, layers: list[int], mask_holder: dict[str, torch.Tensor], handles: list
+) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """Hooks (added to ``handles``) that sum each head's gate importance and each hidden channel's |activation|."""
+    family = family_of(model)
+    if family.attention_out is None:
+        raise ModelError(narrowing_unsupported(family.name))
+    heads = model.config.num_attention_heads
+    hidden = model.config.hidden_size
+    head_scores = {i: torch.zeros(heads) for i in layers}
+    channel_scores = torch.zeros(hidden)
+
+    def watch_heads(index):
+        def hook(module, inputs):
+            context = inputs[0]  # (batch, tokens, heads * head width): every head's output, before mixing
+
+            def on_grad(grad):
+                gate = (context.detach() * grad).float() * mask_holder["mask"]  # d loss / d head gate, per token
+                per_example = gate.unflatten(-1, (heads, -1)).sum(dim=(1, 3))  # (batch, heads)
+                head_scores[index] += per_example.abs().sum(0).cpu()
+
+            context.register_hook(on_grad)
+
+        return hook
+
+    def watch_channels(module, inputs, output):
+        channel_scores.add_((output.detach().float().abs() * mask_holder["mask"]).sum(dim=(0, 1)).cpu())
+
+    all_layers = encoder_layers(model)
+    norms = [m for m in model.base_model.embeddings.modules() if isinstance(m, nn.LayerNorm)]
+    for index in layers:
+        layer = all_layers[index]
+        handles.append(layer.get_submodule(family.attention_out).register_forward_pre_hook(watch_heads(index)))
+        norms += [m for m in layer.modules() if isinstance(m, nn.LayerNorm)]
+    handles += [norm.register_forward_hook(watch_channels) for norm in norms if norm.normalized_shape == (hidden,)]
+    return head_scores, channel_scores
 
 
 def _task_loss_backward(model, batches, handles: list, mask_holder: dict[str, torch.Tensor]) -> int:
@@ -128,49 +199,6 @@ def top_neurons(scores: torch.Tensor, count: int) -> torch.Tensor:
     """Indices of the ``count`` most important neurons (ties broken by index: deterministic)."""
     order = torch.argsort(-scores, stable=True)
     return order[:count]
-
-
-def width_importance(model: Any, batches, layers: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
-    """Taylor importance of each attention head of encoder ``layers`` (by layer index) and activation importance of
-    each hidden channel (LayerNorm outputs of the embeddings and those layers), summed over ``batches``.
-
-    ``batches`` as for ffn_importance; the model is left as found (eval mode, no gradients)."""
-    model.eval()
-    family = family_of(model)
-    if family.attention_out is None:
-        raise ModelError(narrowing_unsupported(family.name))
-    heads = model.config.num_attention_heads
-    hidden = model.config.hidden_size
-    head_scores = {i: torch.zeros(heads) for i in layers}
-    channel_scores = torch.zeros(hidden)
-    mask_holder: dict[str, torch.Tensor] = {}
-    handles: list[Any] = []
-
-    def watch_heads(index):
-        def hook(module, inputs):
-            context = inputs[0]  # (batch, tokens, heads * head width): every head's output, before mixing
-
-            def on_grad(grad):
-                gate = (context.detach() * grad).float() * mask_holder["mask"]  # d loss / d head gate, per token
-                per_example = gate.unflatten(-1, (heads, -1)).sum(dim=(1, 3))  # (batch, heads)
-                head_scores[index] += per_example.abs().sum(0).cpu()
-
-            context.register_hook(on_grad)
-
-        return hook
-
-    def watch_channels(module, inputs, output):
-        channel_scores.add_((output.detach().float().abs() * mask_holder["mask"]).sum(dim=(0, 1)).cpu())
-
-    all_layers = encoder_layers(model)
-    norms = [m for m in model.base_model.embeddings.modules() if isinstance(m, nn.LayerNorm)]
-    for index in layers:
-        layer = all_layers[index]
-        handles.append(layer.get_submodule(family.attention_out).register_forward_pre_hook(watch_heads(index)))
-        norms += [m for m in layer.modules() if isinstance(m, nn.LayerNorm)]
-    handles += [norm.register_forward_hook(watch_channels) for norm in norms if norm.normalized_shape == (hidden,)]
-    tokens = _task_loss_backward(model, batches, handles, mask_holder)
-    return head_scores, channel_scores / max(tokens, 1)
 
 
 def kept_heads(head_scores: dict[int, torch.Tensor], layers: list[int], count: int, shared: bool) -> list[torch.Tensor]:

@@ -34,7 +34,7 @@ from pipeline.models import (
 )
 from pipeline.objective import DistillObjective, target_plan
 from pipeline.plots import plot_history
-from pipeline.pruning import ffn_importance, width_importance
+from pipeline.pruning import task_importance
 from pipeline.splits import TokenizedSplit, TrainingData, pad_id, used_token_ids
 from pipeline.stage_api import Context
 from pipeline.static_model import (
@@ -181,24 +181,25 @@ def teacher_importance(teacher, train: TokenizedSplit, config, seed: int, pad: i
     of its FFN neurons by teacher layer (student.ffn_size) and of its heads and hidden channels
     (student.attention_heads); None for what the student does not prune."""
     student = config.student
+    if student.ffn_size is None and student.attention_heads is None:
+        return None, None  # a student of whole teacher layers: nothing to rank
     count = min(len(train), student.ffn_importance_examples)
     sample = np.random.default_rng([seed, 7]).permutation(len(train))[:count]
     sample = sample[np.argsort(train.lengths[sample], kind="stable")]  # similar lengths per batch: little padding
-
-    def batches():
-        return (train.batch(sample[i : i + 64], pad, device) for i in range(0, count, 64))
-
-    ffn_scores = width_scores = None
-    if student.ffn_size is not None:
-        ffn_scores = ffn_importance(teacher, batches(), encoder_layers(teacher))
+    ffn_scores, width_scores = task_importance(  # one backward pass over the sample for both
+        teacher,
+        (train.batch(sample[i : i + 64], pad, device) for i in range(0, count, 64)),
+        ffn_layers=None if student.ffn_size is None else encoder_layers(teacher),
+        width_layers=None if student.attention_heads is None else student.teacher_layers,
+    )
+    if ffn_scores is not None:
         log.info(
             "[distill] FFN importance from %d training examples; keeping %d of %d neurons per layer",
             count,
             student.ffn_size,
             len(ffn_scores[0]),
         )
-    if student.attention_heads is not None:
-        width_scores = width_importance(teacher, batches(), student.teacher_layers)
+    if width_scores is not None:
         heads = teacher.config.num_attention_heads
         log.info(
             "[distill] head and channel importance from %d training examples; keeping %d of %d heads per layer and "

@@ -218,3 +218,9 @@ def test_ablation_table_averages_seeds_and_differences_on_common_seeds(tmp_path)
     assert "| -2.00 (-3.00 to -1.00) | 100 |" in rows[1]  # ce - kd on seeds 1 and 2 only
     assert rows[2].startswith("| teacher (fine-tuned, PyTorch) | - | 0.9000 |")
     assert ablation_table.main([str(tmp_path / "missing")]) == 2
+    (sweep / "sweep.json").unlink()  # a sweep stopped part way: labels and order from the sweep file
+    spec = tmp_path / "ablation.yaml"
+    spec.write_text("variants:\n  ce_s1: {description: 'CE only, seed 1'}\n  kd_s1: {description: 'CE + KD, seed 1'}\n")
+    rows = ablation_table.table(*ablation_table.collect(sweep, spec))[2:]
+    assert rows[0].startswith("| CE only | 2 (fewer) |") and rows[1].startswith("| CE + KD | 3 |"), rows
+    assert ablation_table.main([str(sweep), "--spec", str(tmp_path / "nope.yaml")]) == 2

@@ -31,7 +31,7 @@ from pipeline.export import variants
 from pipeline.export.onnx_graph import weight_matmuls
 from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
 from pipeline.models import layer_map as models_layer_map
-from pipeline.pruning import narrow
+from pipeline.pruning import narrow, task_importance
 from tests.helpers import NODE_DIR, max_diff_valid_rows, padded_batch, read_json
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
 
@@ -293,6 +293,9 @@ def test_narrowing_an_unsupported_family_is_one_clear_error(model_type, tmp_path
     model = family_model(model_type)
     with pytest.raises(ModelError, match=r"narrowing a .* model is not supported.*student\.ffn_size"):
         narrow(model, torch.arange(16), [torch.arange(2)] * 2)
+    with pytest.raises(ModelError, match=r"narrowing a .* model is not supported"):  # FFN hooks went on first
+        task_importance(model, [], ffn_layers=F.encoder_layers(model), width_layers=[0])
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())  # none left behind
     teacher = save(model, tmp_path / "teacher")
     with pytest.raises(ConfigError, match="narrowing a"):
         check_against_models(tiny_config(f"teacher.model={teacher}", "student.attention_heads=2"))

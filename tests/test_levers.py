@@ -15,7 +15,7 @@ from pipeline.augment import augment, nearest_words, word_spans
 from pipeline.config import LossWeights
 from pipeline.data import pad_batch
 from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
-from pipeline.pruning import ffn_importance, kept_heads, prune_ffn, top_neurons, width_importance
+from pipeline.pruning import ffn_importance, kept_heads, prune_ffn, task_importance, top_neurons, width_importance
 
 
 def bert(seed=0, layers=2, hidden=32, ffn=64):
@@ -164,6 +164,23 @@ def test_head_and_channel_importance_ignore_padding():
     torch.testing.assert_close(a_channels, b_channels, rtol=1e-4, atol=1e-7)
     for i in a_heads:
         torch.testing.assert_close(a_heads[i], b_heads[i], rtol=1e-4, atol=1e-9)
+
+
+def test_one_backward_pass_gives_both_importances_as_two_separate_passes():
+    model = bert()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    batches = [batch_of([6, 9, 3]), batch_of([4, 8], seed=1)]
+    ffn, (heads, channels) = task_importance(model, batches, model.bert.encoder.layer, [0, 1])
+    assert all(p.grad is None and not p.requires_grad for p in model.parameters())
+    ffn_alone = ffn_importance(model, batches, model.bert.encoder.layer)
+    heads_alone, channels_alone = width_importance(model, batches, [0, 1])
+    torch.testing.assert_close(channels, channels_alone)
+    for i in ffn_alone:
+        torch.testing.assert_close(ffn[i], ffn_alone[i])
+    for i in heads_alone:
+        torch.testing.assert_close(heads[i], heads_alone[i])
+    assert task_importance(model, batches) == (None, None)
 
 
 def test_shared_head_tables_keep_the_best_heads_by_summed_importance():
