@@ -81,9 +81,10 @@ sweep: $(STAMP)
 
 # Lint first, then the unit tier (seconds to fail), then the tiers that run pipelines, processes and outside tools.
 # With PYTEST_ARGS selecting tests of one tier only, the other step finds none (pytest exit 5): not an error then.
+# The slow tiers list their 20 slowest tests (where the suite's time goes, in every CI log).
 test: lint
 	$(PY) -m pytest -q -m unit $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
-	$(PY) -m pytest -q -m "not unit" $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+	$(PY) -m pytest -q -m "not unit" --durations=20 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
 # ruff's linter and formatter on pipeline/, stages/, tests/ and bench/, then mypy on pipeline/ and stages/
 # (pyproject.toml; also .pre-commit-config.yaml).

@@ -104,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--from", dest="from_stage", choices=STAGES, action="append", help="rerun this stage and all later ones"
     )
     run.add_argument(
-        "--only", choices=STAGES, action="append", help="run only this stage (its inputs must be complete)"
+        "--only",
+        choices=STAGES,
+        action="append",
+        help="run only this stage (its inputs must be complete; one that reads a stale input is recorded stale too)",
     )
     run.add_argument(
         "--to",

@@ -26,6 +26,10 @@ def model_inputs(batch: dict) -> dict:
     return inputs
 
 
+# The teacher stage's logits on the test split (teacher/test_logits.npy), read by evaluate instead of a second pass.
+TEACHER_TEST_LOGITS = "test_logits.npy"
+
+
 @torch.no_grad()
 def predict_logits(model, split: TokenizedSplit, batch_size: int, dist, pad: int) -> np.ndarray:
     """Logits for every example of ``split``, in order, on every rank.

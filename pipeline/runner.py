@@ -161,6 +161,29 @@ def fingerprints(config: PipelineConfig, runs_dir: Path | None = None, save: boo
     return result
 
 
+def fingerprint_as_run(config: PipelineConfig, name: str, run_dir: Path, current: dict[str, str]) -> str:
+    """``name``'s fingerprint from the outputs it will read now. Where an earlier stage's output is stale (``--only``
+    runs one stage and leaves the others as they are), that output's own fingerprint stands in for the current one:
+    the stage is then recorded as stale too, never as current on old inputs."""
+    upstream = dict(current)
+    stale = []
+    for dep in stage_module(name).AFTER:
+        manifest = read_manifest(run_dir / dep)
+        if manifest is not None and manifest["fingerprint"] != current[dep]:
+            upstream[dep] = manifest["fingerprint"]
+            stale.append(dep)
+    if not stale:
+        return current[name]
+    log.warning(
+        "[%s] reads the stale output of %s (--only leaves it as it is): its output is recorded as stale too; run "
+        "without --only to bring both up to date",
+        name,
+        ", ".join(stale),
+    )
+    memory = run_dir.parent / ".digests.json"
+    return fingerprint(config, name, upstream, DigestCache(memory if memory.is_file() else None))
+
+
 def dependents(name: str) -> list[str]:
     """Stages that read ``name``'s output, directly or through others."""
     found: list[str] = []
@@ -633,7 +656,7 @@ def run_pipeline(
                         )
                     continue
                 try:
-                    _run_stage(config, name, run_dir, current[name], tracker, dist)
+                    _run_stage(config, name, run_dir, fingerprint_as_run(config, name, run_dir, current), tracker, dist)
                 except Exception as exc:  # a full disk surfaces as many exception types
                     full = (
                         None

@@ -75,6 +75,8 @@ def store_error(exc: BaseException, uri: str, before_work: bool = True) -> Pipel
     )
 
 
+# How long a write to mlflow.db waits for another process's lock (an MLflow UI or pipeline writes briefly).
+LOCK_WAIT_S = 30.0
 # Columns of MLflow's sqlite schema that hold artifact locations (MLflow 3.x).
 ARTIFACT_COLUMNS = (
     ("experiments", "artifact_location"),
@@ -98,7 +100,7 @@ def relocate_artifacts(runs_dir: Path) -> None:
     if not db.is_file():
         return
     here = (Path(runs_dir).resolve() / "mlartifacts").as_uri()
-    with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
+    with contextlib.closing(sqlite3.connect(db, timeout=LOCK_WAIT_S)) as conn:
         try:
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if "experiments" not in tables:

@@ -21,7 +21,7 @@ import torch
 
 from pipeline.attention import attention_probs, capture_projections, split_heads
 from pipeline.families import attention_window
-from pipeline.inference import model_inputs, predict_logits
+from pipeline.inference import TEACHER_TEST_LOGITS, model_inputs, predict_logits
 from pipeline.metrics import attention_health, classification_report
 from pipeline.models import count_parameters, load_classifier, load_tokenizer
 from pipeline.objective import target_plan
@@ -43,7 +43,13 @@ def run(ctx: Context) -> dict:
     test = TokenizedSplit(prepare, "test")
     teacher = load_classifier(str(teacher_dir / "model")).to(ctx.device).eval()
     student = load_classifier(str(distill_dir / "student")).to(ctx.device).eval()
-    t_logits = predict_logits(teacher, test, config.evaluate.batch_size, ctx, pad)
+    stored = (
+        teacher_dir / TEACHER_TEST_LOGITS
+    )  # written by the teacher stage (from the same weights, batch size, precision)
+    if stored.is_file() and (saved := np.load(stored)).shape[0] == len(test):
+        t_logits = saved
+    else:  # a teacher stage from before it kept them
+        t_logits = predict_logits(teacher, test, config.evaluate.batch_size, ctx, pad)
     s_logits = predict_logits(student, test, config.evaluate.batch_size, ctx, pad)
     if not ctx.is_main:
         return {}

@@ -8,16 +8,18 @@ family (pipeline/families.py) fine-tuned here on the train split with
 cross-entropy, keeping the epoch with the best validation accuracy.
 
 Outputs: model/ (save_pretrained folder: config, safetensors, tokenizer),
-metrics.json (validation and test accuracy).
+metrics.json (validation and test accuracy), test_logits.npy (the teacher's logits on the test split, read by
+evaluate: a sweep's variants share this stage and need not run a base-size teacher over the test split again).
 """
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 from transformers import set_seed
 
-from pipeline.inference import accuracy, predict_logits
+from pipeline.inference import TEACHER_TEST_LOGITS, accuracy, predict_logits
 from pipeline.models import (
     build_teacher_for_finetune,
     load_tokenizer,
@@ -82,7 +84,8 @@ def run(ctx: Context) -> dict:
         best_epoch = 0
     model.eval()
     val_acc = validate()["accuracy"]
-    test_acc = accuracy(predict_logits(model, test, config.evaluate.batch_size, ctx, pad), test.labels)
+    test_logits = predict_logits(model, test, config.evaluate.batch_size, ctx, pad)
+    test_acc = accuracy(test_logits, test.labels)
     metrics = {
         "validation_accuracy": val_acc,
         "test_accuracy": test_acc,
@@ -92,6 +95,9 @@ def run(ctx: Context) -> dict:
     if ctx.is_main:
         save_model(model, tokenizer, ctx.out / "model")
         ctx.write_json("metrics.json", metrics)
+        np.save(
+            ctx.out / TEACHER_TEST_LOGITS, test_logits.astype(np.float32)
+        )  # evaluate reads them: one teacher pass a run
         ctx.log_metrics(metrics)
         log.info("[teacher] validation accuracy %.4f, test accuracy %.4f", val_acc, test_acc)
     return metrics

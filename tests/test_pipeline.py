@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import mlflow
+import numpy as np
 from transformers import AutoModelForSequenceClassification
 
 from pipeline.config import load_config
 from pipeline.runner import STAGES, fingerprints, read_manifest
+from pipeline.splits import label_names
 from tests.helpers import read_json, run_cli
 
 
@@ -32,6 +34,12 @@ def test_every_stage_output_exists(tiny_run):
     for who in ("teacher", "student"):
         assert metrics[who]["accuracy"] == sum(p[who] == p["label"] for p in predictions) / len(predictions)
     assert abs(metrics["retention"] - metrics["student"]["accuracy"] / metrics["teacher"]["accuracy"]) < 1e-9
+    # evaluate reads the teacher stage's test logits (one teacher pass over the test split a run): the same figures
+    names = label_names(run_dir / "prepare")
+    logits = np.load(run_dir / "teacher" / "test_logits.npy")
+    assert logits.shape == (len(test), 2) and logits.dtype == np.float32
+    assert [names[i] for i in logits.argmax(-1)] == [p["teacher"] for p in predictions]
+    assert metrics["teacher"]["accuracy"] == read_json(run_dir / "teacher" / "metrics.json")["test_accuracy"]
     export = read_json(run_dir / "export" / "export.json")
     assert export["parity_max_abs_diff"] < 1e-3 and (run_dir / "export" / "bundle" / "model.onnx").is_file()
     capture = read_json(run_dir / "capture" / "capture.json")

@@ -207,7 +207,8 @@ def test_damaged_mlflow_database(run_copy):
     assert nothing_written(run_copy.run_dir) == before
 
 
-def test_locked_mlflow_database(run_copy):
+def test_locked_mlflow_database(run_copy, monkeypatch):
+    monkeypatch.setattr("pipeline.tracking.LOCK_WAIT_S", 1.0)  # the same error after 1 s of waiting, not 30
     db = run_copy.runs_dir / "mlflow.db"
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN EXCLUSIVE")

@@ -358,6 +358,23 @@ def test_only_a_stage_whose_inputs_are_missing(run_copy):
     assert_complete_stages_untouched(before, run_copy.run_dir)
 
 
+def test_only_a_stage_whose_input_is_stale_is_recorded_stale(run_copy):
+    """--only distill after a capture setting changed: the student is trained on the old capture, so it must not be
+    recorded as current (its fingerprint is taken from the capture it read, not from the config's capture)."""
+    before = run_copy.snapshot()
+    result = cli(*args(run_copy, "capture.shard_size=16", only="distill"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[distill] reads the stale output of capture (--only leaves it as it is)" in result.stderr
+    assert_complete_stages_untouched(before, run_copy.run_dir)  # capture stays as it was
+
+    def states(*overrides):
+        shown = cli("status", run_copy.config, *overrides, "--runs-dir", str(run_copy.runs_dir))
+        return {line.split()[0]: line.split()[1] for line in shown.stdout.splitlines()[2:] if line.strip()}
+
+    assert (states("capture.shard_size=16")["capture"], states("capture.shard_size=16")["distill"]) == ("stale",) * 2
+    assert states()["distill"] == "done", states()  # current for the settings it was really made with
+
+
 def test_checkpoint_at_an_already_saved_position(tmp_path):
     """Ctrl-C right after a checkpoint saves the same position again: no error, same folder."""
     from types import SimpleNamespace
