@@ -270,7 +270,8 @@ SECTIONS: list[Section] = [
         "The loss ablation for the narrow student of the MPNet-base teacher (3 layers, 6 of 12 heads by importance, "
         "width 384, FFN 256: bert_small's student shape), seeds from `configs/sweeps/base_ablation.yaml`: PyTorch "
         "accuracy on the test split, mean and range over seeds, and each setting against the one above on the same "
-        "seeds (docs/base-teacher.md).",
+        "seeds (docs/base-teacher.md). Verdict for narrow students: the attention and value relation terms cost 1.5 "
+        "points over CE + logit KD, on each of three seeds: distil narrow students with CE + logit KD.",
     ),
     Section(
         "static_seeds_clothing.md",
