@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help venv distill sweep test test-fast lint status ui server screenshot bench bench-report clean docker-base docker-build-inputs docker-cpu docker-gpu docker-server docker-images
+.PHONY: help venv distill sweep test test-fast test-reliability lint status ui server screenshot bench bench-report clean docker-base docker-build-inputs docker-cpu docker-gpu docker-server docker-images
 
 help:  ## list targets
 	@echo "attention-distill"
@@ -31,6 +31,7 @@ help:  ## list targets
 	@echo "  make sweep CONFIG=bert_small SWEEP=configs/sweeps/depth.yaml [PICK=\"retention>=0.98\"]   variants, table, champion"
 	@echo "  make test                          run the test suite"
 	@echo "  make test-fast                     the unit tier only (no pipeline run, no process, no outside tool)"
+	@echo "  make test-reliability              the bad-input and failure cases (tests/reliability), on two workers"
 	@echo "  make lint                          ruff (lint, format) on pipeline/ stages/ tests/ bench/, mypy on pipeline/ stages/"
 	@echo "  make status CONFIG=bert_small      done / stale / pending per stage"
 	@echo "  make ui                            MLflow UI for runs/mlflow.db on http://127.0.0.1:$(PORT)"
@@ -81,10 +82,16 @@ sweep: $(STAMP)
 
 # Lint first, then the unit tier (seconds to fail), then the tiers that run pipelines, processes and outside tools.
 # With PYTEST_ARGS selecting tests of one tier only, the other step finds none (pytest exit 5): not an error then.
-# The slow tiers list their 20 slowest tests (where the suite's time goes, in every CI log).
+# The slow tiers list their slowest tests (where the suite's time goes, in every CI log). The reliability cases run
+# on two workers (pytest-xdist; one torch thread each, each case in its own copied run folder, a file's cases on one
+# worker so a module's fixture is built once): `make test-reliability` alone. With PYTEST_ARGS, one serial run.
 test: lint
 	$(PY) -m pytest -q -m unit $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
-	$(PY) -m pytest -q -m "not unit" --durations=20 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+	$(PY) -m pytest -q -m "not unit" $(if $(PYTEST_ARGS),,--ignore=tests/reliability) --durations=20 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+	$(if $(PYTEST_ARGS),,$(MAKE) --no-print-directory test-reliability)
+
+test-reliability: $(STAMP)
+	$(PY) -m pytest -q -m "not unit" tests/reliability -n 2 --dist loadfile --durations=10 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
 # ruff's linter and formatter on pipeline/, stages/, tests/ and bench/, then mypy on pipeline/ and stages/
 # (pyproject.toml; also .pre-commit-config.yaml).
