@@ -274,6 +274,16 @@ SECTIONS: list[Section] = [
         "points over CE + logit KD, on each of three seeds: distil narrow students with CE + logit KD.",
     ),
     Section(
+        "ablation_base_default_mpnet_base.md",
+        "Does attention distillation pay at base scale? (mpnet_base, default student)",
+        "data",
+        "The same question for the default base student (3 whole teacher layers 0, 6, 11, FFN 1,024, width 768), "
+        "seeds from `configs/sweeps/base_ablation_default.yaml`, one teacher (fine-tuned again on this machine, bf16: "
+        "test 0.9030). Verdict: the attention and value relation terms do not pay here either: -0.57 points on "
+        "average (-1.02 to +0.00), never ahead on a seed, and 11% more distillation time; since 2026-12-04 "
+        "`configs/mpnet_base.yaml` distils with CE + logit KD only (docs/base-teacher.md).",
+    ),
+    Section(
         "static_seeds_clothing.md",
         "Clothing reviews: the static student over three seeds",
         "data",
