@@ -80,15 +80,14 @@ endif
 sweep: $(STAMP)
 	$(PY) -m pipeline sweep $(CONFIG) $(SWEEP) $(ARGS) $(if $(PICK),--pick "$(PICK)") --runs-dir $(RUNS_DIR)
 
-# Lint first, then the unit tier (seconds to fail), then the tiers that run pipelines, processes and outside tools.
-# With PYTEST_ARGS selecting tests of one tier only, the other step finds none (pytest exit 5): not an error then.
-# The slow tiers list their slowest tests (where the suite's time goes, in every CI log). The reliability cases run
-# on two workers (pytest-xdist; one torch thread each, each case in its own copied run folder, a file's cases on one
-# worker so a module's fixture is built once): `make test-reliability` alone. With PYTEST_ARGS, one serial run.
+# Lint first, then the unit tier (seconds to fail), then the tiers that run pipelines, processes and outside tools,
+# reliability cases included, on two pytest-xdist workers (one torch thread each, tests/conftest.py; a file's tests on
+# one worker, so a module's fixture is built once; each worker builds the session's shared tiny runs it needs).
+# The slow tiers list their slowest tests (where the suite's time goes, in every CI log). With PYTEST_ARGS selecting
+# tests, one serial run per tier, and a tier that finds none (pytest exit 5) is not an error.
 test: lint
 	$(PY) -m pytest -q -m unit $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
-	$(PY) -m pytest -q -m "not unit" $(if $(PYTEST_ARGS),,--ignore=tests/reliability) --durations=20 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
-	$(if $(PYTEST_ARGS),,$(MAKE) --no-print-directory test-reliability)
+	$(PY) -m pytest -q -m "not unit" $(if $(PYTEST_ARGS),,-n 2 --dist loadfile) --durations=25 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
 test-reliability: $(STAMP)
 	$(PY) -m pytest -q -m "not unit" tests/reliability -n 2 --dist loadfile --durations=10 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])

@@ -35,7 +35,6 @@ from .data import to_device
 from .errors import CacheError
 from .integrity import sha256_file
 from .objective import TargetPlan, map_tensors
-from .terms import TARGETS
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -85,7 +84,7 @@ class CacheLayout:
 
 def choose_stores(plan: TargetPlan, lengths: np.ndarray, hidden: int, store: str) -> dict:
     """probs or vectors per registered relation target; 'auto' takes the smaller total."""
-    relations = [t for t in TARGETS.values() if t.relation]
+    relations = [t for t in plan.targets if t.relation]  # only what the active terms need: none for CE + KD
     if store != "auto":
         return {t.name: store for t in relations}
     sizes, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)

@@ -10,6 +10,7 @@ import re
 import signal
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 
 from .errors import ConfigError, PipelineError, disk_full_error, exception_chain
@@ -434,7 +435,13 @@ def _sweep(args) -> int:
     from .sweep import load_sweep, run_sweep
 
     sweep = load_sweep(args.config, args.sweep, args.overrides, resolve=_resolved)  # every variant checked first
-    result = run_sweep(sweep, Path(args.runs_dir), pick=args.pick, to_stage=args.to_stage)
+    result = run_sweep(
+        sweep,
+        Path(args.runs_dir),
+        pick=args.pick,
+        to_stage=args.to_stage,
+        child_setup=partial(setup_logging, args.debug),
+    )
     print()
     print((result["folder"] / "sweep.md").read_text())
     print(f"sweep folder: {result['folder']}  (sweep.md, sweep.csv, sweep.json, pareto.png)")

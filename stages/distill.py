@@ -99,15 +99,16 @@ def run(ctx: Context) -> dict:
     online = config.capture.mode == "online"
     cache = None if online else TeacherCache(capture_dir / "cache")
     if ctx.is_main:
+        relational = any(target.relation for target in plan.targets)
         log.info(
-            "[distill] student: %d layers, %.1fM parameters (teacher %.1fM); layer map (student, teacher) %s; "
-            "relation heads %d; targets %s",
+            "[distill] student: %d layers, %.1fM parameters (teacher %.1fM); terms %s; teacher targets %s (%s)%s",
             student.config.num_hidden_layers,
             count_parameters(student) / 1e6,
             count_parameters(teacher) / 1e6,
-            plan.pairs,
-            plan.relation_heads,
+            ", ".join(plan.terms),
+            ", ".join(target.name for target in plan.targets) or "none",
             "online" if online else "cached",
+            f"; layer map (student, teacher) {plan.pairs}, relation heads {plan.relation_heads}" if relational else "",
         )
         if plan.pairs and (kinds := layer_types(student.config)) is not None:
             log.info("[distill] student layer kinds %s (teacher %s)", kinds, layer_types(teacher.config))

@@ -12,6 +12,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two pytest workers share the 2 cores: one torch thread each, and in
+    # every pipeline process they start (more threads than cores make torch's OpenMP threads wait on each other)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 from tests.helpers import NODE_DIR, run_cli  # noqa: E402  (after the offline settings)
 from tests.tiers import (  # noqa: E402,F401  (hooks)

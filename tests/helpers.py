@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import subprocess
 import sys
 import types
@@ -31,6 +32,14 @@ def run_cli(
         command += ["--runs-dir", str(runs_dir)]
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    """A TCP port free now on 127.0.0.1: tests that start servers or process groups on two pytest workers at once
+    must not share a fixed port (Accelerate's default 29500, PostgreSQL's 5432)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def read_json(path: Path):

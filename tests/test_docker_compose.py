@@ -19,8 +19,8 @@ import time
 import pytest
 
 from pipeline.runner import STAGES
-from tests.helpers import ROOT, answers_health
-from tests.test_mlflow_server import Api, _free_port, _runs, _split_runs
+from tests.helpers import ROOT, answers_health, free_port
+from tests.test_mlflow_server import Api, _runs, _split_runs
 from tests.test_mlflow_ui import HEADLINE, _ui_module
 from tests.tiers import COMPOSE, docker_or_skip
 
@@ -76,7 +76,7 @@ class Stack:
 def stack(request):
     docker_or_skip(compose=True)  # before the image build: a missing Compose says so at once
     request.getfixturevalue("docker_images")
-    stack = Stack(f"ad-test-{os.getpid()}", _free_port(), secrets.token_hex(12))
+    stack = Stack(f"ad-test-{os.getpid()}", free_port(), secrets.token_hex(12))
     try:
         stack.must("up", "-d", "postgres", "mlflow")
         stack.wait_ready()

@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.runner import STAGES
-from tests.helpers import answers_health
+from tests.helpers import answers_health, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 START_PG = REPO / "scripts" / "start_postgres.sh"
@@ -38,12 +37,6 @@ CONFIG = "tiny"
 pytestmark = [pytest.mark.pipeline, pytest.mark.external]  # a PostgreSQL-backed MLflow server
 SERVER_READY_TIMEOUT_S = 180
 PIPELINE_TIMEOUT_S = 900
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, n: int = 40) -> str:
@@ -175,8 +168,8 @@ def mlflow_server():
     server_log = tmp / "mlflow-server.log"
     proc = None
     try:
-        store_uri = _start_postgres(pg_dir, _free_port(), tmp / "start_postgres.log")
-        port = _free_port()
+        store_uri = _start_postgres(pg_dir, free_port(), tmp / "start_postgres.log")
+        port = free_port()
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with open(server_log, "w") as log:
             proc = subprocess.Popen(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sqlite3
 import stat
 import subprocess
@@ -22,7 +21,15 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers import NO_DROPOUT, ONE_THREAD, ROOT, read_json, run_one_process, student_difference
+from tests.helpers import (
+    NO_DROPOUT,
+    ONE_THREAD,
+    ROOT,
+    free_port,
+    read_json,
+    run_one_process,
+    student_difference,
+)
 
 pytestmark = pytest.mark.pipeline
 
@@ -31,12 +38,6 @@ PYTORCHJOB = ROOT / "docs" / "cluster" / "pytorchjob.yaml"
 # Files other ranks write into the shared folder by design: their RNG state in each training checkpoint, and the
 # capture shards they compute (shard i is computed by rank i % world).
 OTHER_RANK_FILES = re.compile(r"rng-rank1\.pt|shard-\d*[13579]\.(bin|json)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stand_ins(folder: Path) -> Path:

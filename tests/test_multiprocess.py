@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import NO_DROPOUT, ONE_THREAD, ROOT, run_one_process, student_difference
+from tests.helpers import NO_DROPOUT, ONE_THREAD, ROOT, free_port, run_one_process, student_difference
 
 pytestmark = pytest.mark.pipeline
 # One process stops after evaluate (its export is the shared tiny run's); two processes run the export too (rank 0
@@ -25,6 +25,8 @@ def launch(runs_dir, nproc: int):
         "1",
         "--num_processes",
         str(nproc),
+        "--main_process_port",
+        str(free_port()),  # not Accelerate's default 29500: another worker of the suite may be using it
         "--mixed_precision",
         "no",
         "--dynamo_backend",

@@ -7,12 +7,18 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import multiprocessing
 import os
+import pickle
+import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from ..errors import PipelineError
+from ..errors import PipelineError, exception_chain
+from ..parent_death import end_with_parent
 from ..plots import pareto_plot
-from ..runner import STAGES, fingerprints, read_manifest, run_lock, run_pipeline
+from ..runner import STAGES, fingerprints, plan, read_manifest, run_lock, run_pipeline
 from ..tracking import run_status
 from .pick import CHAMPION, Constraint, choose, parse_pick
 from .reuse import reuse_stages
@@ -27,11 +33,18 @@ def sweep_folder(runs_dir: Path, sweep: Sweep) -> Path:
     return Path(runs_dir) / sweep.base.name / "sweeps" / sweep.name
 
 
-def run_sweep(sweep: Sweep, runs_dir: Path, pick: str | None = None, to_stage: str | None = None) -> dict:
+def run_sweep(
+    sweep: Sweep,
+    runs_dir: Path,
+    pick: str | None = None,
+    to_stage: str | None = None,
+    child_setup: Callable[[], None] | None = None,
+) -> dict:
     """Run every variant (reusing complete stages), then the table, the plot and the pick.
 
     ``to_stage``: stop each variant after this stage (``evaluate``: no export, so no latency, size or
-    registered version; the table shows what was measured).
+    registered version; the table shows what was measured). Each variant runs in its own process
+    (:func:`run_variant`); ``child_setup`` is called first in that process (the command line's logging set-up).
 
     Returns {"rows", "picked", "pick_lines", "ran", "folder"}; raises PipelineError when a pick was asked
     for and no variant meets it (after the table and plot are written; the alias is left where it was).
@@ -67,14 +80,18 @@ def run_sweep(sweep: Sweep, runs_dir: Path, pick: str | None = None, to_stage: s
                     p for p in folder.parent.glob("*/*") if p.parent != folder and (p / "config.yaml").is_file()
                 )
                 reuse_stages(run_dir, current, [base_dir, *earlier, *others])
-                result = run_pipeline(
-                    config,
-                    runs_dir,
-                    run_dir=run_dir,
-                    sweep_run_id=tracker.run_id,
-                    run_name=f"{config.name}-{name}",
-                    to_stage=to_stage,
-                )
+                arguments: dict[str, Any] = {
+                    "config": config,
+                    "runs_dir": runs_dir,
+                    "run_dir": run_dir,
+                    "sweep_run_id": tracker.run_id,
+                    "run_name": f"{config.name}-{name}",
+                    "to_stage": to_stage,
+                }
+                if any(plan(config, run_dir, False, None, None, to_stage, current).values()):
+                    result = run_variant(name, arguments, child_setup)
+                else:  # complete and current: nothing is loaded, so no process of its own (seconds saved per rerun)
+                    result = run_pipeline(**arguments)
                 tracker.adopt(run_dir)
                 ran[name], states[name] = result["ran"], result["states"]
             status = "FINISHED"
@@ -111,6 +128,94 @@ def run_sweep(sweep: Sweep, runs_dir: Path, pick: str | None = None, to_stage: s
     if constraints and picked is None:
         raise PipelineError("\n".join(lines) + f"\nThe '{CHAMPION}' alias was not moved. Table and plot: {folder}.")
     return {"rows": rows, "picked": picked, "pick_lines": lines, "ran": ran, "folder": folder, "champion": moved}
+
+
+def run_variant(name: str, arguments: dict, child_setup: Callable[[], None] | None = None) -> dict:
+    """One variant's pipeline run (``run_pipeline(**arguments)``) in a fresh spawned process; returns its
+    {"ran", "states"}, or raises the error it raised (with its chain, so the command line explains it as usual).
+
+    Why a process: the memory a variant's run holds (cached relation targets, the allocator's arenas) is given back
+    only when its process ends. Run one after another in one process, a base-size sweep grew to 24 GB and its sixth
+    variant was killed by the out-of-memory killer (2026-12-04). The variant's process leaves stopping to this one:
+    it ignores Ctrl-C (which reaches the whole process group) and takes a SIGTERM from here as its Ctrl-C, so it
+    checkpoints and marks its MLflow runs as killed, once, however this process was stopped.
+    """
+    context = multiprocessing.get_context("spawn")  # not fork: MLflow's and torch's threads do not survive a fork
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_variant_process, args=(send, os.getpid(), child_setup, arguments), name=f"sweep-variant-{name}"
+    )
+    process.start()
+    log.info("[sweep] variant %s runs in process %d", name, process.pid)
+    send.close()  # the child holds the only writer now: recv() ends with EOFError if it dies without a word
+    try:
+        try:
+            kind, payload = receive.recv()
+        except EOFError:
+            kind, payload = "died", None
+        process.join()
+    except BaseException:  # Ctrl-C or SIGTERM here: let the variant stop cleanly, then make sure it has ended
+        _stop(process)
+        raise
+    finally:
+        receive.close()
+    if kind == "done":
+        return payload
+    if kind == "interrupted":
+        raise KeyboardInterrupt
+    if kind == "error":
+        for exc, cause in zip(payload, payload[1:]):
+            exc.__cause__ = cause
+        raise payload[0]
+    code = process.exitcode
+    how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+    raise PipelineError(
+        f"The process of sweep variant '{name}' ended without finishing its run ({how}). A SIGKILL most often comes "
+        "from the system's out-of-memory killer (see `dmesg`): lower the batch sizes or run fewer stages at once. "
+        "Finished variants and complete stages are kept; rerun the same command to continue."
+    )
+
+
+def _variant_process(send, parent: int, child_setup: Callable[[], None] | None, arguments: dict) -> None:
+    end_with_parent(parent)  # a kill -9 of the sweep ends its variant too
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep process passes Ctrl-C on as SIGTERM (_stop)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        if child_setup is not None:
+            child_setup()
+        result = run_pipeline(**arguments)
+        send.send(("done", {"ran": result["ran"], "states": result["states"]}))
+    except KeyboardInterrupt:
+        send.send(("interrupted", None))
+    except BaseException as exc:
+        log.debug("sweep variant failed", exc_info=True)  # --debug: the traceback, from where it was raised
+        send.send(("error", [_portable(e) for e in exception_chain(exc)]))
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling (its attributes, such as the stage it came from, included), else a
+    RuntimeError naming it."""
+    try:
+        pickle.dumps(exc)  # what the pipe will do to it (between this run's own two processes)
+        return exc
+    except Exception:
+        stand_in = RuntimeError(f"{type(exc).__name__}: {exc}")
+        stand_in.__dict__.update({k: v for k, v in vars(exc).items() if k == "pipeline_stage"})
+        return stand_in
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop(process, grace_s: float = 60.0) -> None:
+    if process.is_alive() and process.pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+        process.join(grace_s)
+    if process.is_alive():
+        process.kill()
+        process.join()
 
 
 def results(sweep: Sweep, folder: Path, base_dir: Path, states: dict[str, dict]) -> tuple[list[dict], list[str]]:

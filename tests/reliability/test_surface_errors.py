@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 # ---------------------------------------------------------------- launcher
 
@@ -718,7 +718,19 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
     from tests.helpers import ONE_THREAD
 
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.launch", "--nproc", "2", "--", "tiny", "--runs-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "pipeline.launch",
+            "--nproc",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "--",
+            "tiny",
+            "--runs-dir",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         env={**os.environ, **ONE_THREAD},
         stdout=subprocess.DEVNULL,
