@@ -7,6 +7,7 @@ the last variant's evaluate and export, which must rerun only those.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import os
@@ -237,6 +238,75 @@ def test_a_stopped_sweep_continues_where_it_stopped(sweep):
     assert [row["variant"] for row in read_json(folder / "sweep.json")["variants"]] == VARIANTS
     assert read_json(folder / "sweep.json")["pick"]["picked"] in VARIANTS
     assert len(_runs(client, role="sweep")) == 1
+
+
+def _start_sweep(runs_dir):
+    """The tiny sweep in the background; returns (process, the first variant's pid) once that variant's process
+    has started a stage."""
+    import subprocess
+    import sys
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "sweep", "tiny", SWEEP, NO_PTE, "--runs-dir", str(runs_dir)],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    variant, deadline, seen = None, time.monotonic() + 180, []
+    for line in process.stderr:  # the sweep's log, line by line, until the variant is inside a stage
+        seen.append(line)
+        found = re.search(r"variant first runs in process (\d+)", line)
+        variant = int(found.group(1)) if found else variant
+        if variant and "running (fingerprint" in line:
+            return process, variant
+        assert time.monotonic() < deadline, "".join(seen[-30:])
+    raise AssertionError("the sweep ended before its first variant ran a stage:\n" + "".join(seen[-30:]))
+
+
+def _gone(pid: int, within_s: float = 30.0) -> bool:
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_kill9_of_the_sweep_ends_its_variant_process(tmp_path):
+    process, variant = _start_sweep(tmp_path)
+    try:
+        process.kill()
+        process.wait(timeout=30)
+        assert _gone(variant), f"the variant's process {variant} outlived the sweep"
+    finally:
+        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(variant, signal.SIGKILL)
+
+
+def test_sigterm_to_the_sweep_stops_its_variant_once_and_leaves_no_running_run(tmp_path):
+    """A scheduler's SIGTERM reaches the sweep's process only: it is passed on, the variant marks its MLflow
+    runs as killed, and the sweep exits as after Ctrl-C (130, resumable)."""
+    process, variant = _start_sweep(tmp_path)
+    try:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr[-3000:]
+    assert "rerun the same command to resume" in stderr
+    assert _gone(variant)
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    runs = client.search_runs([experiment])
+    assert runs and not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    assert "KILLED" in {r.info.status for r in runs if r.data.tags.get("attention_distill.role") == "pipeline"}
 
 
 # ---------------------------------------------------------------- the sweep file and the pick, without running
