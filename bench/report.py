@@ -284,6 +284,16 @@ SECTIONS: list[Section] = [
         "`configs/mpnet_base.yaml` distils with CE + logit KD only (docs/base-teacher.md).",
     ),
     Section(
+        "aug_base_default_mpnet_base.md",
+        "Do augmented copies pay for the base default? (mpnet_base, CE + logit KD)",
+        "data",
+        "The default base student (CE + logit KD) against the same with two teacher-labelled augmented copies of "
+        "each sentence (two epochs over the threefold set), student seeds 1-3 of `configs/sweeps/base_aug_default.yaml`"
+        ", one teacher: PyTorch accuracy on the test split. Verdict: +0.14 points on average (-0.47 to +1.06), "
+        "within one seed's noise, for 405 s of augmented capture and 68% more distillation time: the default stays "
+        "without copies (docs/base-teacher.md).",
+    ),
+    Section(
         "base_teacher_kd_mpnet_base.md",
         "The CE + logit KD base default (mpnet_base) from raw text",
         "data",
