@@ -200,7 +200,8 @@ def _portable(exc: BaseException) -> BaseException:
         return exc
     except Exception:
         stand_in = RuntimeError(f"{type(exc).__name__}: {exc}")
-        stand_in.__dict__.update({k: v for k, v in vars(exc).items() if k == "pipeline_stage"})
+        if hasattr(exc, "pipeline_stage"):
+            stand_in.pipeline_stage = exc.pipeline_stage  # type: ignore[attr-defined]  # the CLI names the stage
         return stand_in
 
 
