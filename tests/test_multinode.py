@@ -181,6 +181,8 @@ def test_pytorchjob_two_pods_match_one_process(tmp_path, one_process):
     pods = [("Master", 0)] + [("Worker", i) for i in range(replicas["Worker"]["replicas"])]
     nnodes, nproc, port = len(pods), job["spec"]["nprocPerNode"], free_port()
     assert nnodes == 2
+    # Written once, before any pod starts: rewriting a script while a pod execs it fails with ETXTBSY.
+    bin_dir = stand_ins(tmp_path / "bin")
     procs = []
     for node_rank, (kind, _index) in enumerate(pods):
         container = replicas[kind]["template"]["spec"]["containers"][0]
@@ -205,7 +207,7 @@ def test_pytorchjob_two_pods_match_one_process(tmp_path, one_process):
             **declared,
             **ours,
             **operator,
-            "PATH": f"{stand_ins(tmp_path / 'bin')}:{os.environ['PATH']}",
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
         }
         log = open(tmp_path / f"pod{node_rank}.log", "w")
         procs.append(subprocess.Popen(container["command"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
