@@ -82,15 +82,16 @@ sweep: $(STAMP)
 
 # Lint first, then the unit tier (seconds to fail), then the tiers that run pipelines, processes and outside tools,
 # reliability cases included, on two pytest-xdist workers (one torch thread each, tests/conftest.py; a file's tests on
-# one worker, so a module's fixture is built once; each worker builds the session's shared tiny runs it needs).
+# one worker, so a module's fixture is built once, and the modules that read the session's tiny runs on the same
+# worker, so each is built once: tests/tiers.py).
 # The slow tiers list their slowest tests (where the suite's time goes, in every CI log). With PYTEST_ARGS selecting
 # tests, one serial run per tier, and a tier that finds none (pytest exit 5) is not an error.
 test: lint
 	$(PY) -m pytest -q -m unit $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
-	$(PY) -m pytest -q -m "not unit" $(if $(PYTEST_ARGS),,-n 2 --dist loadfile) --durations=25 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+	$(PY) -m pytest -q -m "not unit" $(if $(PYTEST_ARGS),,-n 2 --dist loadgroup) --durations=25 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
 test-reliability: $(STAMP)
-	$(PY) -m pytest -q -m "not unit" tests/reliability -n 2 --dist loadfile --durations=10 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+	$(PY) -m pytest -q -m "not unit" tests/reliability -n 2 --dist loadgroup --durations=10 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
 # ruff's linter and formatter on pipeline/, stages/, tests/ and bench/, then mypy on pipeline/ and stages/
 # (pyproject.toml; also .pre-commit-config.yaml).

@@ -28,7 +28,8 @@ from tests.tiers import (  # noqa: E402,F401  (hooks)
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """One complete run of the `tiny` config, shared by the tests that only read it."""
+    """One complete run of the `tiny` config, shared by the tests that only read it (built once a session: under
+    pytest-xdist every module that uses it runs on one worker, tests/tiers.py)."""
     runs_dir = tmp_path_factory.mktemp("runs")
     result = run_cli("run", "tiny", runs_dir=runs_dir)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -6,11 +6,14 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +35,27 @@ def run_cli(
         command += ["--runs-dir", str(runs_dir)]
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], Any]):
+    """A session fixture's pipeline run, built once for all pytest-xdist workers of this session: the first worker
+    to ask builds it under a file lock into the session's shared temporary folder, the others wait and reuse it (each
+    worker used to build its own, about a minute each). Returns (folder, the build's completed process); a failed
+    build is recorded and reported to every worker, not retried."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # pytest-N/: the workers' own folders (popen-gwK/) are inside it
+    folder, record = root / f"shared-{name}", root / f"shared-{name}.json"
+    with FileLock(str(root / f"shared-{name}.lock")):
+        if not record.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build interrupted before it recorded anything
+            done = build(folder)
+            args = [str(a) for a in getattr(done, "args", [])]  # the reliability suite's in-process results have none
+            record.write_text(json.dumps([args, done.returncode, done.stdout, done.stderr]))
+    args, returncode, stdout, stderr = json.loads(record.read_text())
+    return folder, subprocess.CompletedProcess(args, returncode, stdout, stderr)
 
 
 def free_port() -> int:

@@ -130,3 +130,35 @@ def test_a_unit_test_cannot_run_a_stage_or_the_pipeline():
 
 def test_other_tiers_may():  # process tier (the module's mark)
     assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+
+
+SESSION_RUN_CONFTEST = """
+import os
+import pytest
+
+@pytest.fixture(scope="session")
+def tiny_run():
+    with open(os.environ["BUILDS"], "a") as f:
+        f.write(os.environ.get("PYTEST_XDIST_WORKER", "none") + "\\n")
+    return {}
+"""
+READS_THE_RUN = """
+def test_a(tiny_run):
+    pass
+
+def test_b():
+    pass
+"""
+
+
+def test_the_session_tiny_run_is_built_once_on_two_workers(tmp_path):
+    """Every module reading a session tiny run is in one xdist group (tests/tiers.py), so `make test`'s two workers
+    build it once, not once each (about a minute per build)."""
+    (tmp_path / "conftest.py").write_text(SESSION_RUN_CONFTEST)
+    for name in ("one", "two", "three", "four"):
+        (tmp_path / f"test_{name}.py").write_text(READS_THE_RUN)
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    pass\n")
+    builds = tmp_path / "builds.txt"
+    result = pytest_in(tmp_path, "-n", "2", "--dist", "loadgroup", env={"BUILDS": str(builds)})
+    assert result.returncode == 0 and "9 passed" in result.stdout, result.stdout + result.stderr
+    assert len(builds.read_text().split()) == 1, builds.read_text()

@@ -26,6 +26,7 @@ COMPOSE = ["docker-compose"]
 
 # Fixtures that make or copy a pipeline run: a test using one (directly or through another fixture) is `pipeline`.
 RUN_FIXTURES = {"tiny_run", "static_tiny_run", "base_run", "pair_run", "family_runs", "generated"}
+SESSION_RUNS = {"tiny_run", "static_tiny_run"}  # of those, the session-wide runs of tests/conftest.py
 # Fixtures that start a process (a script, the CLI) but make no pipeline run: a test using one is `process`.
 PROCESS_FIXTURES = {"smoke"}
 
@@ -38,6 +39,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.process)
         if not any(item.get_closest_marker(tier) for tier in ("pipeline", "process", "external")):
             item.add_marker(pytest.mark.unit)
+    # pytest-xdist's loadgroup (make test): a module's tests on one worker, so its module fixtures are built once, and
+    # every module that reads a session tiny run (tiny_run, static_tiny_run) on the same worker, so each of those runs
+    # is built once a session, not once per worker (about a minute each).
+    modules = {item.nodeid.split("::")[0] for item in items if SESSION_RUNS & set(item.fixturenames)}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("tiny_runs" if module in modules else module))
 
 
 class TierBreach(RuntimeError):

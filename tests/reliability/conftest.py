@@ -1,6 +1,6 @@
 """Fixtures of the reliability suite (its helpers are in helpers.py): one torch thread per case, and one small
-prepared run (prepare, teacher, baselines, capture complete) built once per session and copied into each case's
-own folder with shutil.copytree."""
+prepared run (prepare, teacher, baselines, capture complete) built once per session (for all pytest workers) and
+copied into each case's own folder with shutil.copytree."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from tests.helpers import built_once
 from tests.reliability.helpers import BASE_CONFIG, BASE_STAGES, CONFIG_NAME, Run, cli, one_torch_thread
 
 
@@ -20,14 +21,19 @@ def _one_thread():
 @pytest.fixture(scope="session")
 def base_run(tmp_path_factory):
     """prepare, teacher and capture of the `rel` config, complete (built once)."""
-    root = tmp_path_factory.mktemp("rel-base")
-    config = root / f"{CONFIG_NAME}.yaml"
+    config = tmp_path_factory.mktemp("rel-base") / f"{CONFIG_NAME}.yaml"
     config.write_text(BASE_CONFIG)
-    runs_dir = root / "runs"
-    with one_torch_thread():
-        for stage in BASE_STAGES:
-            result = cli("run", str(config), "--only", stage, "--runs-dir", str(runs_dir))
-            assert result.returncode == 0, result.stderr[-4000:]
+
+    def build(runs_dir):
+        with one_torch_thread():
+            for stage in BASE_STAGES:
+                result = cli("run", str(config), "--only", stage, "--runs-dir", str(runs_dir))
+                if result.returncode != 0:
+                    break
+        return result
+
+    runs_dir, result = built_once(tmp_path_factory, "rel_base_run", build)
+    assert result.returncode == 0, result.stderr[-4000:]
     return Run(runs_dir, str(config))
 
 
