@@ -15,6 +15,15 @@ save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(m 
 PY
   export PYTHONPATH=/tmp/site:$PWD
 fi
+# .whl/ (ignored; carried): wheels for what the lent H200's image lacks (pydantic, datasets and their needs;
+# pyarrow is installed from it only where the image's is older than datasets needs).
+if [ -d .whl ]; then
+  wheels=$(ls .whl/*.whl)
+  python3 -c "import sys, pyarrow; sys.exit(int(pyarrow.__version__.split('.')[0]) < 24)" \
+    && wheels=$(ls .whl/*.whl | grep -v /pyarrow-)  # the image's own pyarrow is new enough
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $wheels
+  export PYTHONPATH=/tmp/site:$PWD
+fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'flash sdp', torch.backends.cuda.flash_sdp_enabled())" | tee -a "$OUT/gpu.txt"
@@ -30,6 +39,18 @@ fi
 # lease, each under 10 minutes: `throughput` (every stage x batch x precision x kind), then `throughput-compile`.
 if [ "${1:-all}" = "throughput" ]; then
   python3 bench/gpu_throughput.py --budget-seconds 330 --out "$OUT/gpu_throughput" 2>&1 | grep -v "^USDT" | tee -a "$OUT/gpu.log"
+  exit 0
+fi
+# issue 39: what the base teacher's run would cost on a GPU. The MPNet-base folder (438 MB) cannot travel to the
+# device (64 MiB a call), so the BERT-base-shaped random teacher of configs/gpu_base.yaml (same depth, width, heads
+# and FFN; MPNet adds a relative position bias) is timed at the base config's batch (32) and at 256, bf16.
+# Extra arguments are config overrides: `base-throughput ce-kd distill.loss.attention=0 distill.loss.value_relation=0`
+# times the base default's losses (CE + logit KD: the capture stores logits only), results in gpu_throughput_ce-kd/.
+if [ "${1:-all}" = "base-throughput" ]; then
+  name=${2:-base}; shift $(( $# > 1 ? 2 : 1 ))
+  python3 bench/gpu_throughput.py --batches 32,256 --precisions bf16 --kinds padded,full \
+    --stages teacher,capture,distill-cached,distill-online --budget-seconds 300 --out "$OUT/gpu_throughput_$name" "$@" \
+    2>&1 | grep -v "^USDT" | tee -a "$OUT/gpu.log"
   exit 0
 fi
 if [ "${1:-all}" = "throughput-compile" ]; then

@@ -9,8 +9,9 @@ On the lent machine (where .gpu/ carries the missing packages) the same two runs
 are `bash bench/gpu_check.sh throughput` and `bash bench/gpu_check.sh
 throughput-compile`, two calls of one lease, results under $OUT.
 
-Time on an H200 (an ESTIMATE from FLOP counts, not yet measured): the default
-run (72 rows) about 3-5 minutes, most of it the fp32 rows at batch 256 and the
+Time on an H200: 16 bf16 rows (batch 32 and 256, both kinds, four stages) took
+under a minute of measuring on 2026-12-04 (bench/results/gpu_throughput_base*_h200.md);
+the default run (72 rows, an ESTIMATE from FLOP counts) about 3-5 minutes, most of it the fp32 rows at batch 256 and the
 cached distillation rows, whose cache reads run on the host; the --compile line
 above about 3-5 minutes (compilation dominates). To fit a device lease (15
 minutes including start-up, 10 minutes a command) a row stops timing after

@@ -477,6 +477,23 @@ SECTIONS: list[Section] = [
         data=("gpu_throughput_h200_compile/gpu_throughput.json",),
     ),
     Section(
+        "gpu_throughput_base_h200.md",
+        "H200: the base teacher's stages at BERT-base scale, bf16 (issue 39)",
+        "gpu",
+        "`bash bench/gpu_check.sh base-throughput`: the BERT-base-shaped random teacher of configs/gpu_base.yaml (the "
+        "MPNet folder cannot travel to a device), its 4-layer student with the attention and value relation terms, "
+        "batch 32 and 256 (docs/base-teacher.md).",
+        data=("gpu_throughput_base_h200.json",),
+    ),
+    Section(
+        "gpu_throughput_base_ce_kd_h200.md",
+        "H200: the same with CE + logit KD only (the base default's losses)",
+        "gpu",
+        "`bash bench/gpu_check.sh base-throughput ce-kd distill.loss.attention=0 distill.loss.value_relation=0`: the "
+        "capture stores logits only, so the cached teacher is no longer host-bound.",
+        data=("gpu_throughput_base_ce_kd_h200.json",),
+    ),
+    Section(
         "gpu_h200_bf16.log",
         "H200: bert_small stages in bf16",
         "gpu",
