@@ -15,8 +15,11 @@ save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(m 
 PY
   export PYTHONPATH=/tmp/site:$PWD
 fi
-# .whl/ (ignored; carried): wheels for what the lent H200's image lacks (pydantic, datasets and their needs;
-# pyarrow is installed from it only where the image's is older than datasets needs).
+# .whl/ (ignored: `echo /.whl/ >> .git/info/exclude`; carried): wheels for what the lent H200's image lacks, made here
+# with `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform
+# manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl pydantic==2.14.4
+# pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 datasets==5.2.0 dill==0.4.1
+# multiprocess==0.70.19 pyarrow==25.0.1` (55 MB with the repo; pyarrow installed only where the image's is < 24).
 if [ -d .whl ]; then
   wheels=$(ls .whl/*.whl)
   python3 -c "import sys, pyarrow; sys.exit(int(pyarrow.__version__.split('.')[0]) < 24)" \
