@@ -93,6 +93,30 @@ def test_importance_ignores_padding():
         torch.testing.assert_close(a[i], b[i], rtol=1e-4, atol=1e-7)
 
 
+def test_importance_batches_cap_rows_and_padded_tokens_and_keep_every_example():
+    """Long texts get fewer rows a batch (the importance pass holds a batch's whole backward graph: 64 reviews of 128
+    tokens through the base teacher ran a 24 GB machine out of memory); sentences keep batches of 64."""
+    from stages.distill import IMPORTANCE_ROWS, IMPORTANCE_TOKENS, importance_batches
+
+    lengths = np.array([12] * 100 + [64] * 70 + [128] * 50)
+    batches = importance_batches(np.arange(len(lengths)), lengths)
+    assert np.array_equal(np.concatenate(batches), np.arange(len(lengths)))
+    assert all(len(b) <= IMPORTANCE_ROWS and len(b) * lengths[b].max() <= IMPORTANCE_TOKENS for b in batches)
+    assert [len(b) for b in batches] == [64, 64, 42, 32, 18]
+    assert [len(b) for b in importance_batches(np.arange(130), np.full(130, 64))] == [64, 64, 2]
+
+
+def test_importance_is_the_same_however_the_examples_are_batched():
+    model = bert()
+    batch = batch_of([5, 7, 7, 9])
+    halves = [{key: value[rows] for key, value in batch.items()} for rows in (slice(0, 2), slice(2, 4))]
+    together = ffn_importance(model, [batch], model.bert.encoder.layer)
+    apart = ffn_importance(model, halves, model.bert.encoder.layer)
+    for i in together:
+        assert together[i].sum() > 0
+        torch.testing.assert_close(together[i], apart[i], rtol=1e-4, atol=1e-7)
+
+
 def test_student_from_pruned_teacher_layers_saves_and_loads(tmp_path):
     from pipeline.config import load_config
     from pipeline.models import build_student
