@@ -187,17 +187,17 @@ IMPORTANCE_ROWS, IMPORTANCE_TOKENS = 64, 4096  # 64 sentences of up to 64 tokens
 def importance_batches(sample: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     """``sample`` (sorted by length) cut into batches of at most IMPORTANCE_ROWS rows and IMPORTANCE_TOKENS padded
     tokens (rows x the batch's longest)."""
-    batches, start = [], 0
-    while start < len(sample):
-        end = start + 1
-        while (
-            end < len(sample)
-            and end - start < IMPORTANCE_ROWS
-            and (end - start + 1) * max(int(lengths[sample[end]]), 1) <= IMPORTANCE_TOKENS
+    batches: list[np.ndarray] = []
+    current: list[int] = []
+    for index in sample:
+        if current and (
+            len(current) == IMPORTANCE_ROWS or (len(current) + 1) * max(int(lengths[index]), 1) > IMPORTANCE_TOKENS
         ):
-            end += 1
-        batches.append(sample[start:end])
-        start = end
+            batches.append(np.asarray(current))
+            current = []
+        current.append(index)
+    if current:
+        batches.append(np.asarray(current))
     return batches
 
 

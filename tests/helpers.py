@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock
 from transformers import BertConfig, BertForSequenceClassification
 
 from pipeline.cache import flatten_targets, write_index, write_shard
@@ -42,8 +43,6 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], Any]):
     to ask builds it under a file lock into the session's shared temporary folder, the others wait and reuse it (each
     worker used to build its own, about a minute each). Returns (folder, the build's completed process); a failed
     build is recorded and reported to every worker, not retried."""
-    from filelock import FileLock
-
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # pytest-N/: the workers' own folders (popen-gwK/) are inside it
@@ -52,10 +51,9 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], Any]):
         if not record.exists():
             shutil.rmtree(folder, ignore_errors=True)  # a build interrupted before it recorded anything
             done = build(folder)
-            args = [str(a) for a in getattr(done, "args", [])]  # the reliability suite's in-process results have none
-            record.write_text(json.dumps([args, done.returncode, done.stdout, done.stderr]))
-    args, returncode, stdout, stderr = json.loads(record.read_text())
-    return folder, subprocess.CompletedProcess(args, returncode, stdout, stderr)
+            record.write_text(json.dumps([done.returncode, done.stdout, done.stderr]))
+    returncode, stdout, stderr = json.loads(record.read_text())
+    return folder, subprocess.CompletedProcess([], returncode, stdout, stderr)
 
 
 def free_port() -> int:

@@ -16,6 +16,7 @@ from pipeline.config import LossWeights
 from pipeline.data import pad_batch
 from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
 from pipeline.pruning import ffn_importance, kept_heads, prune_ffn, task_importance, top_neurons, width_importance
+from stages.distill import IMPORTANCE_ROWS, IMPORTANCE_TOKENS, importance_batches
 
 
 def bert(seed=0, layers=2, hidden=32, ffn=64):
@@ -96,8 +97,6 @@ def test_importance_ignores_padding():
 def test_importance_batches_cap_rows_and_padded_tokens_and_keep_every_example():
     """Long texts get fewer rows a batch (the importance pass holds a batch's whole backward graph: 64 reviews of 128
     tokens through the base teacher ran a 24 GB machine out of memory); sentences keep batches of 64."""
-    from stages.distill import IMPORTANCE_ROWS, IMPORTANCE_TOKENS, importance_batches
-
     lengths = np.array([12] * 100 + [64] * 70 + [128] * 50)
     batches = importance_batches(np.arange(len(lengths)), lengths)
     assert np.array_equal(np.concatenate(batches), np.arange(len(lengths)))
