@@ -235,6 +235,14 @@ class StaticStudent(Section):
         description="tokens of the training text start from the mean of the teacher's outputs "
         "for them in context (else every token from its output on its own, as model2vec does)",
     )
+    bigram_buckets: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="hashed buckets for pairs of neighbouring tokens (fastText's word bigrams): the mean of the "
+        "text's pair vectors is added to the pooled token vectors; 0: tokens only. Each bucket is a vector of "
+        "width dim (int8 in the bundle)",
+    )
 
 
 class StudentConfig(Section):

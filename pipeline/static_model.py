@@ -30,6 +30,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 
 MODEL_TYPE = "static-embedding"
 SIF_A = 1e-3  # Arora et al. 2017's smoothing constant for the token weights
+BIGRAM_PRIME = 1_000_003  # a pair (a, b) of token ids falls in bucket (a * BIGRAM_PRIME + b) % bigram_buckets
 
 
 class StaticEmbeddingConfig(PretrainedConfig):
@@ -41,11 +42,13 @@ class StaticEmbeddingConfig(PretrainedConfig):
         hidden_size: int = 256,
         pad_token_id: int = 0,
         max_position_embeddings: int = 512,
+        bigram_buckets: int = 0,
         **kwargs,
     ):
         super().__init__(pad_token_id=pad_token_id, **kwargs)  # type: ignore[call-arg]  # transformers 5 types the config __init__ from its dataclass fields only; __post_init__ takes pad_token_id
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
+        self.bigram_buckets = bigram_buckets
         # No layers and no position table: these keep the code that reads them from every student working
         # (the export's int8 ladder, the latency inputs' longest length).
         self.num_hidden_layers = 0
@@ -63,6 +66,13 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
         # log of each token's pooling weight: a second per-token table (kept apart from the vectors so
         # per-channel int8 of the vectors is not scaled by the weights)
         self.token_weights = torch.nn.Embedding(config.vocab_size, 1)
+        if config.bigram_buckets:
+            # Hashed pairs of neighbouring tokens (fastText's word n-grams): their mean vector is added to the
+            # pooled one. The table starts at zero, so the model starts as the one without it.
+            self.bigrams = torch.nn.Embedding(config.bigram_buckets, config.hidden_size)
+            # The id each row had when the model was built: pairs hash on it, so vocabulary trimming (which
+            # renumbers the rows) leaves every pair in its bucket.
+            self.register_buffer("hash_ids", torch.arange(config.vocab_size))
         assert config.num_labels is not None  # a config has id2label (2 labels unless given)
         self.classifier = torch.nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -70,7 +80,7 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
     def _init_weights(self, module):
         if isinstance(module, torch.nn.Embedding):
             torch.nn.init.normal_(module.weight, std=0.02)
-            if module is getattr(self, "token_weights", None):
+            if module is getattr(self, "token_weights", None) or module is getattr(self, "bigrams", None):
                 torch.nn.init.zeros_(module.weight)
         elif isinstance(module, torch.nn.Linear):
             torch.nn.init.normal_(module.weight, std=0.02)
@@ -91,15 +101,34 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
             with torch.no_grad():
                 new.weight.copy_(old.weight[index])
             setattr(self, name, new)
+        if self.config.bigram_buckets:
+            self.hash_ids = self.hash_ids[index]
         self.config.vocab_size = len(kept)
 
     def pooled(self, input_ids, attention_mask=None) -> torch.Tensor:
-        """The weighted mean of the tokens' vectors (padding weighs 0)."""
+        """The weighted mean of the tokens' vectors (padding weighs 0), plus the mean of the vectors of the
+        text's neighbouring token pairs where the model has them."""
         weights = self.token_weights(input_ids).squeeze(-1).exp()
         if attention_mask is not None:
             weights = weights * attention_mask.to(weights.dtype)
         total = (weights.unsqueeze(-1) * self.embeddings(input_ids)).sum(1)
-        return total / weights.sum(1, keepdim=True).clamp_min(1e-9)
+        pooled = total / weights.sum(1, keepdim=True).clamp_min(1e-9)
+        if self.config.bigram_buckets:
+            pooled = pooled + self.bigram_mean(input_ids, attention_mask)
+        return pooled
+
+    def bigram_ids(self, input_ids) -> torch.Tensor:
+        """The bucket of each pair of neighbouring tokens, [batch, length - 1]."""
+        original = self.hash_ids[input_ids]
+        return (original[:, :-1] * BIGRAM_PRIME + original[:, 1:]) % self.config.bigram_buckets
+
+    def bigram_mean(self, input_ids, attention_mask=None) -> torch.Tensor:
+        """The mean vector of the pairs of neighbouring real tokens (zero for a one-token text)."""
+        pairs = self.bigrams(self.bigram_ids(input_ids))
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        real = (attention_mask[:, :-1] * attention_mask[:, 1:]).to(pairs.dtype)
+        return (real.unsqueeze(-1) * pairs).sum(1) / real.sum(1, keepdim=True).clamp_min(1.0)
 
     def forward(
         self,
@@ -203,14 +232,21 @@ def static_table(
 
 
 def build_static_student(
-    teacher_config, dim: int, vectors: np.ndarray, log_weights: np.ndarray, max_positions: int = 512
+    teacher_config,
+    dim: int,
+    vectors: np.ndarray,
+    log_weights: np.ndarray,
+    max_positions: int = 512,
+    bigram_buckets: int = 0,
 ) -> StaticEmbeddingForSequenceClassification:
-    """A static student with the teacher's labels and vocabulary, its tables set from ``static_table``."""
+    """A static student with the teacher's labels and vocabulary, its tables set from ``static_table`` (and a
+    zero table of ``bigram_buckets`` hashed token pairs)."""
     cfg = StaticEmbeddingConfig(
         vocab_size=vectors.shape[0],
         hidden_size=dim,
         pad_token_id=teacher_config.pad_token_id or 0,
         max_position_embeddings=max_positions,
+        bigram_buckets=bigram_buckets,
         num_labels=teacher_config.num_labels,
         id2label=dict(teacher_config.id2label),
         label2id=dict(teacher_config.label2id),

@@ -162,11 +162,12 @@ def static_student(config, teacher, tokenizer, train: TokenizedSplit, pad: int, 
     vectors, log_weights = static_table(isolated, sums, counts, config.student.static.dim)
     log.info(
         "[distill] static student: %d token vectors of width %d (%d of them from the teacher in context over %d "
-        "training texts), SIF pooling weights",
+        "training texts), SIF pooling weights, %d hashed bigram buckets",
         vocab,
         config.student.static.dim,
         int((counts > 0).sum()) if sums is not None else 0,
         len(train),
+        config.student.static.bigram_buckets,
     )
     return build_static_student(
         teacher.config,
@@ -174,6 +175,7 @@ def static_student(config, teacher, tokenizer, train: TokenizedSplit, pad: int, 
         vectors,
         log_weights,
         max_positions=getattr(teacher.config, "max_position_embeddings", 512),
+        bigram_buckets=config.student.static.bigram_buckets,
     )
 
 

@@ -14,6 +14,7 @@ from pipeline.export.onnx_graph import OUTPUT_NAMES, LogitsOnly, export_onnx, or
 from pipeline.export.tokenizer import trim_embeddings
 from pipeline.models import load_classifier
 from pipeline.static_model import (
+    BIGRAM_PRIME,
     StaticEmbeddingConfig,
     StaticEmbeddingForSequenceClassification,
     context_vectors,
@@ -24,13 +25,15 @@ from pipeline.static_model import (
 )
 
 
-def random_static(vocab=50, dim=8, labels=3, seed=0):
+def random_static(vocab=50, dim=8, labels=3, seed=0, bigram_buckets=0):
     torch.manual_seed(seed)
     model = StaticEmbeddingForSequenceClassification(
-        StaticEmbeddingConfig(vocab_size=vocab, hidden_size=dim, num_labels=labels)
+        StaticEmbeddingConfig(vocab_size=vocab, hidden_size=dim, num_labels=labels, bigram_buckets=bigram_buckets)
     )
     with torch.no_grad():
         model.token_weights.weight.normal_(0, 1)  # non-uniform pooling weights, or the test cannot see them
+        if bigram_buckets:
+            model.bigrams.weight.normal_(0, 1)  # the table starts at zero; trained, it is not
     return model.eval()
 
 
@@ -47,8 +50,36 @@ def test_forward_is_the_weighted_mean_of_token_vectors_then_the_head():
         torch.testing.assert_close(logits[row], expected, rtol=1e-5, atol=1e-6)
 
 
-def test_padding_does_not_change_the_logits():
-    model = random_static()
+def test_bigrams_add_the_mean_vector_of_the_hashed_neighbouring_pairs():
+    model = random_static(bigram_buckets=13)
+    ids = torch.tensor([[3, 7, 7, 12, 0, 0], [5, 9, 1, 2, 44, 8], [6, 0, 0, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    E, w, B = model.embeddings.weight.detach(), model.token_weights.weight.detach()[:, 0].exp(), model.bigrams.weight
+    for row in range(3):
+        tokens = [int(t) for t, m in zip(ids[row], mask[row]) if m]
+        pooled = sum(w[t] * E[t] for t in tokens) / sum(w[t] for t in tokens)
+        pairs = [B[(a * BIGRAM_PRIME + b) % 13].detach() for a, b in zip(tokens, tokens[1:])]
+        if pairs:  # a one-token text has no pair: the unigram model's vector
+            pooled = pooled + sum(pairs) / len(pairs)
+        expected = pooled @ model.classifier.weight.detach().T + model.classifier.bias.detach()
+        torch.testing.assert_close(logits[row], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_new_bigram_table_is_zero_so_the_model_starts_as_the_unigram_one():
+    torch.manual_seed(0)
+    config = dict(vocab_size=30, hidden_size=4, num_labels=2)
+    with_pairs = StaticEmbeddingForSequenceClassification(StaticEmbeddingConfig(**config, bigram_buckets=7))
+    assert with_pairs.bigrams.weight.abs().max() == 0
+    plain = StaticEmbeddingForSequenceClassification(StaticEmbeddingConfig(**config))
+    plain.load_state_dict({k: v for k, v in with_pairs.state_dict().items() if k not in ("bigrams.weight", "hash_ids")})
+    ids = torch.tensor([[1, 5, 9, 2]])
+    torch.testing.assert_close(with_pairs(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("bigram_buckets", [0, 11])
+def test_padding_does_not_change_the_logits(bigram_buckets):
+    model = random_static(bigram_buckets=bigram_buckets)
     alone = model(input_ids=torch.tensor([[4, 8, 15]]), attention_mask=torch.ones(1, 3, dtype=torch.long)).logits
     padded = model(
         input_ids=torch.tensor([[4, 8, 15, 0, 0, 0, 0]]), attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0, 0]])
@@ -102,8 +133,9 @@ def test_token_and_context_vectors_read_the_encoder():
     np.testing.assert_allclose(sums[5], (out[0, 1] + out[0, 2] + out[1, 1]).double().numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_trimming_keeps_both_tables_and_the_predictions():
-    model = random_static(vocab=50)
+@pytest.mark.parametrize("bigram_buckets", [0, 11])
+def test_trimming_keeps_both_tables_and_the_predictions(bigram_buckets):
+    model = random_static(vocab=50, bigram_buckets=bigram_buckets)
     ids = torch.tensor([[3, 7, 7, 12], [5, 9, 1, 2]])
     before = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     kept = [0, 1, 2, 3, 5, 7, 9, 12]
@@ -114,8 +146,9 @@ def test_trimming_keeps_both_tables_and_the_predictions():
     torch.testing.assert_close(before, after)
 
 
-def test_saves_loads_and_exports_like_any_student(tmp_path):
-    model = random_static(vocab=40, dim=8, labels=2)
+@pytest.mark.parametrize("bigram_buckets", [0, 11])
+def test_saves_loads_and_exports_like_any_student(tmp_path, bigram_buckets):
+    model = random_static(vocab=40, dim=8, labels=2, bigram_buckets=bigram_buckets)
     model.config.id2label, model.config.label2id = {0: "a", 1: "b"}, {"a": 0, "b": 1}
     model.save_pretrained(tmp_path / "student")
     loaded = load_classifier(str(tmp_path / "student")).eval()

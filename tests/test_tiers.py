@@ -136,29 +136,50 @@ SESSION_RUN_CONFTEST = """
 import os
 import pytest
 
+def _record(what):
+    with open(os.environ["BUILDS"], "a") as f:
+        f.write(what + " " + os.environ.get("PYTEST_XDIST_WORKER", "none") + "\\n")
+
 @pytest.fixture(scope="session")
 def tiny_run():
-    with open(os.environ["BUILDS"], "a") as f:
-        f.write(os.environ.get("PYTEST_XDIST_WORKER", "none") + "\\n")
+    _record("tiny_run")
+    return {}
+
+@pytest.fixture(scope="module")
+def module_setup(request):
+    _record(request.module.__name__)
     return {}
 """
 READS_THE_RUN = """
-def test_a(tiny_run):
+import pytest
+
+@pytest.mark.parametrize("i", range(3))
+def test_a(tiny_run, i):
     pass
 
 def test_b():
     pass
 """
+HAS_A_MODULE_FIXTURE = """
+import pytest
+
+@pytest.mark.parametrize("i", range(4))
+def test_c(module_setup, i):
+    pass
+"""
 
 
-def test_the_session_tiny_run_is_built_once_on_two_workers(tmp_path):
-    """Every module reading a session tiny run is in one xdist group (tests/tiers.py), so `make test`'s two workers
-    build it once, not once each (about a minute per build)."""
+def test_two_workers_build_each_module_fixture_and_the_session_tiny_run_once(tmp_path):
+    """Every module's tests are one xdist group and every module reading a session tiny run is in one group "tiny_runs"
+    (tests/tiers.py), so `make test`'s two workers build each module fixture once and the tiny run once (about a
+    minute each). 32 tests: without the groups (pytest-xdist 3.8 on pytest 9.2, or the tiers hook after xdist's)
+    they are dealt out one by one and the fixtures are built on both workers."""
     (tmp_path / "conftest.py").write_text(SESSION_RUN_CONFTEST)
     for name in ("one", "two", "three", "four"):
-        (tmp_path / f"test_{name}.py").write_text(READS_THE_RUN)
-    (tmp_path / "test_plain.py").write_text("def test_plain():\n    pass\n")
+        (tmp_path / f"test_run_{name}.py").write_text(READS_THE_RUN)
+        (tmp_path / f"test_own_{name}.py").write_text(HAS_A_MODULE_FIXTURE)
     builds = tmp_path / "builds.txt"
     result = pytest_in(tmp_path, "-n", "2", "--dist", "loadgroup", env={"BUILDS": str(builds)})
-    assert result.returncode == 0 and "9 passed" in result.stdout, result.stdout + result.stderr
-    assert len(builds.read_text().split()) == 1, builds.read_text()
+    assert result.returncode == 0 and "32 passed" in result.stdout, result.stdout + result.stderr
+    built = sorted(line.split()[0] for line in builds.read_text().splitlines())
+    assert built == ["test_own_four", "test_own_one", "test_own_three", "test_own_two", "tiny_run"], builds.read_text()

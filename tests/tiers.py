@@ -31,6 +31,10 @@ SESSION_RUNS = {"tiny_run", "static_tiny_run"}  # of those, the session-wide run
 PROCESS_FIXTURES = {"smoke"}
 
 
+# tryfirst: pytest-xdist's own hook turns the xdist_group marks into the node ids its scheduler groups by, so the
+# marks must be there before it runs (without this, every test was its own group and each module fixture was built
+# on both workers).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if RUN_FIXTURES & set(item.fixturenames) and not item.get_closest_marker("pipeline"):
