@@ -36,11 +36,12 @@ def tiny_run(tmp_path_factory):
     return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny", "first": result}
 
 
-# The tiny run with a static student (student.kind: static) and the peers on: the bundle checks and the peer
-# figures run on it too.
+# The tiny run with a static student (student.kind: static, with hashed token bigrams) and the peers on: the bundle
+# checks (ids-in and text-in models, int8, predict.py, Node) and the peer figures run on it too.
 STATIC_TINY = [
     "student.kind=static",
     "student.static.dim=16",
+    "student.static.bigram_buckets=64",
     "distill.loss.attention=0",
     "distill.loss.value_relation=0",
     "baselines.enabled=true",

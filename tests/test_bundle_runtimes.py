@@ -46,6 +46,13 @@ def test_texts(tiny_run):
     return [r["text"] for r in records], [r["label"] for r in records]
 
 
+def test_the_static_bundle_ships_a_student_with_hashed_bigrams(static_tiny_run):
+    """The static tiny run's student has the bigram table (tests/conftest.py STATIC_TINY), so every runtime check on
+    the static bundle (text-in model, int8, .ort, predict.py, Node) covers the pairs computed inside the graph."""
+    student = read_json(static_tiny_run["run_dir"] / "distill" / "student" / "config.json")
+    assert student["model_type"] == "static-embedding" and student["bigram_buckets"] == 64
+
+
 def test_text_model_reproduces_predict_py_ids_and_predictions(bundle, predict, test_texts):
     """model.text.onnx and its .ort twin: strings in, predict.py's token ids and predictions out, whole test split."""
     texts, _ = test_texts
