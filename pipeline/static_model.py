@@ -59,6 +59,7 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
     config_class = StaticEmbeddingConfig
     base_model_prefix = "static"
     main_input_name = "input_ids"
+    hash_ids: torch.Tensor  # a buffer, with config.bigram_buckets only
 
     def __init__(self, config: StaticEmbeddingConfig):
         super().__init__(config)
