@@ -113,21 +113,22 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
     return found
 
 
-# Keys added after runs were made with the sections that hold them: left out of fingerprints while unset (None), so
-# a finished run stays current; set, they change the fingerprint like any other key.
-ADDED_KEYS = ("student.attention_heads",)
+# Keys added after runs were made with the sections that hold them, with the value that means "not used": left out
+# of fingerprints while they hold it, so a finished run stays current; set, they change the fingerprint like any
+# other key.
+ADDED_KEYS = {"student.attention_heads": None, "student.static.bigram_buckets": 0}
 
 
 def _reads(config: PipelineConfig, keys: list[str]) -> dict:
     reads = {key: config.section(key) for key in keys}
-    for added in ADDED_KEYS:
+    for added, unused in ADDED_KEYS.items():
         for key in keys:
             if added.startswith(key + "."):
                 holder = reads[key]
                 *parents, last = added[len(key) + 1 :].split(".")
                 for part in parents:
                     holder = holder[part]
-                if holder.get(last, "missing") is None:
+                if last in holder and holder[last] == unused:
                     del holder[last]
     return reads
 

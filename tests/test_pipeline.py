@@ -75,14 +75,25 @@ def test_second_run_does_no_stage_work(tiny_run):
 
 
 def test_a_key_added_later_leaves_finished_runs_current_while_unset(monkeypatch):
-    """student.attention_heads came after runs existed: unset, the fingerprints are those of a config without it."""
+    """student.attention_heads and student.static.bigram_buckets came after runs existed: unset (None, 0), the
+    fingerprints are those of a config without them."""
     import pipeline.runner as runner
 
     unset = fingerprints(load_config("tiny"))
-    monkeypatch.setattr(runner, "ADDED_KEYS", ())  # the key hashed like any other: None is a value
+    monkeypatch.setattr(runner, "ADDED_KEYS", {})  # the keys hashed like any other: None and 0 are values
     assert fingerprints(load_config("tiny"))["distill"] != unset["distill"]
     monkeypatch.undo()
-    assert "attention_heads" not in runner._reads(load_config("tiny"), ["student"])["student"]
+    student = runner._reads(load_config("tiny"), ["student"])["student"]
+    assert "attention_heads" not in student and "bigram_buckets" not in student["static"]
+    static = [
+        "student.kind=static",
+        "student.ffn_size=null",
+        "distill.loss.attention=0",
+        "distill.loss.value_relation=0",
+    ]
+    tokens_only = fingerprints(load_config("tiny", static))
+    with_pairs = fingerprints(load_config("tiny", [*static, "student.static.bigram_buckets=64"]))
+    assert [s for s in STAGES if with_pairs[s] != tokens_only[s]] == ["distill", "evaluate", "export"]
     narrowed = fingerprints(load_config("tiny", ["student.attention_heads=2", "distill.relation_heads=2"]))
     full_width = fingerprints(load_config("tiny", ["distill.relation_heads=2"]))
     assert [s for s in STAGES if narrowed[s] != full_width[s]] == ["distill", "evaluate", "export"]
