@@ -321,6 +321,25 @@ SECTIONS: list[Section] = [
         "The issue's budget was 75 minutes.",
     ),
     Section(
+        "depth_base_clothing_base.md",
+        "Clothing reviews, base teacher: 3 against 4 teacher layers (paired seeds)",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_depth.yaml ARGS='--to evaluate'`: the "
+        "default base student (teacher layers 0, 6, 11) against four layers (0, 4, 8, 11), FFN 1,024, paired by "
+        "student seed, the evaluate stage's batched PyTorch accuracy. The sweep was stopped before its third pair; "
+        "the distill seconds come from a machine shared with another sweep and the test suite.",
+    ),
+    Section(
+        "static_base_clothing_base.md",
+        "Clothing reviews, base teacher: the static student with and without hashed bigrams",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_static.yaml ARGS='--to evaluate'`: the "
+        "static student from the base teacher, token vectors against token vectors + 50,000 hashed bigram buckets "
+        "(student.static.bigram_buckets). One seed: the sweep was stopped after its first pair (each variant spent "
+        "about 25 minutes initialising its vectors from the base teacher on one thread). TF-IDF, the best peer, is "
+        "0.8912 (macro-F1 0.7845); fastText's macro-F1 0.8013.",
+    ),
+    Section(
         "static_seeds_clothing.md",
         "Clothing reviews: the static student over three seeds",
         "data",
