@@ -1,6 +1,6 @@
-"""Fixtures of the reliability suite (its helpers are in helpers.py): one torch thread per case, and one small
-prepared run (prepare, teacher, baselines, capture complete) built once per session (for all pytest workers) and
-copied into each case's own folder with shutil.copytree."""
+"""Fixtures of the reliability suite (its helpers are in helpers.py): one torch thread per case, one small prepared
+run (prepare, teacher, baselines, capture complete) and one finished tiny run, each built once per session (for all
+pytest workers) and copied into each case's own folder with shutil.copytree."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ import shutil
 
 import pytest
 
-from tests.helpers import built_once
-from tests.reliability.helpers import BASE_CONFIG, BASE_STAGES, CONFIG_NAME, Run, cli, one_torch_thread
+from tests.helpers import built_once, run_cli
+from tests.reliability.helpers import (
+    BASE_CONFIG,
+    BASE_STAGES,
+    CONFIG_NAME,
+    FINISHED,
+    ONE_THREAD,
+    Run,
+    cli,
+    one_torch_thread,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -43,3 +52,14 @@ def run_copy(base_run, tmp_path) -> Run:
     runs_dir = tmp_path / "runs"
     shutil.copytree(base_run.runs_dir, runs_dir)
     return Run(runs_dir, base_run.config)
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """The tiny config run to the end (helpers.FINISHED: no ExecuTorch programs), built once for both workers: each
+    worker used to build the main suite's tiny run, .pte lowering included, about a minute each."""
+    runs_dir, result = built_once(
+        tmp_path_factory, "rel_finished_run", lambda folder: run_cli("run", *FINISHED, runs_dir=folder, env=ONE_THREAD)
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny"}

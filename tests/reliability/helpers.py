@@ -40,6 +40,12 @@ capture:
 
 BASE_STAGES = ("prepare", "teacher", "baselines", "capture")
 
+# The finished tiny run the reliability cases read or copy (conftest.py finished_run), and every command they run on
+# it: `tiny` without the ExecuTorch programs, whose lowering was most of the build (tests/test_bundle_runtimes.py and
+# the main suite's tiny run check the .pte files).
+NO_PTE = "export.executorch=off"
+FINISHED = ("tiny", NO_PTE)
+
 # The machine is shared: one torch thread per process is several times faster
 # than two threads fighting other jobs for two cores (and changes no behaviour).
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

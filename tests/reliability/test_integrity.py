@@ -20,6 +20,8 @@ import pytest
 from tests.helpers import ROOT
 from tests.reliability.helpers import (
     CONFIG_NAME,
+    FINISHED,
+    NO_PTE,
     ONE_THREAD,
     assert_resumable_interrupt,
     cli,
@@ -68,12 +70,12 @@ def test_edited_data_file_makes_prepare_and_everything_after_stale(run_copy, tmp
     assert "prepare    stale" in status.stdout
 
 
-def test_local_teacher_folder_contents_are_part_of_the_fingerprint(tiny_run, tmp_path):
+def test_local_teacher_folder_contents_are_part_of_the_fingerprint(finished_run, tmp_path):
     from pipeline.config import load_config
     from pipeline.runner import fingerprints
 
     teacher = tmp_path / "teacher"
-    shutil.copytree(tiny_run["run_dir"] / "teacher" / "model", teacher)
+    shutil.copytree(finished_run["run_dir"] / "teacher" / "model", teacher)
     config = load_config("tiny", [f"teacher.model={teacher}", "teacher.random=null"])
     before = fingerprints(config)
     (teacher / "config.json").write_text((teacher / "config.json").read_text().replace("{", '{"edited": 1, ', 1))
@@ -81,13 +83,13 @@ def test_local_teacher_folder_contents_are_part_of_the_fingerprint(tiny_run, tmp
     assert before["prepare"] != after["prepare"] and before["teacher"] != after["teacher"]
 
 
-def test_manifests_list_every_output_with_its_digest(tiny_run):
+def test_manifests_list_every_output_with_its_digest(finished_run):
     from pipeline.integrity import sha256_file
     from pipeline.runner import STAGES
 
     for stage in STAGES:
-        folder = tiny_run["run_dir"] / stage
-        outputs = manifest(tiny_run["run_dir"], stage)["outputs"]
+        folder = finished_run["run_dir"] / stage
+        outputs = manifest(finished_run["run_dir"], stage)["outputs"]
         on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {"manifest.json"}
         assert set(outputs) == on_disk, stage
         for name, entry in outputs.items():
@@ -115,24 +117,24 @@ def test_truncated_output_reruns_that_stage_and_what_read_it(run_copy):
     assert weights.stat().st_size == size
 
 
-def test_damaged_files_of_a_finished_run_plan_exactly_their_dependents(tiny_run, tmp_path):
+def test_damaged_files_of_a_finished_run_plan_exactly_their_dependents(finished_run, tmp_path):
     runs_dir = tmp_path / "runs"
-    shutil.copytree(tiny_run["runs_dir"], runs_dir)
+    shutil.copytree(finished_run["runs_dir"], runs_dir)
     run_dir = runs_dir / "tiny"
-    assert planned("tiny", runs_dir) == []
+    assert planned("tiny", runs_dir, NO_PTE) == []
     student = run_dir / "distill" / "student" / "model.safetensors"
     with open(student, "r+b") as fh:
         fh.truncate(100)
-    assert planned("tiny", runs_dir) == ["distill", "evaluate", "export"]
-    shutil.copy2(tiny_run["run_dir"] / "distill" / "student" / "model.safetensors", student)
-    assert planned("tiny", runs_dir) == []
+    assert planned("tiny", runs_dir, NO_PTE) == ["distill", "evaluate", "export"]
+    shutil.copy2(finished_run["run_dir"] / "distill" / "student" / "model.safetensors", student)
+    assert planned("tiny", runs_dir, NO_PTE) == []
     metrics = run_dir / "evaluate" / "metrics.json"
     metrics.write_text(metrics.read_text()[:-20])  # corrupt, same folder
-    assert planned("tiny", runs_dir) == ["evaluate"]
+    assert planned("tiny", runs_dir, NO_PTE) == ["evaluate"]
     # Same size, new content: caught by the digest once the modification time moved.
     labels = run_dir / "export" / "bundle" / "labels.json"
     labels.write_text(labels.read_text().swapcase())
-    assert planned("tiny", runs_dir) == ["evaluate", "export"]
+    assert planned("tiny", runs_dir, NO_PTE) == ["evaluate", "export"]
     import contextlib
     import io
 
@@ -324,37 +326,37 @@ def test_kill9_leaves_no_running_run_and_sigterm_acts_like_ctrl_c(run_copy):
     assert not client.search_runs([experiment], "attributes.status = 'RUNNING'")
 
 
-def test_summary_leaves_out_figures_of_an_outdated_stage(tiny_run, tmp_path):
+def test_summary_leaves_out_figures_of_an_outdated_stage(finished_run, tmp_path):
     runs_dir = tmp_path / "runs"
-    shutil.copytree(tiny_run["runs_dir"], runs_dir)
-    current = cli("run", "tiny", "--runs-dir", str(runs_dir))
+    shutil.copytree(finished_run["runs_dir"], runs_dir)
+    current = cli("run", *FINISHED, "--runs-dir", str(runs_dir))
     assert current.returncode == 0 and "student ONNX int8" in current.stdout
-    outdated = cli("run", "tiny", "export.latency_runs=3", "--to", "evaluate", "--runs-dir", str(runs_dir))
+    outdated = cli("run", *FINISHED, "export.latency_runs=3", "--to", "evaluate", "--runs-dir", str(runs_dir))
     assert outdated.returncode == 0, outdated.stderr[-3000:]
     assert "note: export figures are left out: its output is stale" in outdated.stdout
     assert "student ONNX int8" not in outdated.stdout and "student (PyTorch)" in outdated.stdout
 
 
-def test_a_stage_rerun_with_new_output_makes_its_readers_stale(tiny_run, tmp_path):
+def test_a_stage_rerun_with_new_output_makes_its_readers_stale(finished_run, tmp_path):
     """Downstream manifests record what they read: a rerun upstream stage whose output changed reruns them
     too, on any later run (not only the run that noticed the damage)."""
     from pipeline.integrity import output_listing
 
     runs_dir = tmp_path / "runs"
-    shutil.copytree(tiny_run["runs_dir"], runs_dir)
+    shutil.copytree(finished_run["runs_dir"], runs_dir)
     distill = runs_dir / "tiny" / "distill"
     (distill / "history.json").write_text((distill / "history.json").read_text() + "\n")
     record = json.loads((distill / "manifest.json").read_text())
     record["outputs"] = output_listing(distill)  # as if distill had been rerun and written this
     (distill / "manifest.json").write_text(json.dumps(record))
-    assert planned("tiny", runs_dir) == ["evaluate", "export"]
-    status = cli("status", "tiny", "--runs-dir", str(runs_dir))
+    assert planned("tiny", runs_dir, NO_PTE) == ["evaluate", "export"]
+    status = cli("status", *FINISHED, "--runs-dir", str(runs_dir))
     assert "evaluate   stale" in status.stdout and "distill was rerun with a different output" in status.stdout
 
 
-def test_only_refuses_to_read_a_damaged_input(tiny_run, tmp_path):
+def test_only_refuses_to_read_a_damaged_input(finished_run, tmp_path):
     runs_dir = tmp_path / "runs"
-    shutil.copytree(tiny_run["runs_dir"], runs_dir)
+    shutil.copytree(finished_run["runs_dir"], runs_dir)
     with open(runs_dir / "tiny" / "distill" / "student" / "model.safetensors", "r+b") as fh:
         fh.truncate(10)
     expect_error(
@@ -378,7 +380,7 @@ def test_out_of_memory_is_explained(tmp_path):
     assert message.startswith("Out of memory in the distill stage") and "batch_size" in message
 
 
-def test_a_run_with_nothing_to_do_also_ends_orphaned_runs(tiny_run, tmp_path):
+def test_a_run_with_nothing_to_do_also_ends_orphaned_runs(finished_run, tmp_path):
     import socket
 
     import mlflow
@@ -386,13 +388,13 @@ def test_a_run_with_nothing_to_do_also_ends_orphaned_runs(tiny_run, tmp_path):
     from pipeline.tracking import RUN_FOLDER_TAG
 
     runs_dir = tmp_path / "runs"
-    shutil.copytree(tiny_run["runs_dir"], runs_dir)
+    shutil.copytree(finished_run["runs_dir"], runs_dir)
     client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tiny").experiment_id
     folder = f"{socket.gethostname()}:{(runs_dir / 'tiny').resolve()}"
     orphan = client.create_run(experiment, run_name="export", tags={RUN_FOLDER_TAG: folder}).info.run_id
     other = client.create_run(experiment, run_name="export", tags={RUN_FOLDER_TAG: "elsewhere:/x"}).info.run_id
-    result = cli("run", "tiny", "--runs-dir", str(runs_dir))
+    result = cli("run", *FINISHED, "--runs-dir", str(runs_dir))
     assert result.returncode == 0 and "nothing to do" in result.stderr
     assert client.get_run(orphan).info.status == "KILLED"
     assert client.get_run(other).info.status == "RUNNING"  # another folder's run is not ours to end

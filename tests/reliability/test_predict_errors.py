@@ -33,10 +33,10 @@ class Result:
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_run, tmp_path_factory) -> Path:
+def exported(finished_run, tmp_path_factory) -> Path:
     """A copy of the tiny run's bundle, for the cases that damage nothing."""
     copy = tmp_path_factory.mktemp("predict") / "bundle"
-    shutil.copytree(tiny_run["run_dir"] / "export" / "bundle", copy)
+    shutil.copytree(finished_run["run_dir"] / "export" / "bundle", copy)
     return copy
 
 
@@ -93,8 +93,8 @@ def assert_error(result: Result, *phrases: str, code: int = 2) -> None:
             ["--model", "nope.onnx"],
             [
                 "nope.onnx does not exist",
-                "this bundle's models: model.int8.onnx, model.int8.ort, model.int8.pte, model.int8.static.onnx, "
-                "model.int8.static.ort, model.onnx, model.pte",
+                "this bundle's models: model.int8.onnx, model.int8.ort, model.int8.static.onnx, "
+                "model.int8.static.ort, model.onnx",
             ],
         ),
         (["--model", "labels.json"], ["labels.json is not an ONNX or ORT-format model"]),

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from tests.helpers import ROOT
 from tests.reliability.helpers import (
     CONFIG_NAME,
+    FINISHED,
     ONE_THREAD,
     assert_complete_stages_untouched,
     assert_resumable_interrupt,
@@ -161,7 +162,7 @@ def test_disk_full_while_writing_the_cache(run_copy):
 # writes model-inferred.onnx with a C++ writer that reports nothing; it used to end in "DecodeError: Wire format was
 # corrupt" from reading the truncated file back (pipeline.export.quantize.room_for_shape_inference)
 @pytest.mark.parametrize("stage, room", [("evaluate", 160 * 1024), ("export", 6 * 1024 * 1024)])
-def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(tiny_run, tmp_path, stage, room):
+def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(finished_run, tmp_path, stage, room):
     """The runs folder (MLflow's database included) on a disk that fills while evaluate writes its plots or the export
     its graphs: one paragraph naming the stage's folder, no library traceback (MLflow logs each failed write with
     one), no SQL; a subprocess, so MLflow's own stderr handler is what the user sees (issue 29)."""
@@ -170,12 +171,23 @@ def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(tiny_run, tmp_path,
     if os.geteuid() != 0 or not _mount("size=1g", target=runs_dir):
         pytest.skip("needs root to mount a tmpfs (a real full disk)")
     try:
-        shutil.copytree(tiny_run["runs_dir"], runs_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(stage))
+        shutil.copytree(finished_run["runs_dir"], runs_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(stage))
         stat = os.statvfs(runs_dir)
         used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
         assert subprocess.run(["mount", "-o", f"remount,size={used + room}", str(runs_dir)]).returncode == 0
         result = subprocess.run(
-            [sys.executable, "-m", "pipeline", "run", "tiny", "--only", stage, "--force", "--runs-dir", str(runs_dir)],
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                *FINISHED,
+                "--only",
+                stage,
+                "--force",
+                "--runs-dir",
+                str(runs_dir),
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,
