@@ -454,9 +454,19 @@ def build_student(
             model = narrow(model, torch.sort(top_neurons(channel_scores, width)).values, heads)
     elif student.init == "pretrained":  # any supported family with the teacher's tokenizer (checked with the config)
         assert student.pretrained is not None  # validation refuses student.init 'pretrained' without student.pretrained
-        model = load_classifier(
-            resolve_reference(student.pretrained), _labels(teacher), attn_implementation=student.attn_implementation
-        )
+        folder = resolve_reference(student.pretrained)
+        model = load_classifier(folder, _labels(teacher), attn_implementation=student.attn_implementation)
+        if any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+            ours = load_tokenizer(tokenizer_reference(config), config.teacher.trust_remote_code)
+            theirs = load_tokenizer(folder)
+            if (
+                tokenizer_difference(ours, theirs) is not None
+            ):  # the same pieces in another order (checked with the config)
+                rows, how = vocabulary_remap(ours, theirs)
+                if rows is None:
+                    raise ModelError(f"student.pretrained '{student.pretrained}' cannot read the teacher's ids: {how}")
+                remap_embeddings(model, rows, ours.pad_token_id)
+                log.info("student embedding rows remapped to the teacher's token ids (%s)", how)
     else:  # random weights, the teacher's family, student.random's shape
         assert student.random is not None  # validation refuses student.init 'random' without a student.random section
         model = type(teacher)(
@@ -539,6 +549,74 @@ def tokenizer_difference(teacher_tokenizer, student_tokenizer) -> str | None:
     return None
 
 
+# Texts a remapped student is checked on (vocabulary_remap): punctuation, digits, accents, CJK, emoji, long words.
+REMAP_PROBES = (
+    "The film's 2nd half drags -- but it's still worth $12.50!",
+    "Un café crème, s'il vous plaît; naïve façade, Ærøskøbing.",
+    "東京 and 北京: 映画は素晴らしい 🎬🍿 (10/10)",
+    "antidisestablishmentarianism vs. supercalifragilistic @user #hashtag",
+    "MIXED case, tabs\tand  double  spaces\n",
+)
+SPECIAL_ROLES = ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token", "bos_token", "eos_token")
+
+
+def vocabulary_remap(teacher_tokenizer, student_tokenizer) -> tuple[list[int] | None, str]:
+    """The student's embedding row for each of the teacher's token ids, when the two tokenizers split text alike
+    and differ only in the order of their pieces (all-mpnet-base-v2's vocabulary is BERT's uncased WordPiece one,
+    every id moved up by 4): special tokens map by role (<s> -> [CLS], </s> -> [SEP], <pad> -> [PAD]), every other
+    piece by its string; the teacher's special tokens the student lacks map to its unknown token. Returns
+    (rows, how) or (None, why not); the rows are checked on REMAP_PROBES (mapped teacher ids == student ids)."""
+    ta, tb = _tokenizer_parts(teacher_tokenizer), _tokenizer_parts(student_tokenizer)
+    if "model" not in ta or "model" not in tb:
+        return None, "a slow (Python) tokenizer cannot be compared piece by piece"
+    differing = [part for part in ("normalizer", "pre_tokenizer") if ta[part] != tb[part]]
+    model_a = {k: v for k, v in (ta["model"] or {}).items() if k != "vocab"}
+    model_b = {k: v for k, v in (tb["model"] or {}).items() if k != "vocab"}
+    if model_a != model_b:
+        differing.append("model settings")
+    if differing:
+        return None, f"they split text differently ({', '.join(differing)} differ)"
+    theirs = student_tokenizer.get_vocab()
+    rows: dict[int, int] = {}
+    for role in SPECIAL_ROLES:  # roles first: the teacher's <s> is the student's [CLS]
+        t, s = getattr(teacher_tokenizer, role, None), getattr(student_tokenizer, role, None)
+        if t is not None and s is not None:
+            rows.setdefault(teacher_tokenizer.convert_tokens_to_ids(t), theirs[s])
+    special = set(teacher_tokenizer.all_special_ids) | {
+        i for i, token in teacher_tokenizer.added_tokens_decoder.items() if token.special
+    }
+    missing = []
+    for token, i in teacher_tokenizer.get_vocab().items():
+        if i in rows:
+            continue
+        if token in theirs:
+            rows[i] = theirs[token]
+        elif i in special and student_tokenizer.unk_token is not None:
+            rows[i] = theirs[student_tokenizer.unk_token]
+        else:
+            missing.append(token)
+    if missing:
+        return None, f"{len(missing)} of the teacher's pieces are not in the student's vocabulary (e.g. {missing[:3]})"
+    table = [rows[i] for i in range(len(teacher_tokenizer))]
+    for text in REMAP_PROBES:
+        mapped = [table[i] for i in teacher_tokenizer(text)["input_ids"]]
+        if mapped != student_tokenizer(text)["input_ids"]:
+            return None, f"the remapped teacher ids differ from the student's own on {text!r}"
+    moved = sum(i != r for i, r in enumerate(table))
+    return table, f"{len(table)} rows, {moved} moved, special tokens by role"
+
+
+def remap_embeddings(model, rows: list[int], pad_token_id: int | None) -> None:
+    """``model`` reads another tokenizer's ids: its word-embedding row ``rows[i]`` becomes row i (vocabulary_remap)."""
+    old = model.get_input_embeddings()
+    table = torch.nn.Embedding(len(rows), old.embedding_dim, padding_idx=pad_token_id)
+    with torch.no_grad():
+        table.weight.copy_(old.weight[torch.tensor(rows)])
+    model.set_input_embeddings(table.to(old.weight.device))
+    model.config.vocab_size = len(rows)
+    model.config.pad_token_id = pad_token_id
+
+
 def student_tokenizer_problem(config: PipelineConfig) -> str | None:
     """A pretrained student must read the teacher's token ids: its tokenizer must be the teacher's (not just its name)."""
     student = config.student.pretrained
@@ -579,10 +657,17 @@ def student_tokenizer_problem(config: PipelineConfig) -> str | None:
     difference = tokenizer_difference(ours, theirs)
     if difference is None:
         return None
+    rows, how = vocabulary_remap(ours, theirs)
+    if rows is not None:
+        log.info(
+            "student.pretrained '%s' reads the teacher's token ids through an embedding-row remap (%s)", student, how
+        )
+        return None
     return (
-        f"the tokenizer of '{student}' is not the teacher's: {difference}. The student is trained on the "
-        "teacher's token ids, so it must use the same tokenizer (same vocabulary and rules). Choose a pretrained "
-        "student trained with the teacher's tokenizer, or use student.init 'teacher_layers' or 'random'."
+        f"the tokenizer of '{student}' is not the teacher's: {difference}, and its rows cannot be remapped: {how}. "
+        "The student is trained on the teacher's token ids, so it must split text as the teacher's tokenizer does "
+        "(the same pieces, in any order). Choose a pretrained student trained with such a tokenizer, or use "
+        "student.init 'teacher_layers' or 'random'."
     )
 
 

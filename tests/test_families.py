@@ -29,7 +29,14 @@ from pipeline.config import load_config
 from pipeline.errors import ConfigError, ModelError
 from pipeline.export import variants
 from pipeline.export.onnx_graph import weight_matmuls
-from pipeline.models import build_student, check_against_models, check_teacher_labels, load_classifier, package_folder
+from pipeline.models import (
+    build_student,
+    check_against_models,
+    check_teacher_labels,
+    load_classifier,
+    package_folder,
+    vocabulary_remap,
+)
 from pipeline.models import layer_map as models_layer_map
 from pipeline.pruning import narrow, task_importance
 from tests.helpers import NODE_DIR, max_diff_valid_rows, padded_batch, read_json
@@ -558,7 +565,7 @@ def tokenizer_folders(tmp_path_factory):
 
 def mpnet_wordpiece(folder: Path) -> None:
     """all-mpnet-base-v2's kind of tokenizer: the lower-casing BERT WordPiece vocabulary after <s> <pad> </s> <unk>
-    (ids 0-3), <mask> last, unknown words as [UNK], <s> text </s> (RoBERTa's post-processor), saved as a
+    (ids 0-3, all special), <mask> last, unknown words as [UNK], <s> text </s> (RoBERTa's post-processor), saved as a
     save_pretrained folder. Built from the packaged MiniLM vocabulary, as MPNet's was from BERT's."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -579,6 +586,7 @@ def mpnet_wordpiece(folder: Path) -> None:
         pad_token="<pad>",
         unk_token="[UNK]",
         mask_token="<mask>",
+        additional_special_tokens=["<unk>"],  # as in all-mpnet-base-v2's tokenizer.json: id 3, special, never [UNK]
     ).save_pretrained(folder)
 
 
@@ -625,6 +633,51 @@ def test_a_pretrained_student_must_share_the_teachers_tokenizer(tmp_path, wordpi
     # another family with the teacher's tokenizer (a copy, not the same name): accepted
     same = save(family_model("distilbert", vocab_size=len(wordpiece)), tmp_path / "distilbert", wordpiece)
     check_against_models(tiny_config(f"teacher.model={teacher}", f"student.pretrained={same}", *student))
+
+
+def test_a_pretrained_student_with_the_same_pieces_in_another_order_is_remapped(tmp_path, wordpiece, tokenizer_folders):
+    """all-mpnet-base-v2's vocabulary is BERT's with every id moved up by 4 (and <s> <pad> </s> for [CLS] [PAD]
+    [SEP]): a BERT-vocabulary student (MiniLM's layers) can read an MPNet teacher's ids once its embedding rows are
+    reordered. The remapped student gives on the teacher's ids exactly what the original gave on its own ids."""
+    mpnet = AutoTokenizer.from_pretrained(tokenizer_folders["mpnet_wordpiece"][0])
+    rows, how = vocabulary_remap(mpnet, wordpiece)
+    assert rows is not None, how
+    vocab = wordpiece.get_vocab()
+    assert rows[:4] == [vocab["[CLS]"], vocab["[PAD]"], vocab["[SEP]"], vocab["[UNK]"]]  # <s> <pad> </s> <unk>
+    assert rows[4:-1] == list(range(len(wordpiece))) and rows[-1] == vocab["[MASK]"]  # the +4 shift, <mask> last
+    back, _ = vocabulary_remap(wordpiece, mpnet)  # and the other way round
+    assert back is not None and back[vocab["[CLS]"]] == 0 and back[vocab["the"]] == vocab["the"] + 4
+
+    teacher = save(family_model("mpnet", vocab_size=len(mpnet), pad=1), tmp_path / "teacher", mpnet)
+    original = family_model("bert", vocab_size=len(wordpiece))
+    student_folder = save(original, tmp_path / "minilm_like", wordpiece)
+    config = tiny_config(
+        f"teacher.model={teacher}",
+        f"student.pretrained={student_folder}",
+        "student.init=pretrained",
+        "distill.layer_map=[[1,1]]",
+    )
+    check_against_models(config)  # accepted: the pieces are the same
+    student = build_student(config, load_classifier(str(teacher), ["fresh", "rotten"])).eval()
+    assert student.config.vocab_size == len(mpnet) and student.config.pad_token_id == mpnet.pad_token_id
+    text = "A naïve, over-long film -- 東京 🎬 -- that still works."
+    teacher_ids, own_ids = mpnet(text, return_tensors="pt"), wordpiece(text, return_tensors="pt")
+    assert teacher_ids.input_ids.tolist() != own_ids.input_ids.tolist()
+    with torch.no_grad():
+        remapped = student(input_ids=teacher_ids.input_ids, attention_mask=teacher_ids.attention_mask).logits
+        expected = original(input_ids=own_ids.input_ids, attention_mask=own_ids.attention_mask).logits
+    torch.testing.assert_close(remapped, expected, rtol=0, atol=1e-6)  # the student runs SDPA, the original eager
+
+    # other rules or missing pieces: refused with the reason
+    bpe = AutoTokenizer.from_pretrained(tokenizer_folders["byte_level_bpe"][0])
+    rows, how = vocabulary_remap(mpnet, bpe)
+    assert rows is None and "split text differently" in how
+    shorter = save(original, tmp_path / "shorter", wordpiece)
+    (shorter / "tokenizer.json").write_text(
+        (shorter / "tokenizer.json").read_text(encoding="utf-8").replace('"movie"', '"mo_vie"'), encoding="utf-8"
+    )
+    rows, how = vocabulary_remap(mpnet, AutoTokenizer.from_pretrained(shorter))
+    assert rows is None and "1 of the teacher's pieces are not in the student's vocabulary" in how and "movie" in how
 
 
 def test_teacher_label_names_must_match_the_data():
@@ -753,9 +806,14 @@ def run_family(run: str, root: str, tokenizer_folder: str) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(teacher_folder)
     save(family_model(model_type, vocab_size=len(tokenizer), pad=tokenizer.pad_token_id), teacher_folder)
     overrides = [f"teacher.model={teacher_folder}", *FAST, *RUNS[run]]
-    if model_type == "electra":  # a 1-layer DistilBERT, 16 wide, 2 heads, with the teacher's WordPiece tokenizer
-        student = family_model("distilbert", vocab_size=len(tokenizer), dim=16, n_layers=1, n_heads=2, hidden_dim=32)
-        overrides.append(f"student.pretrained={save(student, root / 'student', tokenizer)}")
+    if model_type == "electra":  # a 1-layer DistilBERT, 16 wide, 2 heads, with MPNet's order of the teacher's
+        # WordPiece pieces (ids +4, <s> </s> for [CLS] [SEP]): its embedding rows are remapped to the teacher's ids
+        mpnet_wordpiece(root / "student_tokenizer")
+        theirs = AutoTokenizer.from_pretrained(root / "student_tokenizer")
+        student = family_model(
+            "distilbert", vocab_size=len(theirs), pad=theirs.pad_token_id, dim=16, n_layers=1, n_heads=2, hidden_dim=32
+        )
+        overrides.append(f"student.pretrained={save(student, root / 'student', theirs)}")
     config = load_config("tiny", overrides)
     check_against_models(config)  # what the CLI does before running
 
@@ -810,6 +868,10 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
 
     shipped = AutoConfig.from_pretrained(run_dir / "distill" / "student")
     assert shipped.model_type == ("distilbert" if model_type == "electra" else model_type)
+    if model_type == "electra":  # the pretrained student's rows were remapped to the teacher's ids, then trained
+        teacher_tokenizer = AutoTokenizer.from_pretrained(folder / "teacher")
+        assert shipped.vocab_size == len(teacher_tokenizer) and shipped.pad_token_id == teacher_tokenizer.pad_token_id
+        assert "student embedding rows remapped to the teacher's token ids" in outcome["log"]
     if "student.ffn_size=32" in RUNS[run]:
         copied = 2 if "student.teacher_layers=[0,1]" in RUNS[run] else 1
         assert getattr(shipped, F.FAMILIES[model_type].ffn_size_key) == 32 and shipped.num_hidden_layers == copied
