@@ -196,6 +196,34 @@ def context_vectors(encoder, batches, vocab_size: int, hidden: int) -> tuple[np.
     return sums.numpy(), counts.numpy()
 
 
+STATIC_INIT = "static_init.npz"  # capture's output for a static student: teacher_token_statistics, computed once
+
+
+def teacher_token_statistics(classifier, tokenizer, train_ids, batches, context: bool) -> dict[str, np.ndarray]:
+    """What a static student starts from, all of it from the teacher: every vocabulary token's isolated output
+    (``isolated``, float32 [V, H]), how often each id occurs in the training texts (``counts``) and, with
+    ``context``, the sum of the teacher's in-context outputs for each id the texts use (``context_sums``, float64,
+    the rows of ``seen_ids`` only). The slow part of a static run (minutes for a base teacher on long texts), so the
+    capture stage computes it once and every student of that capture (seeds, widths, bigram buckets) reuses it."""
+    vocab = classifier.config.vocab_size
+    out = {"isolated": isolated_token_vectors(classifier, tokenizer), "counts": token_counts(train_ids, vocab)}
+    if context:
+        sums, _ = context_vectors(classifier.base_model, batches, vocab, classifier.config.hidden_size)
+        seen = np.flatnonzero(out["counts"] > 0)
+        out.update(seen_ids=seen, context_sums=sums[seen])
+    return out
+
+
+def static_table_from(statistics, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """``static_table`` from saved :func:`teacher_token_statistics` (a dict or an ``np.load`` of them)."""
+    isolated, counts = statistics["isolated"], statistics["counts"]
+    sums = None
+    if "context_sums" in statistics:
+        sums = np.zeros(isolated.shape, dtype=np.float64)
+        sums[statistics["seen_ids"]] = statistics["context_sums"]
+    return static_table(isolated, sums, counts, dim)
+
+
 def pca(vectors: np.ndarray, dim: int) -> np.ndarray:
     """Project centred ``vectors`` on their ``dim`` leading principal axes (SVD; deterministic signs)."""
     if not 1 <= dim <= min(vectors.shape):

@@ -20,7 +20,9 @@ replacement, n-gram spans) to augmented/; the teacher labels them here with
 logits only (or online, inside each step), so the cache stays small.
 
 Outputs: cache/shard-*.bin + shard-*.json, cache/index.json, capture.json,
-relation_rows.npy (only when the budget forced a subset), augmented/ (Arrow, when augmenting).
+relation_rows.npy (only when the budget forced a subset), augmented/ (Arrow, when augmenting),
+static_init.npz (student.kind static: the teacher's token vectors the student starts from, computed here once so
+that every static student of this capture, whatever its seed, width or bigram buckets, reuses them).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pipeline.models import load_classifier, load_tokenizer
 from pipeline.objective import target_plan, teacher_targets
 from pipeline.splits import RELATION_ROWS, TokenizedSplit, TrainingData, pad_id
 from pipeline.stage_api import Context
+from pipeline.static_model import STATIC_INIT, teacher_token_statistics
 
 log = logging.getLogger("pipeline")
 
@@ -76,13 +79,36 @@ def fingerprint_inputs(config) -> dict:
         "precision": config.precision,
         "unlabeled": config.data.unlabeled_text,
         **({"seed": config.seed} if config.capture.augment.copies else {}),
+        **({"static_init": {"context": config.student.static.context}} if config.student.kind == "static" else {}),
     }
+
+
+def write_static_init(config, teacher, teacher_dir, prepare, ctx: Context) -> None:
+    """static_init.npz: the teacher's token statistics a static student starts from (pipeline/static_model.py)."""
+    train = TokenizedSplit(prepare, "train")
+    pad = pad_id(prepare)
+    order = np.argsort(train.lengths, kind="stable")  # similar lengths per batch: little padding
+    batches = (train.batch(order[i : i + 128], pad, ctx.device) for i in range(0, len(order), 128))
+    tokenizer = load_tokenizer(str(teacher_dir / "model"))
+    statistics = teacher_token_statistics(
+        teacher, tokenizer, train.input_ids, batches, context=config.student.static.context
+    )
+    with open(ctx.out / STATIC_INIT, "wb") as fh:  # ctx.out is the stage's partial folder, renamed when complete
+        np.savez(fh, **statistics)
+    log.info(
+        "[capture] static student's start: %d vocabulary tokens alone through the teacher%s (%s)",
+        len(statistics["isolated"]),
+        f", {len(train)} training texts in context" if config.student.static.context else "",
+        STATIC_INIT,
+    )
 
 
 def run(ctx: Context) -> dict:
     config = ctx.config
     prepare, teacher_dir = ctx.input("prepare"), ctx.input("teacher")
     teacher = load_classifier(str(teacher_dir / "model")).to(ctx.device).eval()
+    if config.student.kind == "static" and ctx.is_main:  # the static student's start, once for every student of it
+        write_static_init(config, teacher, teacher_dir, prepare, ctx)
     augmented = 0
     if config.capture.augment.copies:
         if ctx.is_main:

@@ -2,7 +2,7 @@
 
 The student is built as configured (teacher layers, a pretrained encoder,
 random, or with student.kind: static one vector per token initialised from the
-teacher's outputs: pipeline/static_model.py) and trained with the objective declared in distill.loss (CE, logit KD,
+teacher's outputs that capture saved: pipeline/static_model.py) and trained with the objective declared in distill.loss (CE, logit KD,
 attention KL, value-relation KL, hidden-state MSE; see pipeline/objective.py)
 under Accelerate: mixed precision, data parallel over processes, gradient
 clipping and accumulation, warmup + schedule, validation each epoch with the
@@ -37,13 +37,7 @@ from pipeline.plots import plot_history
 from pipeline.pruning import task_importance
 from pipeline.splits import TokenizedSplit, TrainingData, pad_id, used_token_ids
 from pipeline.stage_api import Context
-from pipeline.static_model import (
-    build_static_student,
-    context_vectors,
-    isolated_token_vectors,
-    static_table,
-    token_counts,
-)
+from pipeline.static_model import STATIC_INIT, build_static_student, static_table_from
 from pipeline.terms import some_parameters_may_get_no_gradient
 from pipeline.training import fit
 
@@ -65,9 +59,7 @@ def run(ctx: Context) -> dict:
     for p in teacher.parameters():
         p.requires_grad_(False)
     if config.student.kind == "static":
-        student = static_student(config, teacher, tokenizer, TokenizedSplit(prepare, "train"), pad, ctx.device).to(
-            ctx.device
-        )
+        student = static_student(config, teacher.config, capture_dir).to(ctx.device)
     else:
         ffn_scores, width_scores = teacher_importance(
             teacher, TokenizedSplit(prepare, "train"), config, seed, pad, ctx.device
@@ -149,32 +141,27 @@ def run(ctx: Context) -> dict:
     return summary
 
 
-def static_student(config, teacher, tokenizer, train: TokenizedSplit, pad: int, device):
-    """A static student whose token vectors start from the teacher's outputs (pipeline/static_model.py)."""
-    encoder, vocab = teacher.base_model, teacher.config.vocab_size
-    isolated = isolated_token_vectors(teacher, tokenizer)
-    order = np.argsort(train.lengths, kind="stable")  # similar lengths per batch: little padding
-    counts = token_counts(train.input_ids, vocab)
-    sums = None
-    if config.student.static.context:
-        batches = (train.batch(order[i : i + 128], pad, device) for i in range(0, len(order), 128))
-        sums, _ = context_vectors(encoder, batches, vocab, teacher.config.hidden_size)
-    vectors, log_weights = static_table(isolated, sums, counts, config.student.static.dim)
+def static_student(config, teacher_config, capture_dir):
+    """A static student whose token vectors start from the teacher's outputs, computed once by capture
+    (pipeline/static_model.py teacher_token_statistics)."""
+    with np.load(capture_dir / STATIC_INIT) as statistics:
+        vectors, log_weights = static_table_from(statistics, config.student.static.dim)
+        seen = len(statistics["seen_ids"]) if "seen_ids" in statistics else 0
     log.info(
-        "[distill] static student: %d token vectors of width %d (%d of them from the teacher in context over %d "
-        "training texts), SIF pooling weights, %d hashed bigram buckets",
-        vocab,
+        "[distill] static student: %d token vectors of width %d (%d of them from the teacher in context over the "
+        "training texts; capture/%s), SIF pooling weights, %d hashed bigram buckets",
+        len(vectors),
         config.student.static.dim,
-        int((counts > 0).sum()) if sums is not None else 0,
-        len(train),
+        seen,
+        STATIC_INIT,
         config.student.static.bigram_buckets,
     )
     return build_static_student(
-        teacher.config,
+        teacher_config,
         config.student.static.dim,
         vectors,
         log_weights,
-        max_positions=getattr(teacher.config, "max_position_embeddings", 512),
+        max_positions=getattr(teacher_config, "max_position_embeddings", 512),
         bigram_buckets=config.student.static.bigram_buckets,
     )
 

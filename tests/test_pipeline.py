@@ -125,6 +125,16 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
         )
     )
     assert [s for s in STAGES if base[s] != static[s]] == ["capture", "distill", "evaluate", "export"]
+    # static students of one capture share the teacher's token statistics it saves (static_init.npz): another width
+    # or seed reruns distill on; leaving out the in-context pass is another capture
+    static_keys = ["student.kind=static", "distill.loss.attention=0", "distill.loss.value_relation=0"]
+    for other in (["student.static.dim=8"], ["distill.seed=7"]):
+        changed = fingerprints(load_config("tiny", [*static_keys, "student.static.dim=16", *other]))
+        assert [s for s in STAGES if static[s] != changed[s]] == ["distill", "evaluate", "export"], other
+    no_context = fingerprints(
+        load_config("tiny", [*static_keys, "student.static.dim=16", "student.static.context=false"])
+    )
+    assert [s for s in STAGES if static[s] != no_context[s]] == ["capture", "distill", "evaluate", "export"]
     assert [s for s in STAGES if base[s] != fingerprints(load_config("tiny", ["baselines.static_dim=8"]))[s]] == [
         "baselines",
         "export",
