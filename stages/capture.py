@@ -28,6 +28,7 @@ that every static student of this capture, whatever its seed, width or bigram bu
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +91,7 @@ def write_static_init(config, teacher, teacher_dir, prepare, ctx: Context) -> No
     order = np.argsort(train.lengths, kind="stable")  # similar lengths per batch: little padding
     batches = (train.batch(order[i : i + 128], pad, ctx.device) for i in range(0, len(order), 128))
     tokenizer = load_tokenizer(str(teacher_dir / "model"))
-    statistics = teacher_token_statistics(
+    statistics: dict[str, Any] = teacher_token_statistics(  # Any: savez types **kwargs as its own keywords
         teacher, tokenizer, train.input_ids, batches, context=config.student.static.context
     )
     with open(ctx.out / STATIC_INIT, "wb") as fh:  # ctx.out is the stage's partial folder, renamed when complete
