@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     if not runs:
         print(f"error: no variant named <setting>_s<seed> with a finished evaluate in {args.sweep}", file=sys.stderr)
         return 2
-    emit(table(runs, labels, teacher), args.out, command_line("ablation_table.py", argv))
+    emit(table(runs, labels, teacher), args.out, command_line("bench/ablation_table.py", argv))
     return 0
 
 
