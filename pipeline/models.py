@@ -459,9 +459,8 @@ def build_student(
         if any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
             ours = load_tokenizer(tokenizer_reference(config), config.teacher.trust_remote_code)
             theirs = load_tokenizer(folder)
-            if (
-                tokenizer_difference(ours, theirs) is not None
-            ):  # the same pieces in another order (checked with the config)
+            # another tokenizer: the config check accepted it only as the same pieces in another order
+            if tokenizer_difference(ours, theirs) is not None:
                 rows, how = vocabulary_remap(ours, theirs)
                 if rows is None:
                     raise ModelError(f"student.pretrained '{student.pretrained}' cannot read the teacher's ids: {how}")
