@@ -122,7 +122,13 @@ def test_inference_section(quick_bench):
     assert {r["input"] for r in rows} == {"L=16", "sentences"}
     for r in rows:
         assert r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["batch"] == 1
-        assert r["speedup_vs_teacher_pytorch"] > 0 and r["speedup_vs_teacher_int8"] > 0
+        assert r["speedup_vs_teacher_int8"] > 0
+        # the PyTorch teacher is timed at the fixed lengths only (pipeline/export/latency.py REFERENCE_ONLY)
+        assert (
+            r["speedup_vs_teacher_pytorch"] is None
+            if r["input"] == "sentences"
+            else r["speedup_vs_teacher_pytorch"] > 0
+        )
     assert all(r["speedup_vs_teacher_pytorch"] == 1.0 for r in rows if r["model"] == "teacher PyTorch fp32")
     assert all(r["speedup_vs_teacher_int8"] == 1.0 for r in rows if r["model"] == "teacher ONNX int8")
     sizes = {s["model"]: s for s in inference["sizes"]}

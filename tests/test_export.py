@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from pipeline.config import load_config
-from pipeline.export.latency import latency_inputs
+from pipeline.export.latency import REFERENCE_ONLY, latency_inputs
 from pipeline.export.onnx_graph import (
     HiddenStates,
     LogitsOnly,
@@ -248,14 +248,22 @@ def test_latency_table_has_every_row(bundle):
     latency = read_json(bundle / "latency.json")
     rows = latency["rows"]
     inputs = [f"L={n}" for n in config.latency_lengths] + ["sentences"]
-    expected = {(m, i, t) for m in LATENCY_MODELS for i in inputs for t in config.latency_threads}
+    expected = {  # on real sentences the int8 teacher and the student's ONNX and ExecuTorch files only
+        (m, i, t)
+        for m in LATENCY_MODELS
+        for i in inputs
+        for t in config.latency_threads
+        if i != "sentences" or m not in REFERENCE_ONLY
+    }
     assert {(r["model"], r["input"], r["threads"]) for r in rows} == expected and len(rows) == len(expected)
     for row in rows:
         assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"]
         assert (
             config.latency_rounds <= row["rounds"] <= config.latency_max_rounds and 0 < row["p25_ms"] <= row["p75_ms"]
         )
-        assert row["batch"] == 1 and row["speedup_vs_teacher_pytorch"] > 0 and row["speedup_vs_teacher_int8"] > 0
+        pytorch = row["speedup_vs_teacher_pytorch"]
+        assert row["batch"] == 1 and row["speedup_vs_teacher_int8"] > 0
+        assert pytorch is None if row["input"] == "sentences" else pytorch > 0
         assert (
             row["speedup_vs_teacher_int8_low"] <= row["speedup_vs_teacher_int8"] <= row["speedup_vs_teacher_int8_high"]
         )

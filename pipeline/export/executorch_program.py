@@ -26,14 +26,17 @@ import warnings
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..errors import PipelineError
 from ..metrics import classification_report
-from .onnx_graph import torch_logits
-from .variants import Inputs, Shipped
+
+if TYPE_CHECKING:  # the build process imports this module first: no transformers before it has to
+    from .variants import Inputs, Student
 
 log = logging.getLogger("pipeline")
 
@@ -185,9 +188,9 @@ def _quiet_stderr():
         os.close(saved)
 
 
-def logits(path: Path, split) -> np.ndarray:
+def logits(path: Path, split, threads: int | None = None) -> np.ndarray:
     """Logits for every example of a TokenizedSplit / IdSplit, one example per call (the .pte takes batch 1)."""
-    run = runner(path)
+    run = runner(path, threads)
     rows = []
     for ids in split.input_ids:
         ids = np.asarray([list(ids)], dtype=np.int64)
@@ -195,7 +198,85 @@ def logits(path: Path, split) -> np.ndarray:
     return np.stack(rows)
 
 
-def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
+class Building:
+    """:func:`build` running in a child process, so that the ONNX steps run beside the lowering (a minute and a half
+    of one core for bert_small's student). ``result()`` waits for it and gives build's answer or raises its error."""
+
+    def __init__(self, student: Student, inputs: Inputs, cfg, out: Path):
+        import multiprocessing
+
+        from .tokenizer import IdSplit
+
+        self.cfg, self.out, self.done = cfg, out, None
+        if cfg.executorch == "off" or inputs.segments:  # answered at once, without a process
+            self.done = build(student, inputs, cfg, out)
+            return
+        # What build reads, and nothing else: the student, its test split as plain lists, the figures it compares with.
+        sent = SimpleNamespace(
+            model=student.model,
+            test=IdSplit([list(ids) for ids in student.test.input_ids], student.test.labels),
+            pad=student.pad,
+            reference=student.reference,
+            own_logits=student.own_logits,
+            trim=student.trim,
+        )
+        needs = SimpleNamespace(segments=False, max_length=inputs.max_length, names=inputs.names)
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads inherited through fork
+        self.answers, sender = context.Pipe(duplex=False)
+        # daemon: a pipeline that fails before result() ends it on exit; end_with_parent: a pipeline killed with -9 too
+        self.process = context.Process(
+            target=_build_in_child, args=(sender, os.getpid(), sent, needs, cfg, out), daemon=True
+        )
+        self.process.start()
+        sender.close()
+
+    def result(self) -> dict:
+        if self.done is not None:
+            return self.done
+        try:
+            kind, answer = self.answers.recv()
+        except EOFError:  # the process ended without answering: a native abort in the lowering or the runtime
+            self.process.join()
+            why = (
+                f"ExecuTorch {version()} ended the process building model.pte abnormally (exit code "
+                f"{self.process.exitcode})"
+            )
+            for leftover in self.out.glob("model*.pte*"):
+                leftover.unlink(missing_ok=True)
+            if self.cfg.executorch == "on":
+                raise PipelineError(
+                    f"export.executorch is on, but {why}; set export.executorch: auto (or off) to export without "
+                    "model.pte"
+                ) from None
+            log.warning("[export] no model.pte: %s", why)
+            return {"built": False, "why": why}
+        self.process.join()
+        if kind == "error":
+            name, message, expected = answer
+            if expected:
+                raise PipelineError(message)
+            raise RuntimeError(f"{name} while building model.pte: {message}")
+        return answer
+
+
+def _build_in_child(sender, parent: int, student, inputs, cfg, out: Path) -> None:
+    from ..parent_death import end_with_parent
+
+    end_with_parent(parent)
+    torch.set_num_threads(1)  # one core for the lowering, the other for the ONNX steps beside it
+    handler = logging.StreamHandler(sys.stderr)  # its lines in the pipeline's log, as the pipeline writes them
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    log.handlers[:], log.propagate = [handler], False
+    log.setLevel(logging.INFO)
+    try:
+        sender.send(("done", build(student, inputs, cfg, out, threads=1)))
+    except Exception as exc:  # handed to the pipeline, which reports it as it reports its own
+        sender.send(("error", (type(exc).__name__, str(exc), isinstance(exc, PipelineError))))
+    finally:
+        sender.close()
+
+
+def build(student: Student, inputs: Inputs, cfg, out: Path, threads: int | None = None) -> dict:
     """model.pte (fp32) and model.int8.pte (int8 linears) from the shipped PyTorch student (export_pte):
     parity of the fp32 program with PyTorch on the whole test split, accuracy one text per call, and the int8 one kept
     only within export.max_int8_drop of the fp32 program. Where it cannot be built, the reason."""
@@ -215,13 +296,13 @@ def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
             "built": False,
             "why": "sentence pairs: the .pte takes input_ids and attention_mask only (no token_type_ids)",
         }
-    own = torch_logits(shipped.model, shipped.test, shipped.pad)  # the shipped PyTorch student, its own vocabulary
+    own = student.own_logits  # the shipped PyTorch student's logits, in its own vocabulary
     variants: dict[str, dict] = {}
     dropped: dict[str, dict] = {}
     for name, file, int8_linears in (("fp32", "model.pte", False), ("int8", "model.int8.pte", True)):
         try:
-            info = export_pte(shipped.model, out / file, inputs.max_length, int8_linears)
-            scores = logits(out / file, shipped.test)
+            info = export_pte(student.model, out / file, inputs.max_length, int8_linears)
+            scores = logits(out / file, student.test, threads)
         except Exception as exc:  # torch.export, the lowering or the runtime refusing this student
             for leftover in (out / file, out / (file + ".partial")):
                 leftover.unlink(missing_ok=True)
@@ -243,12 +324,12 @@ def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
                 (out / other["file"]).unlink(missing_ok=True)
             log.warning("[export] no model.pte: %s", why)
             return {"built": False, "why": why}
-        report = classification_report(shipped.test.labels, scores.argmax(-1), inputs.names)
+        report = classification_report(student.test.labels, scores.argmax(-1), inputs.names)
         info.update(
             {
                 "accuracy": report["accuracy"],
                 "macro_f1": report["macro_f1"],
-                "agreement_with_pytorch": float((scores.argmax(-1) == shipped.reference.argmax(-1)).mean()),
+                "agreement_with_pytorch": float((scores.argmax(-1) == student.reference.argmax(-1)).mean()),
                 "max_abs_logit_diff_vs_pytorch": float(np.abs(scores - own).max()),
             }
         )
@@ -290,6 +371,6 @@ def build(shipped: Shipped, inputs: Inputs, cfg, out: Path) -> dict:
         "tokenizer": "tokenizer.json (the app tokenizes, as for the ids-in ONNX model)",
         "embeddings": "fp32 (8-bit embedding quantization has no ExecuTorch 1.5.1 kernel); the trimmed vocabulary "
         "is what keeps the table small"
-        if (shipped.trim or {}).get("applied")
+        if (student.trim or {}).get("applied")
         else "fp32 (8-bit embedding quantization has no ExecuTorch 1.5.1 kernel)",
     }

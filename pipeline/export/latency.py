@@ -95,6 +95,10 @@ def side_by_side(
     return measure_latency(cfg, models, sentence_ids, sentence_types)
 
 
+# Timed at the fixed lengths but not on the real sentences when the int8 teacher is there to compare with.
+REFERENCE_ONLY = ("teacher PyTorch fp32", "teacher ONNX fp32", "student PyTorch fp32")
+
+
 def model_entry(runtime, factory, facts, model_config) -> tuple:
     """A measure_latency model entry."""
     roles, legacy = facts["special_tokens"], facts["special_token_ids"]
@@ -110,7 +114,7 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
     ``sentence_ids[name]``: real test sentences in that model's own vocabulary; ``sentence_types[name]`` their
     token_type_ids for sentence-pair models (the fixed-length inputs are then pairs of two equal halves too).
     Inputs: one sequence of exactly L tokens per configured length (lengths
-    beyond a model's position table are skipped), and the real sentences.
+    beyond a model's position table are skipped), and the real sentences (REFERENCE_ONLY models left out there).
     Returns the rows, the lengths skipped, the machine's load before and after, and the machine in words.
     """
     load_before = os.getloadavg()[0]
@@ -131,7 +135,11 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
                 },
             )
         )
+    reference = "teacher ONNX int8" if "teacher ONNX int8" in models else None
     if cfg.latency_sentences:
+        # Real sentences: the int8 teacher and what the student ships as (ONNX, ExecuTorch). The PyTorch models and the
+        # fp32 teacher, three times the int8 teacher's cost per call, are timed at the fixed lengths only.
+        timed_on_sentences = [name for name in models if reference is None or name not in REFERENCE_ONLY]
         feeds = {
             name: [
                 {
@@ -140,18 +148,17 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
                 }
                 for ids in sentence_ids[name]
             ]
-            for name in models
+            for name in timed_on_sentences
         }
         if sentence_types is not None:
-            for name in sentence_types:
+            for name in timed_on_sentences:
                 for feed, types in zip(feeds[name], sentence_types[name]):
                     feed[SEGMENT_INPUT] = np.asarray([types], dtype=np.int64)
         mean_tokens = float(np.mean([len(ids) for ids in next(iter(sentence_ids.values()))]))
         settings.append(("sentences", round(mean_tokens, 1), feeds))
-    reference = "teacher ONNX int8" if "teacher ONNX int8" in models else None
     for label, length, inputs in settings:
         for threads in cfg.latency_threads:
-            runners = {name: m[1](threads) for name, m in models.items()}
+            runners = {name: m[1](threads) for name, m in models.items() if name in inputs}
             # One fixed-length input is called latency_runs times over the first latency_rounds rounds; each real
             # sentence once per round. Rounds are added until every speed-up's interval is narrow (timing.interleaved).
             repeat = max(1, math.ceil(cfg.latency_runs / cfg.latency_rounds)) if label != "sentences" else 1
@@ -175,7 +182,7 @@ def measure_latency(cfg, models: dict, sentence_ids: dict, sentence_types: dict 
                 max_rounds=cfg.latency_max_rounds,
                 reference=reference,
                 max_spread=cfg.latency_max_spread,
-                watch=[name for name in models if name.startswith(("student ONNX", "student ExecuTorch"))],
+                watch=[name for name in runners if name.startswith(("student ONNX", "student ExecuTorch"))],
             )
             log.info(
                 "[export] timed in %.0f s, %d rounds",

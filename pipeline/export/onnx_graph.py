@@ -191,6 +191,8 @@ def ort_session(path: str | Path | bytes, threads: int | None = None, custom_ops
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    else:  # a pool's idle threads would spin against the ExecuTorch lowering beside the export's accuracy runs
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     model = path if isinstance(path, bytes) else str(path)  # a file, or a serialized model
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
@@ -201,8 +203,14 @@ def onnx_logits(path_or_session, split, pad: int, batch_size: int = 1) -> np.nda
 
     One example per call by default, unpadded: the way an app calls the model, and what every recorded accuracy
     means. ``batch_size`` > 1 is a speed option; dynamic int8 then scales activations over the whole padded
-    batch, so its answers depend on the other texts (see :func:`batch_invariance`)."""
-    session = ort_session(path_or_session) if isinstance(path_or_session, (str, Path)) else path_or_session
+    batch, so its answers depend on the other texts (see :func:`batch_invariance`).
+
+    One text per call runs on one thread: a batch-1 call of a small graph gains little from a second one, and the
+    export lowers the ExecuTorch programs on the other core meanwhile (a second ORT thread would spin against it)."""
+    if isinstance(path_or_session, (str, Path)):
+        session = ort_session(path_or_session, threads=1 if batch_size == 1 else None)
+    else:
+        session = path_or_session
     parts = []
     for start in range(0, len(split), batch_size):
         parts.append(session.run(OUTPUT_NAMES, split_feeds(split, start, start + batch_size, pad))[0])

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -692,11 +693,19 @@ def check(path: Path, texts: list[str], expected_ids: list[list[int]], expected_
 
 
 def ship(
-    classifier: Path, tokenizer_json: Path, facts: dict, max_length: int, records: list[dict], pad: int, target: Path
+    classifier: Path,
+    tokenizer_json: Path,
+    facts: dict,
+    max_length: int,
+    records: list[dict],
+    pad: int,
+    target: Path,
+    known: tuple[Any, np.ndarray] | None = None,
 ) -> dict:
     """Build the text-in model at ``target`` from the shipped ``classifier`` and check it on ``records`` (the test
     split): predict.py's token ids (tokenizers, truncation at ``max_length``) and the classifier's predictions on
-    them must be reproduced exactly, or nothing is shipped. Returns metadata.json's ``text_model``."""
+    them must be reproduced exactly, or nothing is shipped. ``known``: (token ids, the classifier's one-text-per-call
+    logits on them), used when predict.py's ids are those. Returns metadata.json's ``text_model``."""
     why = unsupported_reason(facts, pairs=bool(records) and "text_pair" in records[0])
     if why is None:
         try:
@@ -709,7 +718,10 @@ def ship(
         return {"shipped": False, "why": why}
     texts = [r["text"] for r in records]
     ids = tokenize_texts(tokenizer_json, texts, max_length)  # exactly predict.py's encoding
-    logits = onnx_logits(classifier, IdSplit(ids, np.zeros(len(ids))), pad)  # predict.py's predictions
+    if known is not None and len(known[0]) == len(ids) and all(list(a) == b for a, b in zip(known[0], ids)):
+        logits = known[1]  # the classifier was already run on exactly these ids
+    else:
+        logits = onnx_logits(classifier, IdSplit(ids, np.zeros(len(ids))), pad)  # predict.py's predictions
     result = check(target, texts, ids, logits, pad)
     if not result["exact"]:
         Path(target).unlink()

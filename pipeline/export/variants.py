@@ -62,6 +62,20 @@ class Inputs:
 
 
 @dataclass
+class Student:
+    """The PyTorch student as it will ship (student_to_ship): vocabulary trimmed or not, with its test split."""
+
+    model: Any  # a transformers classifier, eager attention
+    test: Any  # the test split in the student's own vocabulary (TokenizedSplit or tokenizer.IdSplit)
+    pad: int
+    tokenizer_json: Path
+    own_logits: np.ndarray  # ``model``'s logits on ``test``: what its graphs and programs must reproduce
+    reference: np.ndarray  # the trained student's logits, which every variant's accuracy is compared with
+    trim: dict | None = None  # vocab_trim facts (trimmed_student's) when export.trim_vocab
+    trained: Any = None  # the trained, untrimmed model when trimmed: its graph gives the "before" figures
+
+
+@dataclass
 class Shipped:
     """The student as shipped: model, tokenizer and test split in its own (maybe trimmed) vocabulary, and its fp32 graph."""
 
@@ -74,6 +88,7 @@ class Shipped:
     fp32_logits: np.ndarray
     fp32: dict  # the fp32 graph's test metrics (variant_metrics)
     reference: np.ndarray  # logits of the trained PyTorch student, which every variant is compared with
+    own_logits: np.ndarray  # logits of ``model`` itself (the trimmed student when trimmed): what parity compares with
     parity: dict  # the fp32 graph against its own PyTorch model
     ladder: list  # int8 settings to try (read from the exporter's node scopes)
     trim: dict | None = None  # vocab_trim facts when export.trim_vocab
@@ -105,110 +120,81 @@ def read_records(prepare: Path, split: str = "test") -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def export_student(inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
-    """The trained student as fp32 ONNX, parity-checked; with export.trim_vocab this graph is the "before" of the trimmed one."""
+def student_to_ship(inputs: Inputs, cfg, work: Path) -> Student:
+    """The trained student and, with export.trim_vocab, the same cut to the tokens the training text uses (a smaller
+    embedding table; test re-tokenized with the cut vocabulary), with the logits every later check compares with."""
     model = load_classifier(str(inputs.student), attn_implementation="eager").eval()
     reference = torch_logits(model, inputs.test, inputs.pad)  # the PyTorch student every variant is compared with
     tokenizer_json = inputs.student / "tokenizer.json"
-    trim = cfg.trim_vocab and trim_supported(tokenizer_facts(tokenizer_json))
-    full = export_fp32(
-        model,
-        inputs.test,
-        inputs.pad,
-        tokenizer_json,
-        (work if trim else out) / "model.onnx",
-        reference,
-        reference,
-        inputs.names,
-        cfg,
-    )
-    if cfg.trim_vocab and not trim:
+    facts = tokenizer_facts(tokenizer_json)
+    untrimmed = Student(model, inputs.test, inputs.pad, tokenizer_json, reference, reference)
+    if not cfg.trim_vocab:
+        return untrimmed
+    if not trim_supported(facts):
         reason = (
             f"vocabulary trimming supports WordPiece, BPE and Unigram tokenizers; this tokenizer is "
-            f"{full.facts['type']}, so the full vocabulary is shipped"
+            f"{facts['type']}, so the full vocabulary is shipped"
         )
         log.info("[export] export.trim_vocab skipped: %s", reason)
-        full.trim = {
+        untrimmed.trim = {
             "enabled": False,
             "requested": True,
             "applied": False,
             "reason": reason,
-            "tokenizer_model": full.facts["type"],
+            "tokenizer_model": facts["type"],
         }
-    return export_trimmed(full, inputs, cfg, out, work) if trim else full
-
-
-def trim_supported(facts: dict) -> bool:
-    """export.trim_vocab cuts WordPiece, BPE and Unigram vocabularies (tokenizer.trim_vocabulary)."""
-    return facts.get("type") in ("WordPiece", "BPE", "Unigram")
-
-
-def export_fp32(model, test, pad, tokenizer_json, path, own_logits, reference, names, cfg, role_tokens=None) -> Shipped:
-    """``model`` as fp32 ONNX at ``path``: parity against ``own_logits`` (its PyTorch logits), metrics against ``reference``.
-
-    ``role_tokens`` ({role: token}) names the special tokens when ``tokenizer_json`` has no tokenizer_config.json beside it."""
-    logits, parity, ladder = export_checked(model, path, test, pad, own_logits, cfg)
-    fp32 = variant_metrics(logits, reference, test.labels, names, path, count_parameters(model))
-    fp32["batch_invariance"] = batch_invariance(path, test, pad, logits)
-    facts = tokenizer_facts(tokenizer_json, role_tokens)
-    return Shipped(
-        model=model,
-        test=test,
-        pad=pad,
-        tokenizer_json=tokenizer_json,
-        facts=facts,
-        fp32_path=path,
-        fp32_logits=logits,
-        fp32=fp32,
-        reference=reference,
-        parity=parity,
-        ladder=ladder,
-    )
-
-
-def export_checked(student, path, split, pad, reference, cfg):
-    """Export ``student`` to ``path``, strip exporter metadata, and fail loudly unless ONNX matches PyTorch on ``split``."""
-    export_onnx(LogitsOnly(student), path, cfg.opset, segments=getattr(split, "token_type_ids", None) is not None)
-    ladder = quantization_ladder(path, student.config.num_hidden_layers)  # needs the exporter's node scopes
-    strip_node_metadata(path)
-    logits = onnx_logits(path, split, pad)
-    max_diff = float(np.abs(reference - logits).max())
-    agreement = float((reference.argmax(-1) == logits.argmax(-1)).mean())
-    if max_diff > cfg.parity_tolerance:
-        raise PipelineError(
-            f"ONNX parity check failed: max |logit difference| {max_diff:.2e} on the test split is above "
-            f"export.parity_tolerance={cfg.parity_tolerance} (prediction agreement {agreement:.4f}). "
-            f"The exported graph does not compute what the PyTorch student computes; nothing was shipped."
-        )
-    return logits, {"max_abs_logit_diff": max_diff, "prediction_agreement": agreement}, ladder
-
-
-def export_trimmed(full: Shipped, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
-    """A smaller embedding table: the student cut to the tokens the training text uses, exported and checked again."""
-    model, test, tokenizer_json, trim = trimmed_student(
-        full.model,
-        inputs.prepare,
-        inputs.test_records,
-        full.tokenizer_json,
-        work,
-        full.test,
-        inputs.max_length,
-        full.facts,
+        return untrimmed
+    trimmed, test, trimmed_json, trim = trimmed_student(
+        model, inputs.prepare, inputs.test_records, tokenizer_json, work, inputs.test, inputs.max_length, facts
     )
     pad = trim["pad_id"]
+    own = torch_logits(trimmed, test, pad)
+    return Student(trimmed, test, pad, trimmed_json, own, reference, trim, trained=model)
+
+
+def export_student(student: Student, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
+    """The student as fp32 ONNX (model.onnx), parity-checked; when trimmed, the trained student's graph too, for the
+    size and accuracy before trimming."""
+    if student.trained is None:
+        shipped = export_fp32(
+            student.model,
+            student.test,
+            student.pad,
+            student.tokenizer_json,
+            out / "model.onnx",
+            student.own_logits,
+            student.reference,
+            inputs.names,
+            cfg,
+        )
+        shipped.trim = student.trim
+        return shipped
+    full = export_fp32(
+        student.trained,
+        inputs.test,
+        inputs.pad,
+        inputs.student / "tokenizer.json",
+        work / "model.onnx",
+        student.reference,
+        student.reference,
+        inputs.names,
+        cfg,
+        shipped=False,
+    )
     roles = {role: entry["token"] for role, entry in full.facts["special_tokens"].items()}
     shipped = export_fp32(
-        model,
-        test,
-        pad,
-        tokenizer_json,
+        student.model,
+        student.test,
+        student.pad,
+        student.tokenizer_json,
         out / "model.onnx",
-        torch_logits(model, test, pad),
-        full.reference,
+        student.own_logits,
+        student.reference,
         inputs.names,
         cfg,
         roles,
     )
+    trim = dict(student.trim or {})
     before, after = full.fp32, shipped.fp32
     # texts whose pieces all survive: the same ids, so the same predictions (up to float noise of a smaller table)
     surviving = trim.pop("surviving_rows")
@@ -229,6 +215,56 @@ def export_trimmed(full: Shipped, inputs: Inputs, cfg, out: Path, work: Path) ->
         after["accuracy"],
     )
     return shipped
+
+
+def trim_supported(facts: dict) -> bool:
+    """export.trim_vocab cuts WordPiece, BPE and Unigram vocabularies (tokenizer.trim_vocabulary)."""
+    return facts.get("type") in ("WordPiece", "BPE", "Unigram")
+
+
+def export_fp32(
+    model, test, pad, tokenizer_json, path, own_logits, reference, names, cfg, role_tokens=None, shipped=True
+) -> Shipped:
+    """``model`` as fp32 ONNX at ``path``: parity against ``own_logits`` (its PyTorch logits), metrics against ``reference``.
+
+    ``role_tokens`` ({role: token}) names the special tokens when ``tokenizer_json`` has no tokenizer_config.json beside it.
+    ``shipped=False``: the graph before vocabulary trimming, kept for its size and accuracy only (no batching check)."""
+    logits, parity, ladder = export_checked(model, path, test, pad, own_logits, cfg)
+    fp32 = variant_metrics(logits, reference, test.labels, names, path, count_parameters(model))
+    if shipped:
+        fp32["batch_invariance"] = batch_invariance(path, test, pad, logits)
+    facts = tokenizer_facts(tokenizer_json, role_tokens)
+    return Shipped(
+        model=model,
+        test=test,
+        pad=pad,
+        tokenizer_json=tokenizer_json,
+        facts=facts,
+        fp32_path=path,
+        fp32_logits=logits,
+        fp32=fp32,
+        reference=reference,
+        own_logits=own_logits,
+        parity=parity,
+        ladder=ladder,
+    )
+
+
+def export_checked(student, path, split, pad, reference, cfg):
+    """Export ``student`` to ``path``, strip exporter metadata, and fail loudly unless ONNX matches PyTorch on ``split``."""
+    export_onnx(LogitsOnly(student), path, cfg.opset, segments=getattr(split, "token_type_ids", None) is not None)
+    ladder = quantization_ladder(path, student.config.num_hidden_layers)  # needs the exporter's node scopes
+    strip_node_metadata(path)
+    logits = onnx_logits(path, split, pad)
+    max_diff = float(np.abs(reference - logits).max())
+    agreement = float((reference.argmax(-1) == logits.argmax(-1)).mean())
+    if max_diff > cfg.parity_tolerance:
+        raise PipelineError(
+            f"ONNX parity check failed: max |logit difference| {max_diff:.2e} on the test split is above "
+            f"export.parity_tolerance={cfg.parity_tolerance} (prediction agreement {agreement:.4f}). "
+            f"The exported graph does not compute what the PyTorch student computes; nothing was shipped."
+        )
+    return logits, {"max_abs_logit_diff": max_diff, "prediction_agreement": agreement}, ladder
 
 
 def quantize_dynamic(shipped: Shipped, names, cfg, out: Path, work: Path) -> Int8 | None:
@@ -391,6 +427,12 @@ def shipped_graph(shipped: Shipped, int8: Int8 | None, static: Int8 | None, reco
             recommended, shipped.fp32_path
         ),
     )
+
+
+def shipped_logits(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> np.ndarray:
+    """The recommended variant's logits on the test split, one text per call."""
+    chosen = {"int8": int8, "int8_static": static}.get(recommended)
+    return chosen.logits if chosen else shipped.fp32_logits
 
 
 def _brief(metrics: dict) -> dict:

@@ -330,7 +330,12 @@ def executorch_build(tmp_path, setting: str):
     cfg = types.SimpleNamespace(executorch=setting, parity_tolerance=1e-3, max_int8_drop=1.0)
     test = types.SimpleNamespace(labels=np.array([0, 1]), input_ids=[[2, 4, 3], [2, 5, 3]])
     shipped = types.SimpleNamespace(
-        model=None, test=test, pad=0, reference=np.array([[1.0, 0.0], [0.0, 1.0]]), trim=None
+        model=None,
+        test=test,
+        pad=0,
+        reference=np.array([[1.0, 0.0], [0.0, 1.0]]),
+        own_logits=np.array([[1.0, 0.0], [0.0, 1.0]]),
+        trim=None,
     )
     inputs = types.SimpleNamespace(segments=False, max_length=16, names=["fresh", "rotten"])
     tmp_path.mkdir(exist_ok=True)
@@ -382,8 +387,7 @@ def test_a_student_executorch_cannot_lower_is_skipped_with_auto_and_one_error_wi
         return {"file": path.name, "file_mb": 0.0, "export_seconds": 0.0}
 
     monkeypatch.setattr(executorch_program, "unusable", lambda: None)
-    monkeypatch.setattr(executorch_program, "torch_logits", lambda *a: np.array([[1.0, 0.0], [0.0, 1.0]]))
-    monkeypatch.setattr(executorch_program, "logits", lambda path, split: np.array([[1.0, 0.0], [0.0, 1.0]]))
+    monkeypatch.setattr(executorch_program, "logits", lambda *a: np.array([[1.0, 0.0], [0.0, 1.0]]))
     monkeypatch.setattr(executorch_program, "export_pte", export_pte)
     kept = executorch_build(tmp_path / "int8", "auto")  # the fp32 program is built; the int8 one is not
     assert kept["built"] is True and list(kept["variants"]) == ["fp32"]
@@ -399,6 +403,54 @@ def test_a_student_executorch_cannot_lower_is_skipped_with_auto_and_one_error_wi
     none = executorch_build(tmp_path / "fail-fp32", "auto")
     assert none["built"] is False and "could not build or run model.pte" in none["why"]
     assert not list((tmp_path / "fail-fp32").iterdir())
+
+
+class _AbortsWhenUnpickled:
+    """Stands in for the student: the process building model.pte aborts as it receives it (as a native abort in the
+    lowering or the runtime would end it)."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.abort, ())
+
+
+@pytest.mark.pipeline  # a child process
+def test_a_build_process_that_aborts_is_recorded_with_auto_and_one_error_with_on(tmp_path):
+    """The export lowers the ExecuTorch programs in a child process beside the ONNX steps; a child that dies without
+    answering must not hang or crash the export: auto records why, on is one clear error."""
+    import types
+
+    import numpy as np
+
+    from pipeline.errors import PipelineError
+    from pipeline.export import executorch_program
+    from pipeline.export.tokenizer import IdSplit
+
+    logits = np.array([[1.0, 0.0], [0.0, 1.0]])
+    student = types.SimpleNamespace(
+        model=_AbortsWhenUnpickled(),
+        test=IdSplit([[2, 4, 3], [2, 5, 3]], np.array([0, 1])),
+        pad=0,
+        reference=logits,
+        own_logits=logits,
+        trim=None,
+    )
+    inputs = types.SimpleNamespace(segments=False, max_length=16, names=["fresh", "rotten"])
+    for setting in ("auto", "on"):
+        out = tmp_path / setting
+        out.mkdir()
+        (out / "model.pte.partial").write_bytes(b"half")  # what a program cut short leaves
+        cfg = types.SimpleNamespace(executorch=setting, parity_tolerance=1e-3, max_int8_drop=1.0)
+        building = executorch_program.Building(student, inputs, cfg, out)
+        if setting == "auto":
+            result = building.result()
+            assert result["built"] is False, result
+            assert "ended the process building model.pte abnormally (exit code -6)" in result["why"], result
+        else:
+            with pytest.raises(PipelineError, match=r"export.executorch is on, but ExecuTorch .* abnormally"):
+                building.result()
+        assert not building.process.is_alive() and not list(out.iterdir())
 
 
 # ---------------------------------------------------------------- damaged model files of every kind
