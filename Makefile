@@ -91,7 +91,7 @@ test: lint
 	$(PY) -m pytest -q -m "not unit" $(if $(PYTEST_ARGS),,-n 2 --dist loadgroup) --durations=25 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
 test-reliability: $(STAMP)
-	$(PY) -m pytest -q -m "not unit" tests/reliability -n 2 --dist loadfile --durations=10 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+	$(PY) -m pytest -q -m "not unit" tests/reliability -n 2 --dist loadfile --no-loadscope-reorder --durations=10 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
 # ruff's linter and formatter on pipeline/, stages/, tests/ and bench/, then mypy on pipeline/ and stages/
 # (pyproject.toml; also .pre-commit-config.yaml).

@@ -63,3 +63,13 @@ def finished_run(tmp_path_factory):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _second_worker_builds_the_finished_run_first(request, worker_id):
+    """Two workers, two shared runs: the first worker's first test builds base_run (about 30 s) while the second
+    builds finished_run (about 35 s) at once, instead of waiting for base_run under its lock and building
+    finished_run later while the first worker waits for it. Only where the selected tests read runs: the unit tier
+    makes none."""
+    if worker_id == "gw1" and any(item.get_closest_marker("pipeline") for item in request.session.items):
+        request.getfixturevalue("finished_run")
