@@ -9,6 +9,8 @@ import tempfile
 import numpy as np
 import pytest
 
+from pipeline.export.from_text import same_ids, text_model_runner
+from pipeline.export.variants import read_records
 from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
 from pipeline.plots import pareto_plot
 from pipeline.splits import TokenizedSplit
@@ -127,6 +129,21 @@ def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static
         assert rows[name]["accuracy"] == peers[name]["accuracy"]
     assert all(0 < r["p25_ms"] <= r["p75_ms"] and r["median_ms"] > 0 for r in rows.values())
     assert rows["teacher_int8"]["speedup"] == 1.0
+    # The student's and the int8 teacher's accuracy is the ids-in figure (the same ids from tokenizer.json): it equals
+    # running the shipped text-in model on every raw test text, one per call; other ids would be measured again.
+    assert from_text["accuracy_from_token_ids"] == ["student", "teacher_int8"]
+    records = read_records(run_dir / "prepare")
+    max_length = read_json(run_dir / "prepare" / "stats.json")["max_length"]
+    names = metadata["labels"]
+    index = {name: int(i) for i, name in names.items()}
+    labels = np.array([index[str(r["label"])] for r in records])
+    run = text_model_runner(run_dir / "export" / "bundle" / metadata["text_model"]["file"])
+    assert rows["student"]["accuracy"] == pytest.approx(np.mean([run(r["text"]) for r in records] == labels))
+    split = TokenizedSplit(run_dir / "prepare", "test")
+    tokenizer = run_dir / "distill" / "student" / "tokenizer.json"
+    texts = [r["text"] for r in records]
+    assert same_ids(tokenizer, texts, max_length, split)
+    assert not same_ids(tokenizer, ["an unrelated text", *texts[1:]], max_length, split)
     for row in rows.values():  # paired against the int8 teacher, with the median's interval
         assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
     versus = from_text["versus_peers"]
