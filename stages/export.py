@@ -98,17 +98,17 @@ def run(ctx: Context) -> dict:
     work = fresh_folder(ctx.out / "work")  # teacher graph and rejected int8 attempts; removed before the rename
     student = student_to_ship(inputs, cfg, work)  # the PyTorch student, its vocabulary trimmed (export.trim_vocab)
     # model.pte, model.int8.pte (ExecuTorch, XNNPACK): lowered in a child process on one core while the ONNX steps
-    # below run on the other; joined before the latency is timed on a quiet machine
-    building = executorch_program.Building(student, inputs, cfg, out)
-    shipped = export_student(student, inputs, cfg, out, work)  # 1. fp32 ONNX and parity
-    laps.lap("fp32 graph and parity")
-    int8 = quantize_dynamic(shipped, inputs.names, cfg, out, work)  # 2. dynamic int8 within the accuracy budget
-    static = quantize_static(shipped, inputs, cfg, seed, out, work)  # and static QDQ int8 (calibrated)
-    laps.lap("int8")
-    teacher = export_teacher(inputs, int8, cfg, work)  # 3. the baseline a user would ship instead
-    laps.lap("int8 teacher")
-    pte = building.result()
-    laps.lap("executorch (the part not beside the int8 steps)")
+    # below run on the other; joined before the latency is timed on a quiet machine, ended if a step fails
+    with executorch_program.Building(student, inputs, cfg, out) as building:
+        shipped = export_student(student, inputs, cfg, out, work)  # 1. fp32 ONNX and parity
+        laps.lap("fp32 graph and parity")
+        int8 = quantize_dynamic(shipped, inputs.names, cfg, out, work)  # 2. dynamic int8 within the accuracy budget
+        static = quantize_static(shipped, inputs, cfg, seed, out, work)  # and static QDQ int8 (calibrated)
+        laps.lap("int8")
+        teacher = export_teacher(inputs, int8, cfg, work)  # 3. the baseline a user would ship instead
+        laps.lap("int8 teacher")
+        pte = building.result()
+        laps.lap("executorch (the part not beside the int8 steps)")
     latency = side_by_side(seed, inputs, shipped, int8, static, pte, teacher, cfg)  # every model side by side
     laps.lap("latency")
     recommended, because = choose_variant(cfg, int8, static, latency["rows"])  # on one-text-per-call accuracy and speed

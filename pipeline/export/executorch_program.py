@@ -230,6 +230,19 @@ class Building:
         self.process.start()
         sender.close()
 
+    def __enter__(self) -> Building:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the build process if it still runs (a step beside it failed): no process outlives the export."""
+        process = getattr(self, "process", None)
+        if process is not None and process.is_alive():
+            process.terminate()
+            process.join()
+
     def result(self) -> dict:
         if self.done is not None:
             return self.done

@@ -405,6 +405,44 @@ def test_a_student_executorch_cannot_lower_is_skipped_with_auto_and_one_error_wi
     assert not list((tmp_path / "fail-fp32").iterdir())
 
 
+class _SleepsWhenUnpickled:
+    """Stands in for the student: the process building model.pte is still busy when a step beside it fails."""
+
+    def __reduce__(self):
+        import time
+
+        return (time.sleep, (120,))
+
+
+@pytest.mark.pipeline  # a child process
+def test_a_failing_step_ends_the_build_process(tmp_path):
+    """The export lowers the ExecuTorch programs beside its ONNX steps; when one of those fails, the lowering must not
+    go on (writing into a folder being discarded, holding a core) after the export has ended."""
+    import types
+
+    import numpy as np
+
+    from pipeline.export import executorch_program
+    from pipeline.export.tokenizer import IdSplit
+
+    logits = np.array([[1.0, 0.0]])
+    student = types.SimpleNamespace(
+        model=_SleepsWhenUnpickled(),
+        test=IdSplit([[2, 4, 3]], np.array([0])),
+        pad=0,
+        reference=logits,
+        own_logits=logits,
+        trim=None,
+    )
+    inputs = types.SimpleNamespace(segments=False, max_length=16, names=["fresh", "rotten"])
+    cfg = types.SimpleNamespace(executorch="auto", parity_tolerance=1e-3, max_int8_drop=1.0)
+    with pytest.raises(RuntimeError, match="a step beside it failed"):
+        with executorch_program.Building(student, inputs, cfg, tmp_path) as building:
+            assert building.process.is_alive()
+            raise RuntimeError("a step beside it failed")
+    assert not building.process.is_alive() and building.process.exitcode is not None
+
+
 class _AbortsWhenUnpickled:
     """Stands in for the student: the process building model.pte aborts as it receives it (as a native abort in the
     lowering or the runtime would end it)."""
