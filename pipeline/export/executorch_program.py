@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import multiprocessing
 import os
 import sys
 import time
@@ -34,6 +35,7 @@ import torch
 
 from ..errors import PipelineError
 from ..metrics import classification_report
+from ..parent_death import end_with_parent
 
 if TYPE_CHECKING:  # the build process imports this module first: no transformers before it has to
     from .variants import Inputs, Student
@@ -203,9 +205,7 @@ class Building:
     of one core for bert_small's student). ``result()`` waits for it and gives build's answer or raises its error."""
 
     def __init__(self, student: Student, inputs: Inputs, cfg, out: Path):
-        import multiprocessing
-
-        from .tokenizer import IdSplit
+        from .tokenizer import IdSplit  # here, not at the top: the build process imports this module without it
 
         self.cfg, self.out, self.done = cfg, out, None
         if cfg.executorch == "off" or inputs.segments:  # answered at once, without a process
@@ -273,8 +273,6 @@ class Building:
 
 
 def _build_in_child(sender, parent: int, student, inputs, cfg, out: Path) -> None:
-    from ..parent_death import end_with_parent
-
     end_with_parent(parent)
     torch.set_num_threads(1)  # one core for the lowering, the other for the ONNX steps beside it
     handler = logging.StreamHandler(sys.stderr)  # its lines in the pipeline's log, as the pipeline writes them

@@ -231,8 +231,11 @@ def measure_bundle(
     chosen = {"fp32": shipped.fp32, "int8": int8 and int8.metrics, "int8_static": static and static.metrics}
     if chosen.get(recommended) and same_ids(shipped.tokenizer_json, texts, inputs.max_length, shipped.test):
         known["student"] = chosen[recommended]
-    teacher_ids = same_ids(inputs.student / "tokenizer.json", texts, inputs.max_length, inputs.test)
-    if teacher.int8 and teacher.baseline and teacher_ids:
+    if (
+        teacher.int8
+        and teacher.baseline
+        and same_ids(inputs.student / "tokenizer.json", texts, inputs.max_length, inputs.test)
+    ):
         known[teacher_name] = teacher.baseline
     reused = [name for name in ("student", teacher_name) if name in known]
     # rounds are added until the student's speed-up is narrow (a microsecond peer's ratio is noisy, and not the claim)

@@ -155,33 +155,21 @@ def student_to_ship(inputs: Inputs, cfg, work: Path) -> Student:
 def export_student(student: Student, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
     """The student as fp32 ONNX (model.onnx), parity-checked; when trimmed, the trained student's graph too, for the
     size and accuracy before trimming."""
-    if student.trained is None:
-        shipped = export_fp32(
-            student.model,
-            student.test,
-            student.pad,
-            student.tokenizer_json,
-            out / "model.onnx",
-            student.own_logits,
+    full, roles = None, None
+    if student.trained is not None:  # the trained student's graph: the figures before trimming
+        full = export_fp32(
+            student.trained,
+            inputs.test,
+            inputs.pad,
+            inputs.student / "tokenizer.json",
+            work / "model.onnx",
+            student.reference,
             student.reference,
             inputs.names,
             cfg,
+            shipped=False,
         )
-        shipped.trim = student.trim
-        return shipped
-    full = export_fp32(
-        student.trained,
-        inputs.test,
-        inputs.pad,
-        inputs.student / "tokenizer.json",
-        work / "model.onnx",
-        student.reference,
-        student.reference,
-        inputs.names,
-        cfg,
-        shipped=False,
-    )
-    roles = {role: entry["token"] for role, entry in full.facts["special_tokens"].items()}
+        roles = {role: entry["token"] for role, entry in full.facts["special_tokens"].items()}
     shipped = export_fp32(
         student.model,
         student.test,
@@ -194,6 +182,9 @@ def export_student(student: Student, inputs: Inputs, cfg, out: Path, work: Path)
         cfg,
         roles,
     )
+    if full is None:
+        shipped.trim = student.trim
+        return shipped
     trim = dict(student.trim or {})
     before, after = full.fp32, shipped.fp32
     # texts whose pieces all survive: the same ids, so the same predictions (up to float noise of a smaller table)
