@@ -79,7 +79,12 @@ def row(clone: Path) -> dict:
     }
 
 
+# Stages recorded under an earlier name (rows of older commits): shown in the stage's column.
+FORMER_NAMES = {"baselines": "peers"}
+
+
 def table(rows: list[dict]) -> list[str]:
+    rows = [{**r, "stages": {FORMER_NAMES.get(s, s): v for s, v in r["stages"].items()}} for r in rows]
     stages = [s for s in STAGES if any(s in r["stages"] for r in rows)]
     lines = [
         "# The default run on a fresh clone, set-up included",

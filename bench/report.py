@@ -202,7 +202,7 @@ SECTIONS: list[Section] = [
         "default",
         "The budget sweep's own table (its `sweep.md`, copied here): a static student and transformer students of "
         "1, 2 and 3 layers (`layers3` has exactly the default config), the int8 teacher and the peers the "
-        '`baselines` stage trains (TF-IDF, fastText, static embeddings). "accuracy from text" and "ms per '
+        '`peers` stage trains (TF-IDF, fastText, static embeddings). "accuracy from text" and "ms per '
         'text": raw text in, label out, one text per call, one thread, tokenizer included.',
         data=("sweep_budget_bert_small.json", "sweep_budget_bert_small.png"),
         layers=_sweep_default_layers("sweep_budget_bert_small.json"),
@@ -334,7 +334,7 @@ SECTIONS: list[Section] = [
         "Does the base teacher pay on the phone? bert_small's student continued under MPNet-base (three seeds)",
         "data",
         "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_phone.yaml ARGS='--to evaluate "
-        "baselines.enabled=false'`: bert_small's shipped student (3 MiniLM-L6 layers, FFN 256, so bert_small's "
+        "peers.enabled=false'`: bert_small's shipped student (3 MiniLM-L6 layers, FFN 256, so bert_small's "
         "latency) reading the MPNet teacher's ids through its remapped embedding rows, CE + logit KD, lr 1e-4, 3 "
         "epochs over the sentences and one teacher-labelled augmented copy each; the evaluate stage's batched "
         "PyTorch accuracy. Its control is the next table; bert_small's student itself scores 0.8252 in the same "

@@ -28,7 +28,7 @@ examples:
   python -m pipeline validate bert_small                  # check the config, run nothing
   python -m pipeline sweep bert_small configs/sweeps/depth.yaml --pick "retention>=0.98"   # variants, table, pick
 
-Stages: prepare -> teacher -> baselines -> capture -> distill -> evaluate -> export.
+Stages: prepare -> teacher -> peers -> capture -> distill -> evaluate -> export.
 Outputs go to RUNS_DIR/<config>/<stage>/ (default runs/); MLflow data to
 $MLFLOW_TRACKING_URI or sqlite RUNS_DIR/mlflow.db. Configs live in configs/<name>.yaml.
 Exit codes: 0 ok, 1 run error, 2 config error, 130 interrupted by Ctrl-C or SIGTERM (rerun to resume).
@@ -50,7 +50,7 @@ The sweep file lists named variants, each a set of config overrides:
 
 Each variant runs in RUNS_DIR/<config>/sweeps/<sweep>/<variant>/. A stage whose
 fingerprint matches a complete stage of the config's run folder or of an earlier
-variant is hard-linked from there, not rerun: prepare, teacher, baselines and capture run once.
+variant is hard-linked from there, not rerun: prepare, teacher, peers and capture run once.
 In MLflow the variants' pipeline runs are nested under one sweep run.
 
 The sweep ends with a table (sweep.md, sweep.csv, sweep.json) and a Pareto plot

@@ -398,12 +398,12 @@ class FastTextGrid(Section):
     cutoff: int = Field(100_000, ge=1000, description="words and n-grams kept by quantization")
 
 
-class BaselinesConfig(Section):
-    """What mobile teams ship instead (stages/baselines.py): trained on the run's splits, timed by the export."""
+class PeersConfig(Section):
+    """What mobile teams ship instead (stages/peers.py): trained on the run's splits, timed by the export."""
 
     enabled: bool = True
-    peers: list[Literal["tfidf", "fasttext", "static", "model2vec"]] = Field(
-        ["tfidf", "fasttext", "static", "model2vec"], min_length=1
+    train: list[Literal["tfidf", "fasttext", "static", "model2vec"]] = Field(
+        ["tfidf", "fasttext", "static", "model2vec"], min_length=1, description="which peers to train"
     )
     tfidf_c: list[Annotated[float, Field(gt=0)]] = Field(
         [1.0, 4.0, 16.0, 32.0, 64.0], min_length=1, description="logistic regression C values tried on validation"
@@ -412,7 +412,7 @@ class BaselinesConfig(Section):
     static_dim: int = Field(256, ge=2, le=4096, description="PCA width of the static-embedding peer")
     static_c: list[Annotated[float, Field(gt=0)]] = Field([0.1, 1.0, 10.0, 100.0], min_length=1)
 
-    @field_validator("peers")
+    @field_validator("train")
     @classmethod
     def _distinct_peers(cls, value):
         if len(set(value)) != len(value):
@@ -628,7 +628,7 @@ class PipelineConfig(Section):
     student: StudentConfig = StudentConfig()
     distill: DistillConfig = DistillConfig()
     capture: CaptureConfig = CaptureConfig()
-    baselines: BaselinesConfig = BaselinesConfig()
+    peers: PeersConfig = PeersConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     export: ExportConfig = ExportConfig()
     tracking: TrackingConfig = TrackingConfig()
@@ -1076,6 +1076,13 @@ def _fields_at(path: tuple) -> list[str]:
     return list(model.model_fields)
 
 
+# Keys of earlier versions, by their dotted path: the unknown-key line says what they are called now.
+RENAMED = {
+    "baselines": "the section is 'peers' now, and its list 'baselines.peers' is 'peers.train' (the stage is 'peers')",
+    "peers.peers": "'peers.train' lists the peers to train",
+}
+
+
 def validation_problems(exc: ValidationError) -> list[tuple[str, tuple[str, ...]]]:
     """One (line, dotted keys it concerns) per problem of a failed validation."""
     problems: list[tuple[str, tuple[str, ...]]] = []
@@ -1087,6 +1094,7 @@ def validation_problems(exc: ValidationError) -> list[tuple[str, tuple[str, ...]
             valid = _fields_at(loc[:-1])
             near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
             hint = f"did you mean '{'.'.join(map(str, loc[:-1] + (near[0],)))}'?" if near else ""
+            hint = f"It was renamed: {RENAMED[path]}." if path in RENAMED else hint
             problems.append((f"  - {path}: unknown key. {hint} Valid keys here: {', '.join(valid)}.", keys))
         elif err["type"] == "value_error" and isinstance((err.get("ctx") or {}).get("error"), ConfigProblems):
             problems += [

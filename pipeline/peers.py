@@ -14,11 +14,11 @@ micro- to milliseconds:
   ``StaticModelPipeline``.
 
 Each peer predicts from raw text (``predict_one``: one text per call, the way an app calls it), saves one file
-(its size is what ships) and loads from it. The baselines stage trains and scores them; the export times them
+(its size is what ships) and loads from it. The peers stage trains and scores them; the export times them
 side by side with the student and the int8 teacher.
 
 scikit-learn, fastText and tokenizers are imported inside the peer that uses them: a bundle check or a run
-with ``baselines.enabled: false`` imports this module for its names only and pays for none of them
+with ``peers.enabled: false`` imports this module for its names only and pays for none of them
 (scikit-learn alone adds about 1.5 s to start-up here).
 """
 
@@ -51,7 +51,7 @@ _WORDS = re.compile(r"\w+|[^\w\s]")
 
 
 class PeerUnfit(Exception):
-    """A peer that cannot be trained on this run's data (the library refused it): the baselines stage skips that
+    """A peer that cannot be trained on this run's data (the library refused it): the peers stage skips that
     peer and records this message as the reason."""
 
 

@@ -46,7 +46,7 @@ from .tracking import Tracker, config_hash, run_status
 
 log = logging.getLogger("pipeline")
 
-STAGES = ["prepare", "teacher", "baselines", "capture", "distill", "evaluate", "export"]
+STAGES = ["prepare", "teacher", "peers", "capture", "distill", "evaluate", "export"]
 
 
 def replace_folder(finished: Path, target: Path) -> None:
@@ -393,7 +393,7 @@ def resolve_precision(precision: str) -> str:
 DIST_TIMEOUT_VAR = "PIPELINE_DIST_TIMEOUT"
 # Seconds a rank waits in one collective (a barrier, a gradient all-reduce) before it gives up. A peer that died
 # closes its connections and is noticed at once; this bounds the wait for one that froze or became unreachable.
-# It must exceed the longest stretch one rank works alone while the others wait at a barrier (prepare, baselines,
+# It must exceed the longest stretch one rank works alone while the others wait at a barrier (prepare, peers,
 # export on rank 0: minutes for bert_small on a 2-core CPU), hence 30 min, torch's gloo default, for NCCL too
 # (which would otherwise use its own default).
 DEFAULT_DIST_TIMEOUT_S = 1800

@@ -2,7 +2,7 @@
 ``run`` receives (``Context``).
 
 Stages type ``run(ctx: Context) -> dict`` against this module, not against the runner, so a stage imports nothing
-from the orchestration layer and a test can hand it any object with these members (tests/reliability's baselines
+from the orchestration layer and a test can hand it any object with these members (tests/reliability's peers
 tests do). The runner's ``StageContext`` is the one implementation; tests/test_stage_api.py checks that it has every
 member named here and that every stage module has the contract's names with these types. The config is imported for
 its type only: nothing here runs at import time.

@@ -83,7 +83,7 @@ from pipeline.timing import Laps
 log = logging.getLogger("pipeline")
 
 READS = ["export"]
-AFTER = ["prepare", "teacher", "baselines", "distill"]
+AFTER = ["prepare", "teacher", "peers", "distill"]
 VERSION = 6  # bump when the output changes for the same inputs (history: git log)
 
 
@@ -133,7 +133,7 @@ def run(ctx: Context) -> dict:
     checked = mobile.check_bundle(shipped, int8, static, recommended)  # what NNAPI and CoreML could take of each graph
     laps.lap("ORT format and mobile check")
     peers = from_text.measure_bundle(
-        ctx.input("baselines"), seed, cfg, inputs, shipped, int8, static, teacher, text, recommended, out
+        ctx.input("peers"), seed, cfg, inputs, shipped, int8, static, teacher, text, recommended, out
     )  # from raw text, beside TF-IDF, fastText and static embeddings
     laps.lap("from raw text beside the peers")
     variants = {

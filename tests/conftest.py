@@ -44,9 +44,9 @@ STATIC_TINY = [
     "student.static.bigram_buckets=64",
     "distill.loss.attention=0",
     "distill.loss.value_relation=0",
-    "baselines.enabled=true",
-    "baselines.fasttext.buckets=20000",
-    "baselines.fasttext.epochs=[5, 10]",
+    "peers.enabled=true",
+    "peers.fasttext.buckets=20000",
+    "peers.fasttext.epochs=[5, 10]",
 ]
 
 

@@ -42,6 +42,18 @@ def test_all_problems_reported_at_once_with_suggestion(tmp_path):
     assert "3 problem(s)" in message
 
 
+def test_a_renamed_key_says_its_new_name(tmp_path):
+    """The peers section was called `baselines` (and its list `peers`) before: a config of then is told the names."""
+    write(tmp_path, "old", "baselines:\n  peers: [tfidf]\npeers:\n  peers: [fasttext]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config("old", configs_dir=tmp_path)
+    message = str(err.value)
+    assert "baselines: unknown key. It was renamed: the section is 'peers' now" in message
+    assert "'baselines.peers' is 'peers.train'" in message
+    assert "peers.peers: unknown key. It was renamed: 'peers.train' lists the peers to train" in message
+    write(tmp_path, "new", "peers:\n  train: [tfidf]\n")
+    assert load_config("new", configs_dir=tmp_path).peers.train == ["tfidf"]
+
 def test_out_of_range_and_impossible_values():
     with pytest.raises(ConfigError, match="distill.temperature"):
         load_config("tiny", ["distill.temperature=0"])

@@ -149,5 +149,5 @@ def test_other_ranks_wait_for_a_stage_output_their_filesystem_shows_late(tmp_pat
     assert context(1).input("prepare") == tmp_path / "prepare"
     assert 1.4 < time.monotonic() - started < 10
     monkeypatch.setattr(runner, "SHARED_FOLDER_PATIENCE_S", 1)
-    with pytest.raises(runner.PipelineError, match="needs the output of 'baselines', which is not complete"):
-        context(1).input("baselines")
+    with pytest.raises(runner.PipelineError, match="needs the output of 'peers', which is not complete"):
+        context(1).input("peers")

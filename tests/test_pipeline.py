@@ -106,7 +106,7 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
     teacher_change = fingerprints(load_config("tiny", ["teacher.lr=0.002"]))
     assert [s for s in STAGES if base[s] != teacher_change[s]] == [
         "teacher",
-        "baselines",
+        "peers",
         "capture",
         "distill",
         "evaluate",
@@ -135,8 +135,8 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
         load_config("tiny", [*static_keys, "student.static.dim=16", "student.static.context=false"])
     )
     assert [s for s in STAGES if static[s] != no_context[s]] == ["capture", "distill", "evaluate", "export"]
-    assert [s for s in STAGES if base[s] != fingerprints(load_config("tiny", ["baselines.static_dim=8"]))[s]] == [
-        "baselines",
+    assert [s for s in STAGES if base[s] != fingerprints(load_config("tiny", ["peers.static_dim=8"]))[s]] == [
+        "peers",
         "export",
     ]
     loss_weight = fingerprints(load_config("tiny", ["distill.loss.attention=2.0"]))

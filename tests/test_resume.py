@@ -23,7 +23,7 @@ CHECKPOINT = re.compile(r"step-\d+-e(\d+)b(\d+)$")
 def copy_upstream(source_run: Path, target_run: Path) -> None:
     """Reuse the completed prepare/teacher/capture stages so only distill differs."""
     target_run.mkdir(parents=True)
-    for stage in ("prepare", "teacher", "baselines", "capture"):
+    for stage in ("prepare", "teacher", "peers", "capture"):
         shutil.copytree(source_run / stage, target_run / stage)
 
 

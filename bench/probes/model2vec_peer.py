@@ -1,5 +1,5 @@
 """Probe: the model2vec peer (pipeline/peers.py Model2VecPeer) trained on a finished run's splits and teacher, exactly
-as the baselines stage trains it, without rerunning the stage (a run made with an older peer list keeps its
+as the peers stage trains it, without rerunning the stage (a run made with an older peer list keeps its
 fingerprint). Prints its training seconds, file size, test accuracy and macro-F1 one text per call, and the mean
 ms per text over the first 300 test texts (one thread, not interleaved with the other models: a rough figure).
 Run: python bench/probes/model2vec_peer.py runs/mpnet_base [--config mpnet_base] [--seed 0]"""
@@ -30,7 +30,7 @@ def main() -> None:
     from pipeline.metrics import classification_report
     from pipeline.peers import Model2VecPeer
     from pipeline.splits import label_names
-    from stages.baselines import StaticInputs, model2vec_peer, read_splits
+    from stages.peers import StaticInputs, model2vec_peer, read_splits
 
     torch.set_num_threads(1)
     prepare, teacher = args.run / "prepare", args.run / "teacher"
@@ -39,7 +39,7 @@ def main() -> None:
     config = load_config(args.config or args.run.name)
     start = time.perf_counter()
     peer, settings = model2vec_peer(
-        StaticInputs(prepare, teacher), texts, labels, config.baselines, config.seed if args.seed is None else args.seed
+        StaticInputs(prepare, teacher), texts, labels, config.peers, config.seed if args.seed is None else args.seed
     )
     print(f"trained in {time.perf_counter() - start:.0f} s (token vectors from the teacher included): {settings}")
     with tempfile.TemporaryDirectory() as tmp:

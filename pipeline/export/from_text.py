@@ -147,7 +147,7 @@ def lines(from_text: dict) -> list[str]:
                 f"  student vs best peer by macro-F1 ({c['best_macro_f1_peer']} {c['best_peer_macro_f1']:.4f}): "
                 f"{c['macro_f1_margin_points']:+.2f} points"
             )
-    for name, why in (from_text.get("skipped_peers") or {}).items():  # the baselines stage could not train it
+    for name, why in (from_text.get("skipped_peers") or {}).items():  # the peers stage could not train it
         out.append(f"  {name} skipped: {why}")
     return out
 
@@ -179,7 +179,7 @@ def _speedup(row: dict) -> str:
 
 
 def measure_bundle(
-    baselines_dir: Path,
+    peers_dir: Path,
     seed: int,
     cfg,
     inputs: Inputs,
@@ -191,12 +191,12 @@ def measure_bundle(
     recommended: str,
     out: Path,
 ) -> dict:
-    """The shipped student, the int8 teacher and the peers of the baselines stage (``baselines_dir``) from raw text,
-    one text per call (:func:`measure`): accuracy on every test text (the peers' from the baselines stage, which measured it
+    """The shipped student, the int8 teacher and the peers (``peers_dir``, the peers stage's folder) from raw text,
+    one text per call (:func:`measure`): accuracy on every test text (the peers' from the peers stage, which measured it
     the same way), latency on one thread over the same sampled texts, speed-ups paired against the int8 teacher."""
-    baselines = json.loads((baselines_dir / "baselines.json").read_text())
-    if not baselines["enabled"]:
-        return {"measured": False, "why": "baselines.enabled is false"}
+    recorded = json.loads((peers_dir / "peers.json").read_text())
+    if not recorded["enabled"]:
+        return {"measured": False, "why": "peers.enabled is false"}
     if inputs.segments:
         return {"measured": False, "why": "sentence pairs: the peers read one bag of words, not compared"}
     records = inputs.test_records
@@ -213,9 +213,9 @@ def measure_bundle(
     teacher_graph = teacher.int8 or teacher.onnx
     teacher_name = "teacher_int8" if teacher.int8 else "teacher_fp32"
     runners[teacher_name] = tokenizer_runner(inputs.student / "tokenizer.json", teacher_graph, inputs.max_length)
-    peers = baselines["peers"]
+    peers = recorded["peers"]
     for name in peers:
-        runners[name] = load_peer(baselines_dir / "peers", name).predict_one
+        runners[name] = load_peer(peers_dir / "models", name).predict_one
     sample = np.random.default_rng(seed).permutation(len(texts))[: max(1, cfg.latency_sentences)].tolist()
     log.info(
         "[export] from raw text, one text per call: %s on %d test texts, timed on %d",
@@ -223,7 +223,7 @@ def measure_bundle(
         len(texts),
         len(sample),
     )
-    # The peers' accuracy is the baselines stage's (measured one text per call there). The student's and the int8
+    # The peers' accuracy is the peers stage's (measured one text per call there). The student's and the int8
     # teacher's is the one the export measured on token ids wherever tokenizer.json gives every test text exactly those
     # ids: the same graph on the same ids answers the same (the text-in model is only shipped when it reproduces
     # predict.py's ids and predictions on every test text). Where the ids differ, it is measured again here.
@@ -272,7 +272,7 @@ def measure_bundle(
         "rows": rows,
         "accuracy_from_token_ids": reused,  # these rows' accuracy: the ids-in figures, the ids being identical
         "versus_peers": comparison(measured, peers, "student", "teacher_int8") if peers else None,
-        **({"skipped_peers": baselines["skipped"]} if baselines.get("skipped") else {}),
+        **({"skipped_peers": recorded["skipped"]} if recorded.get("skipped") else {}),
     }
     for line in lines(result):
         log.info("[export] %s", line)

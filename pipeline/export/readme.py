@@ -199,7 +199,7 @@ def peers_section(measured: dict) -> str:
     if not measured.get("measured"):
         return f"Not compared with TF-IDF, fastText or static embeddings: {measured.get('why', 'not measured')}."
     text = (
-        "Beside what mobile teams ship instead, each trained on the same splits (stage `baselines`), every model from "
+        "Beside what mobile teams ship instead, each trained on the same splits (stage `peers`), every model from "
         "raw text to label, one text per call, one thread (accuracy on every test text; latency the median over "
         f"{measured['timed_texts']} test texts, interleaved):\n\n" + from_text.markdown(measured)
     )
@@ -215,7 +215,7 @@ def peers_section(measured: dict) -> str:
                 f" By macro-F1 it is {c['macro_f1_margin_points']:+.2f} points from the best peer "
                 f"({c['best_macro_f1_peer_title']}, {c['best_peer_macro_f1']:.4f})."
             )
-    for name, why in (measured.get("skipped_peers") or {}).items():  # the baselines stage could not train it
+    for name, why in (measured.get("skipped_peers") or {}).items():  # the peers stage could not train it
         text += f"\n\nNot compared with {name}: {why.rstrip('.')}."
     return text
 

@@ -56,7 +56,7 @@ def variant_row(
 
 def reference_points(folder: Path, variants: list[str]) -> list[dict]:
     """What the students are measured against, from raw text (the first variant's export that compared them):
-    the peers of the baselines stage and the int8 teacher. Reference points only: never picked."""
+    the peers stage's models and the int8 teacher. Reference points only: never picked."""
     for name in variants:
         metrics = _read_json(folder / name / "export" / "metrics.json")
         rows = ((metrics or {}).get("from_text") or {}).get("rows") or []

@@ -1,5 +1,5 @@
 """Fixtures of the reliability suite (its helpers are in helpers.py): one torch thread per case, one small prepared
-run (prepare, teacher, baselines, capture complete) and one finished tiny run, each built once per session (for all
+run (prepare, teacher, peers, capture complete) and one finished tiny run, each built once per session (for all
 pytest workers) and copied into each case's own folder with shutil.copytree."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ capture:
   shard_size: 32
 """
 
-BASE_STAGES = ("prepare", "teacher", "baselines", "capture")
+BASE_STAGES = ("prepare", "teacher", "peers", "capture")
 
 # The finished tiny run the reliability cases read or copy (conftest.py finished_run), and every command they run on
 # it: `tiny` without the ExecuTorch programs, whose lowering was most of the build (tests/test_bundle_runtimes.py and

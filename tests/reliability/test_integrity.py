@@ -60,7 +60,7 @@ def test_edited_data_file_makes_prepare_and_everything_after_stale(run_copy, tmp
     assert planned(run_copy.config, run_copy.runs_dir, *overrides) == [
         "prepare",
         "teacher",
-        "baselines",
+        "peers",
         "capture",
         "distill",
         "evaluate",
@@ -110,7 +110,7 @@ def test_truncated_output_reruns_that_stage_and_what_read_it(run_copy):
     result = cli(*args(run_copy, to="capture"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[teacher] output damaged (teacher/model/model.safetensors has" in result.stderr
-    assert "rerunning teacher, baselines, capture, distill, evaluate, export" in result.stderr
+    assert "rerunning teacher, peers, capture, distill, evaluate, export" in result.stderr
     assert manifest(run_copy.run_dir, "prepare") == prepare_before  # upstream untouched
     assert manifest(run_copy.run_dir, "capture")["mlflow_run_id"] != capture_before["mlflow_run_id"]  # capture reran
     assert "[capture] running" in result.stderr

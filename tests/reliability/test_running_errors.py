@@ -211,8 +211,8 @@ def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(finished_run, tmp_p
 
 @pytest.mark.parametrize(
     "stage, overrides",
-    [("prepare", ()), ("teacher", ()), ("baselines", ("baselines.enabled=true", "baselines.fasttext.buckets=20000"))],
-    ids=["prepare", "teacher", "baselines"],
+    [("prepare", ()), ("teacher", ()), ("peers", ("peers.enabled=true", "peers.fasttext.buckets=20000"))],
+    ids=["prepare", "teacher", "peers"],
 )
 def test_disk_full_in_the_other_writing_stages_is_one_paragraph(run_copy, stage, overrides):
     """With 64 KB left, each stage's first sizable write fails: the paragraph names the stage, the disk and the rerun,

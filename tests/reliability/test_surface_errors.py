@@ -1,5 +1,5 @@
 """Bad input on the surfaces added since the first reliability pass (issue 42): the multi-node launcher, the bundle's
---verify and damaged model files, the static student's config, optional ExecuTorch, the baselines stage's library
+--verify and damaged model files, the static student's config, optional ExecuTorch, the peers stage's library
 errors and its fastText workers. Each case: one paragraph naming the bad value and what is expected, the documented
 exit code, no traceback, no process left behind.
 
@@ -523,7 +523,7 @@ def test_a_changed_but_sound_model_is_tried_first_and_then_runs(bundle):
     assert result.returncode == 0 and json.loads(result.stdout)["label"] == "fresh", result.stderr
 
 
-# ---------------------------------------------------------------- the baselines stage and its fastText workers
+# ---------------------------------------------------------------- the peers stage and its fastText workers
 
 
 def few_words(n: int, seed: int = 0) -> tuple[list[str], list[int]]:
@@ -535,7 +535,7 @@ def few_words(n: int, seed: int = 0) -> tuple[list[str], list[int]]:
 
 
 class StageContext:
-    """What stages/baselines.py uses of pipeline.runner.StageContext."""
+    """What stages/peers.py uses of pipeline.runner.StageContext."""
 
     def __init__(self, config, prepare: Path, out: Path):
         self.config, self.is_main, self.out, self._prepare, self.written = config, True, out, prepare, {}
@@ -553,9 +553,9 @@ class StageContext:
         pass
 
 
-def baselines_on(tmp_path, texts: dict, labels: dict, *overrides: str) -> dict:
-    """The baselines stage on prepared splits written here (TF-IDF and fastText: no teacher needed)."""
-    import stages.baselines as baselines
+def peers_on(tmp_path, texts: dict, labels: dict, *overrides: str) -> dict:
+    """The peers stage on prepared splits written here (TF-IDF and fastText: no teacher needed)."""
+    import stages.peers as peers_stage
     from pipeline.config import load_config
 
     prepare = tmp_path / "prepare"
@@ -571,33 +571,33 @@ def baselines_on(tmp_path, texts: dict, labels: dict, *overrides: str) -> dict:
     config = load_config(
         "tiny",
         [
-            "baselines.enabled=true",
-            "baselines.fasttext.buckets=20000",
-            "baselines.fasttext.epochs=[10]",
+            "peers.enabled=true",
+            "peers.fasttext.buckets=20000",
+            "peers.fasttext.epochs=[10]",
             *(
                 overrides
-                if any(o.startswith("baselines.peers=") for o in overrides)
-                else ["baselines.peers=[tfidf, fasttext]", *overrides]
+                if any(o.startswith("peers.train=") for o in overrides)
+                else ["peers.train=[tfidf, fasttext]", *overrides]
             ),
         ],
     )
-    out = tmp_path / "baselines.partial"
+    out = tmp_path / "peers.partial"
     out.mkdir()
     ctx = StageContext(config, prepare, out)
-    baselines.run(ctx)
-    return ctx.written["baselines.json"]
+    peers_stage.run(ctx)
+    return ctx.written["peers.json"]
 
 
 @pytest.mark.pipeline  # the stage's fastText fits run in worker processes
 def test_texts_without_words_skip_tfidf_with_the_reason(tmp_path):
-    """Training texts of only emoji and punctuation used to end in "Unexpected error in the baselines stage:
+    """Training texts of only emoji and punctuation used to end in "Unexpected error in the peers stage:
     ValueError: empty vocabulary" (scikit-learn's message, reported as a bug)."""
     symbols = ["\U0001f600 !!", "\U0001f621 ?", "\U0001f44d\U0001f44d", "... \U0001f44e", "\u2764\ufe0f !", ":) :("]
     texts = {
         s: [symbols[i % len(symbols)] for i in range(n)] for s, n in (("train", 60), ("validation", 20), ("test", 20))
     }
     labels = {s: [int(symbols.index(t) % 2) for t in texts[s]] for s in texts}
-    written = baselines_on(tmp_path, texts, labels, "baselines.peers=[tfidf]")  # fastText's own case is below
+    written = peers_on(tmp_path, texts, labels, "peers.train=[tfidf]")  # fastText's own case is below
     assert written["enabled"] is True and written["peers"] == {}  # the stage completes; the export compares no peer
     why = written["skipped"]["tfidf"]
     assert why.startswith("TF-IDF 1-2 grams + logistic regression not trained on ") and "train.jsonl" in why
@@ -613,7 +613,7 @@ def test_fasttext_on_a_small_vocabulary_completes_the_stage(tmp_path):
     texts, labels = {}, {}
     for split, n in (("train", 150), ("validation", 40), ("test", 40)):
         texts[split], labels[split] = few_words(n, seed=len(split))
-    written = baselines_on(tmp_path, texts, labels)
+    written = peers_on(tmp_path, texts, labels)
     settings = written["peers"]["fasttext"]["settings"]
     assert settings["quantized"] is True and "tfidf" in written["peers"] and "skipped" not in written, settings
     for name, why in settings.get("narrowed", {}).items():

@@ -1,4 +1,4 @@
-"""Baselines: what a mobile team would ship instead, trained and scored on this run's splits.
+"""Peers: what a mobile team would ship instead, trained and scored on this run's splits.
 
 TF-IDF + logistic regression, fastText (quantized), model2vec-style static
 embeddings from the teacher + logistic regression, and model2vec's own classifier
@@ -7,14 +7,14 @@ tuned on the validation split, saved as the one file an app would ship, read
 back from that file and scored on the test split one text per call (as an app
 calls it): accuracy, macro-F1, file size, training time. The export stage times them one text per call, side by
 side with the student and the int8 teacher, and puts them in the bundle's
-figures; with ``baselines.enabled: false`` this stage records that and trains
+figures; with ``peers.enabled: false`` this stage records that and trains
 nothing.
 
 A peer whose library refuses this run's data (TF-IDF on texts of only emoji and punctuation, fastText's NaN on
-a tiny vocabulary at every setting it retries) is skipped with the reason, in baselines.json "skipped" and the
+a tiny vocabulary at every setting it retries) is skipped with the reason, in peers.json "skipped" and the
 log; the other peers and the run go on.
 
-Outputs: peers/ (tfidf.npz, fasttext.ftz, static.npz, model2vec.zip: no pickle), baselines.json.
+Outputs: models/ (tfidf.npz, fasttext.ftz, static.npz, model2vec.zip: no pickle), peers.json.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pipeline.static_model import isolated_token_vectors, pca, sif_weights, toke
 
 log = logging.getLogger("pipeline")
 
-READS = ["seed", "baselines"]
+READS = ["seed", "peers"]
 AFTER = ["prepare", "teacher"]
 VERSION = 3  # bump when the output changes for the same inputs (history: git log)
 
@@ -53,15 +53,15 @@ VERSION = 3  # bump when the output changes for the same inputs (history: git lo
 def run(ctx: Context) -> dict:
     if not ctx.is_main:  # seconds of single-process work
         return {}
-    config, cfg = ctx.config, ctx.config.baselines
+    config, cfg = ctx.config, ctx.config.peers
     if not cfg.enabled:
-        ctx.write_json("baselines.json", {"enabled": False, "peers": {}})
-        log.info("[baselines] baselines.enabled is false: no peers trained")
+        ctx.write_json("peers.json", {"enabled": False, "peers": {}})
+        log.info("[peers] peers.enabled is false: no peers trained")
         return {"enabled": False}
     prepare, teacher_dir = ctx.input("prepare"), ctx.input("teacher")
     names = label_names(prepare)
     texts, labels = read_splits(prepare, names)
-    out = ctx.out / "peers"
+    out = ctx.out / "models"
     out.mkdir(exist_ok=True)  # a rerun after an interruption overwrites what it left
     static = StaticInputs(prepare, teacher_dir)  # the teacher's token vectors: computed once for two peers
     trainers = {
@@ -73,12 +73,12 @@ def run(ctx: Context) -> dict:
         "model2vec": lambda: model2vec_peer(static, texts, labels, cfg, config.seed),
     }
     peers, skipped = {}, {}
-    for name in cfg.peers:
+    for name in cfg.train:
         try:
             (peer, settings), seconds = timed(trainers[name])
         except PeerUnfit as exc:  # the library refused this run's data: the other peers and the run go on
             skipped[name] = f"{TITLES[name]} not trained on {prepare / 'train.jsonl'}: {exc}"
-            log.warning("[baselines] %-8s skipped: %s", name, skipped[name])
+            log.warning("[peers] %-8s skipped: %s", name, skipped[name])
             continue
         peer.save(out / FILES[name])
         shipped = load_peer(out, name)  # score the file that ships, not the object in memory
@@ -86,14 +86,14 @@ def run(ctx: Context) -> dict:
         report = classification_report(labels["test"], one_per_call, names)
         peers[name] = {
             "title": TITLES[name],
-            "file": f"peers/{FILES[name]}",
+            "file": f"models/{FILES[name]}",
             "file_mb": round(file_mb(out / FILES[name]), 3),
             "train_seconds": round(seconds, 2),
             "settings": settings,
             **report,
         }
         log.info(
-            "[baselines] %-8s test accuracy %.4f, macro-F1 %.4f, %.1f MB, trained in %.1f s (%s)",
+            "[peers] %-8s test accuracy %.4f, macro-F1 %.4f, %.1f MB, trained in %.1f s (%s)",
             name,
             report["accuracy"],
             report["macro_f1"],
@@ -102,7 +102,7 @@ def run(ctx: Context) -> dict:
             _settings_line(settings),
         )
     ctx.write_json(
-        "baselines.json",
+        "peers.json",
         {
             "enabled": True,
             "split": "test",
@@ -111,7 +111,7 @@ def run(ctx: Context) -> dict:
             **({"skipped": skipped} if skipped else {}),
         },
     )
-    ctx.log_artifact(ctx.out / "baselines.json")
+    ctx.log_artifact(ctx.out / "peers.json")
     ctx.log_metrics(
         {
             f"{name}/{key}": peers[name][key]

@@ -1,4 +1,4 @@
-"""The peers (pipeline/peers.py, stages/baselines.py) and the static student, through the whole pipeline on the
+"""The peers (pipeline/peers.py, stages/peers.py) and the static student, through the whole pipeline on the
 tiny config: every recorded figure recomputed from the files the run wrote."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
 from pipeline.plots import pareto_plot
 from pipeline.splits import TokenizedSplit
 from pipeline.sweep import markdown_table, reference_points
-from stages.baselines import read_splits
+from stages.peers import read_splits
 from tests.helpers import read_json
 
 
@@ -31,17 +31,15 @@ def splits(run_dir):
 
 def test_recorded_peer_figures_come_from_the_shipped_files(static_run):
     run_dir = static_run["run_dir"]
-    recorded = read_json(run_dir / "baselines" / "baselines.json")
+    recorded = read_json(run_dir / "peers" / "peers.json")
     texts, labels, _ = splits(run_dir)
     assert recorded["enabled"] and sorted(recorded["peers"]) == ["fasttext", "model2vec", "static", "tfidf"]
     for name, figures in recorded["peers"].items():
-        peer = load_peer(run_dir / "baselines" / "peers", name)
+        peer = load_peer(run_dir / "peers" / "models", name)
         one_per_call = np.array([peer.predict_one(t) for t in texts["test"]])  # as an app calls it: what is recorded
         assert figures["accuracy"] == float((one_per_call == labels["test"]).mean())
         assert list(peer.predict(texts["test"])) == list(one_per_call)  # and the batched path agrees
-        assert figures["file_mb"] == pytest.approx(
-            (run_dir / "baselines" / figures["file"]).stat().st_size / 1e6, abs=1e-3
-        )
+        assert figures["file_mb"] == pytest.approx((run_dir / "peers" / figures["file"]).stat().st_size / 1e6, abs=1e-3)
         assert figures["train_seconds"] > 0
 
 
@@ -52,16 +50,16 @@ def test_model2vec_peer_ships_its_numpy_pipeline_trained_on_the_static_peers_vec
     import zipfile
 
     run_dir = static_run["run_dir"]
-    recorded = read_json(run_dir / "baselines" / "baselines.json")["peers"]
+    recorded = read_json(run_dir / "peers" / "peers.json")["peers"]
     settings = recorded["model2vec"]["settings"]
     assert settings["dim"] == recorded["static"]["settings"]["dim"]  # the same vectors, as the docstring says
-    with zipfile.ZipFile(run_dir / "baselines" / "peers" / "model2vec.zip") as archive:
+    with zipfile.ZipFile(run_dir / "peers" / "models" / "model2vec.zip") as archive:
         names = archive.namelist()
         assert {info.compress_type for info in archive.infolist()} == {zipfile.ZIP_STORED}
     assert "model.safetensors" in names and "head.safetensors" in names, names
     assert all(name.endswith((".safetensors", ".json", ".md")) for name in names), names
     texts, labels, _ = splits(run_dir)
-    shipped = load_peer(run_dir / "baselines" / "peers", "model2vec")
+    shipped = load_peer(run_dir / "peers" / "models", "model2vec")
     assert settings["validation_accuracy"] == float(
         (shipped.predict(texts["validation"]) == labels["validation"]).mean()
     )
@@ -107,7 +105,7 @@ def test_fasttext_is_deterministic_and_survives_repeated_fits(static_run):
 
 def test_static_peer_features_are_the_sif_weighted_mean(static_run):
     run_dir = static_run["run_dir"]
-    peer = load_peer(run_dir / "baselines" / "peers", "static")
+    peer = load_peer(run_dir / "peers" / "models", "static")
     train = TokenizedSplit(run_dir / "prepare", "train")
     ids = [np.asarray(train.input_ids[i]) for i in range(5)]
     features = StaticPeer.features(peer.vectors, peer.weights, ids)
@@ -124,8 +122,8 @@ def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static
     assert from_text == metrics["from_text"] and from_text["measured"]
     rows = {r["model"]: r for r in from_text["rows"]}
     assert set(rows) == {"student", "teacher_int8", "tfidf", "fasttext", "static", "model2vec"}
-    peers = read_json(run_dir / "baselines" / "baselines.json")["peers"]
-    for name in peers:  # the baselines stage measured them one text per call already: the export reuses it
+    peers = read_json(run_dir / "peers" / "peers.json")["peers"]
+    for name in peers:  # the peers stage measured them one text per call already: the export reuses it
         assert rows[name]["accuracy"] == peers[name]["accuracy"]
     assert all(0 < r["p25_ms"] <= r["p75_ms"] and r["median_ms"] > 0 for r in rows.values())
     assert rows["teacher_int8"]["speedup"] == 1.0
@@ -196,11 +194,11 @@ def test_budget_table_and_plot_show_peers_as_references_only(static_run, tmp_pat
     assert pareto_plot(rows, tmp_path / "ladder.png", "t", "static", references).stat().st_size > 0
 
 
-def test_baselines_off_records_that_and_the_export_says_why(tiny_run):
+def test_peers_off_records_that_and_the_export_says_why(tiny_run):
     run_dir = tiny_run["run_dir"]
-    assert read_json(run_dir / "baselines" / "baselines.json") == {"enabled": False, "peers": {}}
+    assert read_json(run_dir / "peers" / "peers.json") == {"enabled": False, "peers": {}}
     assert read_json(run_dir / "export" / "metrics.json")["from_text"] == {
         "measured": False,
-        "why": "baselines.enabled is false",
+        "why": "peers.enabled is false",
     }
     assert json.loads((run_dir / "export" / "bundle" / "metadata.json").read_text())["from_text"]["measured"] is False
