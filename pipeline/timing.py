@@ -62,7 +62,8 @@ def interleaved(
     ``runners[name]`` runs one input; ``inputs[name]`` is that model's list of inputs (one fixed-length
     sequence, or real texts in the model's own form). A round calls each input ``repeat`` times per model.
     With ``reference``, rounds continue past ``min_rounds`` until the speed-up over the reference of every
-    model in ``watch`` (default: all) has a 95% interval narrower than ``max_spread`` of its median.
+    model in ``watch`` (default: all) has a 95% interval narrower than ``max_spread`` of its median; those rounds
+    time the reference and the watched models only (the others keep their ``min_rounds`` rounds and their interval).
 
     Per model: median / min / max ms over rounds, the 25th and 75th percentile of single calls (over rounds
     and inputs), rounds, and with ``reference`` the paired speed-up (``speedup``, ``speedup_low``,
@@ -75,9 +76,12 @@ def interleaved(
                 runners[name](item)
     rounds: dict[str, list[float]] = {name: [] for name in names}
     calls: dict[str, list[float]] = {name: [] for name in names}
+    # Past min_rounds, rounds are added for the watched speed-ups: the other models (not watched) sit them out
+    kept = [name for name in names if reference is None or watch is None or name in watch or name == reference]
+    done = 0
     while True:
-        index = len(rounds[names[0]])
-        for name in names[index % len(names) :] + names[: index % len(names)]:
+        active = names if done < min_rounds else kept
+        for name in active[done % len(active) :] + active[: done % len(active)]:
             run, total, count = runners[name], 0.0, 0
             for item in inputs[name]:
                 for _ in range(repeat):
@@ -87,7 +91,7 @@ def interleaved(
                     calls[name].append(elapsed)
                     total, count = total + elapsed, count + 1
             rounds[name].append(total / count)
-        done = index + 1
+        done += 1
         if done >= max_rounds or (
             done >= min_rounds and (reference is None or _narrow(rounds, reference, max_spread, watch))
         ):
@@ -101,7 +105,7 @@ def interleaved(
             "max_ms": max(rounds[name]),
             "p25_ms": _quantile(ordered, 0.25),
             "p75_ms": _quantile(ordered, 0.75),
-            "rounds": done,
+            "rounds": len(rounds[name]),
             "calls_per_round": len(inputs[name]) * repeat,
             "warmup": warmup,
         }

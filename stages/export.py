@@ -96,10 +96,11 @@ def run(ctx: Context) -> dict:
     inputs = read_inputs(ctx)
     out = fresh_folder(ctx.out / "bundle")
     work = fresh_folder(ctx.out / "work")  # teacher graph and rejected int8 attempts; removed before the rename
-    student = student_to_ship(inputs, cfg, work)  # the PyTorch student, its vocabulary trimmed (export.trim_vocab)
     # model.pte, model.int8.pte (ExecuTorch, XNNPACK): lowered in a child process on one core while the ONNX steps
     # below run on the other; joined before the latency is timed on a quiet machine, ended if a step fails
-    with executorch_program.Building(student, inputs, cfg, out) as building:
+    with executorch_program.Building(inputs, cfg, out) as building:
+        student = student_to_ship(inputs, cfg, work)  # the PyTorch student, its vocabulary trimmed (export.trim_vocab)
+        building.start(student)
         shipped = export_student(student, inputs, cfg, out, work)  # 1. fp32 ONNX and parity
         laps.lap("fp32 graph and parity")
         int8 = quantize_dynamic(shipped, inputs.names, cfg, out, work)  # 2. dynamic int8 within the accuracy budget

@@ -54,6 +54,7 @@ def test_a_renamed_key_says_its_new_name(tmp_path):
     write(tmp_path, "new", "peers:\n  train: [tfidf]\n")
     assert load_config("new", configs_dir=tmp_path).peers.train == ["tfidf"]
 
+
 def test_out_of_range_and_impossible_values():
     with pytest.raises(ConfigError, match="distill.temperature"):
         load_config("tiny", ["distill.temperature=0"])

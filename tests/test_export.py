@@ -391,6 +391,19 @@ def test_over_budget_int8_ships_fp32_with_trimmed_vocabulary(tiny_run, tmp_path)
     trim = metadata["vocab_trim"]
     assert trim["enabled"] and trim["kept_tokens"] < trim["original_vocab"]
     assert trim["after"]["file_mb"] < trim["before"]["file_mb"] / 3
+    # "before" is computed, not exported: the trained student's own graph is that size (and its accuracy that of
+    # the PyTorch student, the reference of every variant)
+    from pipeline.models import load_classifier
+    from pipeline.splits import TokenizedSplit, pad_id
+
+    run_dir = tiny_run["run_dir"]
+    trained = load_classifier(str(run_dir / "distill" / "student"), attn_implementation="eager").eval()
+    export_onnx(LogitsOnly(trained), tmp_path / "trained.onnx", 18)
+    strip_node_metadata(tmp_path / "trained.onnx")
+    assert trim["before"]["file_mb"] == pytest.approx((tmp_path / "trained.onnx").stat().st_size / 1e6, rel=1e-3)
+    test = TokenizedSplit(run_dir / "prepare", "test")
+    reference = torch_logits(trained, test, pad_id(run_dir / "prepare"))
+    assert trim["before"]["accuracy"] == pytest.approx(float((reference.argmax(-1) == test.labels).mean()))
     assert trim["test_unk_rate_after"] >= trim["test_unk_rate_before"]
     assert metadata["tokenizer"]["vocab_size"] == trim["kept_tokens"]
     assert len((bundle / "vocab.txt").read_text(encoding="utf-8").splitlines()) == trim["kept_tokens"]

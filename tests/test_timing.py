@@ -89,3 +89,23 @@ def test_rounds_stop_once_the_interval_is_narrow(monkeypatch):
     assert 3 < student["rounds"] < 40 and student["spread_target_met"]  # whole range until n = 6, then [x2, x_{n-1}]
     assert student["speedup"] == pytest.approx(3.0) and student["speedup_low"] == pytest.approx(3.0)
     assert student["max_ms"] == pytest.approx(2.0)
+
+
+def test_models_not_watched_sit_out_the_rounds_added_for_the_watched_ones(monkeypatch):
+    # the watched student is noisy until the cap; the steady peer keeps the minimum rounds and its exact ratio
+    clock = FakeClock({"teacher": lambda i: 3.0, "student": lambda i: 1.0 if i % 2 else 2.0, "peer": lambda i: 0.5})
+    monkeypatch.setattr(timing.time, "perf_counter", clock.perf_counter)
+    runners = {name: clock.runner(name) for name in ("teacher", "student", "peer")}
+    result = timing.interleaved(
+        runners,
+        {name: [0] for name in runners},
+        warmup=0,
+        min_rounds=4,
+        max_rounds=10,
+        reference="teacher",
+        watch=["student"],
+    )
+    assert result["student"]["rounds"] == 10 and result["teacher"]["rounds"] == 10
+    assert result["peer"]["rounds"] == 4 and clock.calls["peer"] == 4
+    assert result["peer"]["speedup"] == pytest.approx(6.0) and result["peer"]["speedup_spread"] == pytest.approx(0.0)
+    assert not result["student"]["spread_target_met"]  # the watched interval decides, and it stayed wide

@@ -202,14 +202,34 @@ def logits(path: Path, split, threads: int | None = None) -> np.ndarray:
 
 class Building:
     """:func:`build` running in a child process, so that the ONNX steps run beside the lowering (a minute and a half
-    of one core for bert_small's student). ``result()`` waits for it and gives build's answer or raises its error."""
+    of one core for bert_small's student). The process starts at once and loads torch and ExecuTorch (several
+    seconds) while the pipeline prepares the student; ``start(student)`` hands it over, ``result()`` waits for it and
+    gives build's answer or raises its error."""
 
-    def __init__(self, student: Student, inputs: Inputs, cfg, out: Path):
+    def __init__(self, inputs: Inputs, cfg, out: Path):
+        self.inputs, self.cfg, self.out = inputs, cfg, out
+        self.done: dict | None = None
+        self.process: multiprocessing.process.BaseProcess | None = None
+        if cfg.executorch == "off" or inputs.segments:  # answered in start(), without a process
+            return
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads inherited through fork
+        self.answers, sender = context.Pipe(duplex=False)
+        receiver, self.students = context.Pipe(duplex=False)
+        needs = SimpleNamespace(segments=False, max_length=inputs.max_length, names=inputs.names)
+        # daemon: a pipeline that fails before result() ends it on exit; end_with_parent: a pipeline killed with -9 too
+        self.process = context.Process(
+            target=_build_in_child, args=(receiver, sender, os.getpid(), needs, cfg, out), daemon=True
+        )
+        self.process.start()
+        sender.close()
+        receiver.close()
+
+    def start(self, student: Student) -> None:
+        """Hand the student as shipped to the build process (or answer at once where no process is needed)."""
         from .tokenizer import IdSplit  # here, not at the top: the build process imports this module without it
 
-        self.cfg, self.out, self.done = cfg, out, None
-        if cfg.executorch == "off" or inputs.segments:  # answered at once, without a process
-            self.done = build(student, inputs, cfg, out)
+        if self.process is None:
+            self.done = build(student, self.inputs, self.cfg, self.out)
             return
         # What build reads, and nothing else: the student, its test split as plain lists, the figures it compares with.
         sent = SimpleNamespace(
@@ -220,21 +240,21 @@ class Building:
             own_logits=student.own_logits,
             trim=student.trim,
         )
-        needs = SimpleNamespace(segments=False, max_length=inputs.max_length, names=inputs.names)
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads inherited through fork
-        self.answers, sender = context.Pipe(duplex=False)
-        # daemon: a pipeline that fails before result() ends it on exit; end_with_parent: a pipeline killed with -9 too
-        self.process = context.Process(
-            target=_build_in_child, args=(sender, os.getpid(), sent, needs, cfg, out), daemon=True
-        )
-        self.process.start()
-        sender.close()
+        with contextlib.suppress(BrokenPipeError):  # a process that already died is reported by result()
+            self.students.send(sent)
+        self.students.close()
 
     def __enter__(self) -> Building:
+        # the pipeline's own steps keep to one core while the build process has the other (the int8 program's
+        # lowering took 44-45 s beside one torch thread, 54 s beside two, bert_small, 2026-12-05)
+        self.threads = torch.get_num_threads()
+        if self.process is not None:
+            torch.set_num_threads(1)
         return self
 
     def __exit__(self, *exception) -> None:
         self.stop()
+        torch.set_num_threads(self.threads)
 
     def stop(self) -> None:
         """End the build process if it still runs (a step beside it failed): no process outlives the export."""
@@ -246,6 +266,8 @@ class Building:
     def result(self) -> dict:
         if self.done is not None:
             return self.done
+        assert self.process is not None  # start() answered at once where there is none
+        self.students.close()  # no student will come after this (start() closed it already when it sent one)
         try:
             kind, answer = self.answers.recv()
         except EOFError:  # the process ended without answering: a native abort in the lowering or the runtime
@@ -272,7 +294,7 @@ class Building:
         return answer
 
 
-def _build_in_child(sender, parent: int, student, inputs, cfg, out: Path) -> None:
+def _build_in_child(receiver, sender, parent: int, inputs, cfg, out: Path) -> None:
     end_with_parent(parent)
     torch.set_num_threads(1)  # one core for the lowering, the other for the ONNX steps beside it
     handler = logging.StreamHandler(sys.stderr)  # its lines in the pipeline's log, as the pipeline writes them
@@ -280,6 +302,11 @@ def _build_in_child(sender, parent: int, student, inputs, cfg, out: Path) -> Non
     log.handlers[:], log.propagate = [handler], False
     log.setLevel(logging.INFO)
     try:
+        unusable()  # loads ExecuTorch (when installed) while the pipeline prepares the student
+        try:
+            student = receiver.recv()
+        except EOFError:  # the pipeline ended (a step failed) before it had a student to send
+            return
         sender.send(("done", build(student, inputs, cfg, out, threads=1)))
     except Exception as exc:  # handed to the pipeline, which reports it as it reports its own
         sender.send(("error", (type(exc).__name__, str(exc), isinstance(exc, PipelineError))))

@@ -437,9 +437,14 @@ def test_a_failing_step_ends_the_build_process(tmp_path):
     inputs = types.SimpleNamespace(segments=False, max_length=16, names=["fresh", "rotten"])
     cfg = types.SimpleNamespace(executorch="auto", parity_tolerance=1e-3, max_int8_drop=1.0)
     with pytest.raises(RuntimeError, match="a step beside it failed"):
-        with executorch_program.Building(student, inputs, cfg, tmp_path) as building:
+        with executorch_program.Building(inputs, cfg, tmp_path) as building:
+            building.start(student)
             assert building.process.is_alive()
             raise RuntimeError("a step beside it failed")
+    assert not building.process.is_alive() and building.process.exitcode is not None
+    with pytest.raises(RuntimeError, match="preparing the student failed"):  # the process starts before the student
+        with executorch_program.Building(inputs, cfg, tmp_path) as building:
+            raise RuntimeError("preparing the student failed")
     assert not building.process.is_alive() and building.process.exitcode is not None
 
 
@@ -480,7 +485,8 @@ def test_a_build_process_that_aborts_is_recorded_with_auto_and_one_error_with_on
         out.mkdir()
         (out / "model.pte.partial").write_bytes(b"half")  # what a program cut short leaves
         cfg = types.SimpleNamespace(executorch=setting, parity_tolerance=1e-3, max_int8_drop=1.0)
-        building = executorch_program.Building(student, inputs, cfg, out)
+        building = executorch_program.Building(inputs, cfg, out)
+        building.start(student)
         if setting == "auto":
             result = building.result()
             assert result["built"] is False, result
