@@ -71,8 +71,7 @@ from pipeline.export.variants import (
     quantize_dynamic,
     quantize_static,
     read_records,
-    shipped_graph,
-    shipped_logits,
+    recommended_graph,
     student_to_ship,
 )
 from pipeline.splits import TokenizedSplit, label_names, pad_id
@@ -113,15 +112,16 @@ def run(ctx: Context) -> dict:
     latency = side_by_side(seed, inputs, shipped, int8, static, pte, teacher, cfg)  # every model side by side
     laps.lap("latency")
     recommended, because = choose_variant(cfg, int8, static, latency["rows"])  # on one-text-per-call accuracy and speed
+    graph, logits = recommended_graph(shipped, int8, static, recommended)
     text = text_model.ship(
-        shipped_graph(shipped, int8, static, recommended),
+        graph,
         shipped.tokenizer_json,
         shipped.facts,
         inputs.max_length,
         inputs.test_records,
         shipped.pad,
         out / "model.text.onnx",
-        known=(shipped.test.input_ids, shipped_logits(shipped, int8, static, recommended)),
+        known=(shipped.test.input_ids, logits),
     )  # 4. text in
     laps.lap("text-in model")
     graphs = (

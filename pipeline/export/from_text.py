@@ -22,7 +22,7 @@ from ..metrics import classification_report
 from ..peers import TITLES, load_peer
 from . import text_model
 from .onnx_graph import OUTPUT_NAMES, ort_session
-from .tokenizer import tokenize_texts
+from .tokenizer import same_rows, tokenize_texts
 from .variants import Inputs, Int8, Shipped, Teacher, shipped_graph
 
 log = logging.getLogger("pipeline")
@@ -54,8 +54,7 @@ def tokenizer_runner(tokenizer_json, onnx_path, max_length: int, threads: int = 
 
 def same_ids(tokenizer_json: Path, texts: list[str], max_length: int, split) -> bool:
     """Whether ``tokenizer_json`` (as the bundle's tokenizer runs it) gives every text the ids ``split`` holds."""
-    encoded = tokenize_texts(tokenizer_json, texts, max_length)
-    return len(encoded) == len(split) and all(list(a) == list(b) for a, b in zip(encoded, split.input_ids))
+    return same_rows(tokenize_texts(tokenizer_json, texts, max_length), split.input_ids)
 
 
 def measure(

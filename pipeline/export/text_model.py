@@ -46,7 +46,7 @@ from tokenizers import Tokenizer
 
 from .files import package_version
 from .onnx_graph import onnx_logits, ort_session
-from .tokenizer import IdSplit, tokenize_texts
+from .tokenizer import IdSplit, same_rows, tokenize_texts
 
 log = logging.getLogger("pipeline")
 
@@ -718,7 +718,7 @@ def ship(
         return {"shipped": False, "why": why}
     texts = [r["text"] for r in records]
     ids = tokenize_texts(tokenizer_json, texts, max_length)  # exactly predict.py's encoding
-    if known is not None and len(known[0]) == len(ids) and all(list(a) == b for a, b in zip(known[0], ids)):
+    if known is not None and same_rows(known[0], ids):
         logits = known[1]  # the classifier was already run on exactly these ids
     else:
         logits = onnx_logits(classifier, IdSplit(ids, np.zeros(len(ids))), pad)  # predict.py's predictions

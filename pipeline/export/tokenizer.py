@@ -206,6 +206,11 @@ def write_bundle_tokenizer(source: Path, target_json: Path, target_vocab: Path, 
     return [Path(target_json).name, Path(target_vocab).name]
 
 
+def same_rows(first, second) -> bool:
+    """Whether two lists of token-id rows (lists or arrays) hold the same ids, row by row."""
+    return len(first) == len(second) and all(list(a) == list(b) for a, b in zip(first, second))
+
+
 def tokenize_texts(
     tokenizer_json: Path, texts: list[str], max_length: int, pairs: list[str] | None = None, segments: bool = False
 ):

@@ -8,7 +8,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -411,21 +411,17 @@ def choose_variant(cfg, int8: Int8 | None, static: Int8 | None, rows: list[dict]
     )
 
 
+def recommended_graph(
+    shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str
+) -> tuple[Path, np.ndarray]:
+    """The recommended variant's ids-in graph and its logits on the test split, one text per call."""
+    chosen = {"int8": int8, "int8_static": static}.get(recommended)  # choose_variant recommends only one that was made
+    return (chosen.path, chosen.logits) if chosen else (shipped.fp32_path, shipped.fp32_logits)
+
+
 def shipped_graph(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> Path:
     """The recommended variant's ids-in graph."""
-    # choose_variant recommends only a variant that was made: never None
-    return cast(
-        Path,
-        {"int8": int8.path if int8 else None, "int8_static": static.path if static else None}.get(
-            recommended, shipped.fp32_path
-        ),
-    )
-
-
-def shipped_logits(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> np.ndarray:
-    """The recommended variant's logits on the test split, one text per call."""
-    chosen = {"int8": int8, "int8_static": static}.get(recommended)
-    return chosen.logits if chosen else shipped.fp32_logits
+    return recommended_graph(shipped, int8, static, recommended)[0]
 
 
 def _brief(metrics: dict) -> dict:
