@@ -258,10 +258,9 @@ class Building:
 
     def stop(self) -> None:
         """End the build process if it still runs (a step beside it failed): no process outlives the export."""
-        process = getattr(self, "process", None)
-        if process is not None and process.is_alive():
-            process.terminate()
-            process.join()
+        if self.process is not None and self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
 
     def result(self) -> dict:
         if self.done is not None:

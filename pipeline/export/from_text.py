@@ -23,7 +23,7 @@ from ..peers import TITLES, load_peer
 from . import text_model
 from .onnx_graph import OUTPUT_NAMES, ort_session
 from .tokenizer import same_rows, tokenize_texts
-from .variants import Inputs, Int8, Shipped, Teacher, shipped_graph
+from .variants import Inputs, Int8, Shipped, Teacher, recommended_graph
 
 log = logging.getLogger("pipeline")
 
@@ -202,7 +202,7 @@ def measure_bundle(
     texts = [r["text"] for r in records]
     index = {name: i for i, name in enumerate(inputs.names)}
     labels = np.array([index[str(r["label"])] for r in records], dtype=np.int64)
-    classifier = shipped_graph(shipped, int8, static, recommended)
+    classifier, _ = recommended_graph(shipped, int8, static, recommended)
     student = (
         text_model_runner(out / text["file"])
         if text["shipped"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from onnxruntime.tools.mobile_helpers import usability_checker as checker
 from onnxruntime.tools.onnx_model_utils import ModelProtoWithShapeInfo, optimize_model
 
-from .variants import Int8, Shipped, shipped_graph
+from .variants import Int8, Shipped, recommended_graph
 
 log = logging.getLogger("pipeline")
 
@@ -148,7 +148,7 @@ def check_bundle(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recom
     """ONNX Runtime's mobile usability checker on the recommended graph, and on fp32 and static QDQ int8 beside it:
     NNAPI and CoreML partitions, dynamic shapes, CoreML's dimension limit against the vocabulary (:func:`usability`)."""
     vocab = shipped.facts["vocab_size"]
-    result = {"shipped": usability(shipped_graph(shipped, int8, static, recommended), vocab)}
+    result = {"shipped": usability(recommended_graph(shipped, int8, static, recommended)[0], vocab)}
     if recommended != "fp32":
         result["fp32"] = usability(shipped.fp32_path, vocab)
     if static:

@@ -210,13 +210,13 @@ def ort_session(path: str | Path | bytes, threads: int | None = None, custom_ops
 
 def in_split_order(split, batch_size: int, run) -> np.ndarray:
     """``run(rows)`` (the logits of those examples) over the :func:`batches` of ``split``, put back in split order."""
-    logits = np.empty(0)
+    logits: np.ndarray | None = None
     for rows in batches(split, batch_size):
         part = run(rows)
-        if logits.size == 0:
+        if logits is None:  # the shape and type of the first answer
             logits = np.empty((len(split), *part.shape[1:]), dtype=part.dtype)
         logits[rows] = part
-    return logits
+    return logits if logits is not None else np.empty(0)
 
 
 def onnx_logits(path_or_session, split, pad: int, batch_size: int = 1) -> np.ndarray:

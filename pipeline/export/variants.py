@@ -74,6 +74,7 @@ class Student:
     reference: np.ndarray  # the trained student's logits, which every variant's accuracy is compared with
     trim: dict | None = None  # vocab_trim facts (trimmed_student's) when export.trim_vocab
     trained: Any = None  # the trained, untrimmed model when trimmed: the "before" figures (before_trimming)
+    role_tokens: dict | None = None  # when trimmed: {role: token} of the trained tokenizer, which name the cut one's
 
 
 @dataclass
@@ -150,15 +151,12 @@ def student_to_ship(inputs: Inputs, cfg, work: Path) -> Student:
     )
     pad = trim["pad_id"]
     own = torch_logits(trimmed, test, pad)
-    return Student(trimmed, test, pad, trimmed_json, own, reference, trim, trained=model)
+    roles = {role: entry["token"] for role, entry in facts["special_tokens"].items()}
+    return Student(trimmed, test, pad, trimmed_json, own, reference, trim, trained=model, role_tokens=roles)
 
 
 def export_student(student: Student, inputs: Inputs, cfg, out: Path, work: Path) -> Shipped:
     """The student as fp32 ONNX (model.onnx), parity-checked; when trimmed, the figures before trimming too."""
-    roles = None
-    if student.trained is not None:  # the trained tokenizer's special tokens name the cut one's
-        facts = tokenizer_facts(inputs.student / "tokenizer.json")
-        roles = {role: entry["token"] for role, entry in facts["special_tokens"].items()}
     shipped = export_fp32(
         student.model,
         student.test,
@@ -169,7 +167,7 @@ def export_student(student: Student, inputs: Inputs, cfg, out: Path, work: Path)
         student.reference,
         inputs.names,
         cfg,
-        roles,
+        student.role_tokens,
     )
     if student.trained is None:
         shipped.trim = student.trim
@@ -417,11 +415,6 @@ def recommended_graph(
     """The recommended variant's ids-in graph and its logits on the test split, one text per call."""
     chosen = {"int8": int8, "int8_static": static}.get(recommended)  # choose_variant recommends only one that was made
     return (chosen.path, chosen.logits) if chosen else (shipped.fp32_path, shipped.fp32_logits)
-
-
-def shipped_graph(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> Path:
-    """The recommended variant's ids-in graph."""
-    return recommended_graph(shipped, int8, static, recommended)[0]
 
 
 def _brief(metrics: dict) -> dict:
