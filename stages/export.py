@@ -107,13 +107,18 @@ def run(ctx: Context) -> dict:
         laps.lap("int8")
         teacher = export_teacher(inputs, int8, cfg, work)  # 3. the baseline a user would ship instead
         laps.lap("int8 teacher")
+        ort = ort_format.convert_and_check(  # ORT format of the int8 graphs, for ONNX Runtime Mobile
+            [(v.path, v.logits) for v in (int8, static) if v], shipped.test, shipped.pad, cfg.ort_target_platform, out
+        )
+        usable = mobile.usability_of_graphs(shipped, int8, static)  # what NNAPI and CoreML could take of each graph
+        laps.lap("ORT format and mobile check of the int8 graphs")
         pte = building.result()
         laps.lap("executorch (the part not beside the int8 steps)")
     latency = side_by_side(seed, inputs, shipped, int8, static, pte, teacher, cfg)  # every model side by side
     laps.lap("latency")
     recommended, because = choose_variant(cfg, int8, static, latency["rows"])  # on one-text-per-call accuracy and speed
     graph, logits = recommended_graph(shipped, int8, static, recommended)
-    text = text_model.ship(
+    text, text_labels = text_model.ship(
         graph,
         shipped.tokenizer_json,
         shipped.facts,
@@ -124,15 +129,13 @@ def run(ctx: Context) -> dict:
         known=(shipped.test.input_ids, logits),
     )  # 4. text in
     laps.lap("text-in model")
-    graphs = (
-        [(v.path, v.logits) for v in (int8, static) if v]  # ORT format: the int8 graphs, fp32 when recommended
-        + ([(shipped.fp32_path, shipped.fp32_logits)] if recommended == "fp32" else [])
-    )
-    ort = ort_format.convert_and_check(
-        graphs, shipped.test, shipped.pad, text, inputs.test_records, cfg.ort_target_platform, out
-    )
-    checked = mobile.check_bundle(shipped, int8, static, recommended)  # what NNAPI and CoreML could take of each graph
-    laps.lap("ORT format and mobile check")
+    if recommended == "fp32":  # its ORT twin too
+        ort = ort_format.convert_and_check(
+            [(shipped.fp32_path, shipped.fp32_logits)], shipped.test, shipped.pad, cfg.ort_target_platform, out, ort
+        )
+    ort = ort_format.convert_and_check_text(ort, text, text_labels, inputs.test_records, cfg.ort_target_platform, out)
+    checked = mobile.check_bundle(usable, recommended)
+    laps.lap("ORT format of the text-in model")
     peers = from_text.measure_bundle(
         ctx.input("peers"), seed, cfg, inputs, shipped, int8, static, teacher, text, recommended, out
     )  # from raw text, beside TF-IDF, fastText and static embeddings

@@ -230,10 +230,10 @@ def test_unigram_tokenizer_ships_ids_in_model_only_with_the_reason(tmp_path, bun
     facts = tokenizer_facts(tokenizer_json, {"cls": "[CLS]", "sep": "[SEP]", "pad": "<pad>", "unk": "<unk>"})
     target = tmp_path / "model.text.onnx"
     records = [{"text": "a fine film", "label": "fresh"}]
-    result = TM.ship(bundle / "model.int8.onnx", tokenizer_json, facts, 16, records, 0, target)
-    assert result["shipped"] is False and "Unigram" in result["why"] and not target.exists()
+    result, labels = TM.ship(bundle / "model.int8.onnx", tokenizer_json, facts, 16, records, 0, target)
+    assert labels is None and result["shipped"] is False and "Unigram" in result["why"] and not target.exists()
     wordpiece = tokenizer_facts(bundle / "tokenizer.json")
-    pairs = TM.ship(
+    pairs, _ = TM.ship(
         bundle / "model.int8.onnx",
         bundle / "tokenizer.json",
         wordpiece,

@@ -231,6 +231,18 @@ def test_ort_file_loads_and_agrees(bundle):
     assert "MatMulInteger" in config and "ai.onnx" in config
 
 
+def test_operators_config_is_the_converters_for_every_ort_file(bundle, tmp_path):
+    """The config merged from the converter's calls (the int8 graphs beside the ExecuTorch lowering, the text-in model
+    later) is the one the converter writes for all of the bundle's .ort files in one call."""
+    from pipeline.export import text_model
+    from pipeline.export.ort_format import convert
+
+    onnx = [bundle / f"{path.stem}.onnx" for path in sorted(bundle.glob("*.ort"))]
+    assert len(onnx) >= 3  # model.int8, model.int8.static, model.text
+    convert(onnx, tmp_path, "arm", custom_op_library=text_model.extensions_library())
+    assert (bundle / "required_operators.config").read_text() == (tmp_path / "required_operators.config").read_text()
+
+
 def test_model_registered_with_candidate_alias(tiny_run):
     client = mlflow.MlflowClient(f"sqlite:///{tiny_run['runs_dir'] / 'mlflow.db'}")
     version = client.get_model_version_by_alias("attention-distill-tiny", "candidate")
@@ -340,14 +352,15 @@ class OneProcess:
 
 
 def run_export_stage(tiny_run, tmp_path, overrides, **settings):
-    """The export stage on the tiny run's inputs, writing to tmp_path, MLflow off (nothing registered)."""
+    """The export stage on the tiny run's inputs, writing to tmp_path, MLflow off (nothing registered), without the
+    ExecuTorch programs (their lowering, about 20 s, is checked on the tiny run itself)."""
     from pipeline.runner import StageContext
     from pipeline.tracking import Tracker
     from stages import export
 
     out = tmp_path / "export.partial"
     out.mkdir()
-    config = load_config("tiny", overrides)
+    config = load_config("tiny", ["export.executorch=off", *overrides])
     for key, value in settings.items():  # values the schema refuses on purpose (an impossible budget)
         setattr(config.export, key, value)
     ctx = StageContext(

@@ -153,6 +153,17 @@ def export_pte(model, path: Path, max_length: int, int8_linears: bool = False) -
     }
 
 
+def load_runtime() -> None:
+    """Import the ExecuTorch runtime (about 7 s on two cores) while the build process still lowers, instead of in the
+    latency step. What fails here is left for :func:`runner` to meet and report where a program is run; the build
+    process imported these modules before it could lower anything (:func:`unusable`)."""
+    import importlib
+
+    with contextlib.suppress(Exception), _quiet_stderr():
+        for name in ("executorch.runtime", "executorch.extension.pybindings.portable_lib"):
+            importlib.import_module(name)
+
+
 def runner(path: Path, threads: int | None = None):
     """feeds (numpy input_ids / attention_mask, batch 1) -> logits [1, labels], through the ExecuTorch runtime.
 
@@ -267,6 +278,8 @@ class Building:
             return self.done
         assert self.process is not None  # start() answered at once where there is none
         self.students.close()  # no student will come after this (start() closed it already when it sent one)
+        if not self.answers.poll():  # still lowering: this core is free, the runtime the latency step runs loads now
+            load_runtime()
         try:
             kind, answer = self.answers.recv()
         except EOFError:  # the process ended without answering: a native abort in the lowering or the runtime

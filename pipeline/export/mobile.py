@@ -21,7 +21,7 @@ from pathlib import Path
 from onnxruntime.tools.mobile_helpers import usability_checker as checker
 from onnxruntime.tools.onnx_model_utils import ModelProtoWithShapeInfo, optimize_model
 
-from .variants import Int8, Shipped, recommended_graph
+from .variants import Int8, Shipped
 
 log = logging.getLogger("pipeline")
 
@@ -144,18 +144,27 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def check_bundle(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recommended: str) -> dict:
+def usability_of_graphs(shipped: Shipped, int8: Int8 | None, static: Int8 | None) -> dict[str, dict]:
+    """:func:`usability` of every ids-in graph built, by variant name (fp32, int8, int8_static): run beside the
+    ExecuTorch lowering, before the recommended graph is chosen (:func:`check_bundle` picks from it)."""
+    graphs = {
+        "fp32": shipped.fp32_path,
+        "int8": int8.path if int8 else None,
+        "int8_static": static.path if static else None,
+    }
+    return {name: usability(path, shipped.facts["vocab_size"]) for name, path in graphs.items() if path}
+
+
+def check_bundle(found: dict[str, dict], recommended: str) -> dict:
     """ONNX Runtime's mobile usability checker on the recommended graph, and on fp32 and static QDQ int8 beside it:
-    NNAPI and CoreML partitions, dynamic shapes, CoreML's dimension limit against the vocabulary (:func:`usability`)."""
-    vocab = shipped.facts["vocab_size"]
-    result = {"shipped": usability(recommended_graph(shipped, int8, static, recommended)[0], vocab)}
+    NNAPI and CoreML partitions, dynamic shapes, CoreML's dimension limit against the vocabulary (:func:`usability`,
+    each graph's findings in ``found`` from :func:`usability_of_graphs`)."""
+    result = {"shipped": found[recommended]}
     if recommended != "fp32":
-        result["fp32"] = usability(shipped.fp32_path, vocab)
+        result["fp32"] = found["fp32"]
+    static = "int8_static" in found
     if static:
-        result["static_qdq_int8"] = {
-            "built": True,
-            **(result["shipped"] if recommended == "int8_static" else usability(static.path, vocab)),
-        }
+        result["static_qdq_int8"] = {"built": True, **found["int8_static"]}
     else:
         result["static_qdq_int8"] = {"built": False, "why": "export.static_int8 or export.quantize is off"}
     verdicts = {name: p["verdict_with_fixed_shapes"] for name, p in result["shipped"]["providers"].items()}
@@ -168,6 +177,8 @@ def check_bundle(shipped: Shipped, int8: Int8 | None, static: Int8 | None, recom
     if static and recommended != "int8_static":
         fixed = {name: p["verdict_with_fixed_shapes"] for name, p in result["static_qdq_int8"]["providers"].items()}
         log.info(
-            "[export] mobile usability (%s): %s", static.path.name, ", ".join(f"{n} {v}" for n, v in fixed.items())
+            "[export] mobile usability (%s): %s",
+            found["int8_static"]["model"],
+            ", ".join(f"{n} {v}" for n, v in fixed.items()),
         )
     return result

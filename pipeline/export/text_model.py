@@ -661,11 +661,14 @@ def run(path_or_session, texts: list[str], batch_size: int = 1) -> tuple[np.ndar
     return np.concatenate(probs), np.concatenate(labels), ids
 
 
-def check(path: Path, texts: list[str], expected_ids: list[list[int]], expected_logits: np.ndarray, pad: int) -> dict:
+def check(
+    path: Path, texts: list[str], expected_ids: list[list[int]], expected_logits: np.ndarray, pad: int
+) -> tuple[dict, np.ndarray]:
     """The text-in model at ``path`` against predict.py's token ids and the ids-in model's logits on ``texts``.
 
     Ids compare row by row after removing the right padding (``pad`` after the last real token, which is
-    where predict.py pads too); predictions must be identical, probabilities close."""
+    where predict.py pads too); predictions must be identical, probabilities close. Returns the findings and the
+    labels the model gave, one text per call."""
     probs, labels, ids = run(path, texts)
     same_ids = 0
     first_difference = None
@@ -689,7 +692,7 @@ def check(path: Path, texts: list[str], expected_ids: list[list[int]], expected_
         "max_abs_probability_diff": float(np.abs(probs - expected_probs).max()) if len(texts) else 0.0,
         "exact": same_ids == len(texts) and agreement == 1.0,
         "first_difference": first_difference,
-    }
+    }, labels
 
 
 def ship(
@@ -701,11 +704,12 @@ def ship(
     pad: int,
     target: Path,
     known: tuple[Any, np.ndarray] | None = None,
-) -> dict:
+) -> tuple[dict, np.ndarray | None]:
     """Build the text-in model at ``target`` from the shipped ``classifier`` and check it on ``records`` (the test
     split): predict.py's token ids (tokenizers, truncation at ``max_length``) and the classifier's predictions on
     them must be reproduced exactly, or nothing is shipped. ``known``: (token ids, the classifier's one-text-per-call
-    logits on them), used when predict.py's ids are those. Returns metadata.json's ``text_model``."""
+    logits on them), used when predict.py's ids are those. Returns metadata.json's ``text_model`` and, when it is
+    shipped, its labels on ``records`` one text per call (what its ORT twin is compared with)."""
     why = unsupported_reason(facts, pairs=bool(records) and "text_pair" in records[0])
     if why is None:
         try:
@@ -715,14 +719,14 @@ def ship(
     if why is not None:
         Path(target).unlink(missing_ok=True)
         log.info("[export] no text-in model: %s", why)
-        return {"shipped": False, "why": why}
+        return {"shipped": False, "why": why}, None
     texts = [r["text"] for r in records]
     ids = tokenize_texts(tokenizer_json, texts, max_length)  # exactly predict.py's encoding
     if known is not None and same_rows(known[0], ids):
         logits = known[1]  # the classifier was already run on exactly these ids
     else:
         logits = onnx_logits(classifier, IdSplit(ids, np.zeros(len(ids))), pad)  # predict.py's predictions
-    result = check(target, texts, ids, logits, pad)
+    result, labels = check(target, texts, ids, logits, pad)
     if not result["exact"]:
         Path(target).unlink()
         why = (
@@ -731,7 +735,7 @@ def ship(
             f"(first difference: {result['first_difference']})"
         )
         log.info("[export] no text-in model: %s", why)
-        return {"shipped": False, "why": why, "check": result}
+        return {"shipped": False, "why": why, "check": result}, None
     log.info(
         "[export] text-in model %s: identical token ids on %d/%d test texts, prediction agreement %.4f",
         info["file"],
@@ -744,7 +748,7 @@ def ship(
         **info,
         "check": {**result, "split": "test", "against": f"predict.py ({classifier.name})"},
         "onnxruntime_extensions": package_version("onnxruntime-extensions"),
-    }
+    }, labels
 
 
 # Measured against tokenizers: WordPiece on 6,000 Rotten Tomatoes sentences plus edge cases (empty text, accents,
