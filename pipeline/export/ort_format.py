@@ -27,13 +27,7 @@ def convert_and_check(
     checked against its .onnx (a disagreement is logged and recorded); added to ``info`` of an earlier call when
     given. The int8 graphs are converted beside the ExecuTorch lowering, the fp32 graph (when recommended) and the
     text-in model (:func:`convert_and_check_text`) once the recommended graph is chosen."""
-    info = info or {
-        "files": {},
-        "config": "required_operators.config",
-        "optimization_style": "Fixed",
-        "optimization_level": "all",
-        "target_platform": target_platform,
-    }
+    info = info or {"files": {}, **_settings(target_platform)}
     if graphs:
         info["files"].update(convert([path for path, _ in graphs], out, target_platform)["files"])
     for path, expected in graphs:
@@ -126,8 +120,12 @@ def convert(
         config = re.sub(r"^# - .*/", "# - ", config, flags=re.M)
         earlier = out_dir / "required_operators.config"
         earlier.write_text(merged_operators(earlier.read_text(), config) if earlier.exists() else config)
+    return {"files": produced, **_settings(target_platform)}
+
+
+def _settings(target_platform: str) -> dict:
+    """How the converter was run (metadata.json's ``ort_format`` beside the files)."""
     return {
-        "files": produced,
         "config": "required_operators.config",
         "optimization_style": "Fixed",
         "optimization_level": "all",
