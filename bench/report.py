@@ -330,6 +330,17 @@ SECTIONS: list[Section] = [
         "the distill seconds come from a machine shared with another sweep and the test suite.",
     ),
     Section(
+        "depth_base_mpnet_base.md",
+        "Rotten Tomatoes, base teacher: 3 against 4 teacher layers (three paired seeds), 6 layers once",
+        "data",
+        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_depth.yaml ARGS='--to evaluate'`: the default base "
+        "student (teacher layers 0, 6, 11) against four layers (0, 4, 8, 11), FFN 1,024, CE + logit KD, three "
+        "epochs, paired by student seed, and six layers (0, 2, 4, 7, 9, 11) with the run's seed only; the evaluate "
+        "stage's batched PyTorch accuracy, the base teacher trained on this machine (fp32, test 0.8956). The distill "
+        "seconds come from a machine shared with the test suite and the export timings (the sweep was paused for "
+        "those), so they are not speed figures.",
+    ),
+    Section(
         "phone_base_mpnet_base.md",
         "Does the base teacher pay on the phone? bert_small's student continued under MPNet-base (three seeds)",
         "data",
