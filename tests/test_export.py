@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from pipeline.config import load_config
+from pipeline.export import text_model
 from pipeline.export.latency import REFERENCE_ONLY, latency_inputs
 from pipeline.export.onnx_graph import (
     HiddenStates,
@@ -26,6 +27,7 @@ from pipeline.export.onnx_graph import (
     strip_node_metadata,
     torch_logits,
 )
+from pipeline.export.ort_format import convert
 from pipeline.export.quantize import (
     cpu_int8_kernels,
     quantization_ladder,
@@ -234,9 +236,6 @@ def test_ort_file_loads_and_agrees(bundle):
 def test_operators_config_is_the_converters_for_every_ort_file(bundle, tmp_path):
     """The config merged from the converter's calls (the int8 graphs beside the ExecuTorch lowering, the text-in model
     later) is the one the converter writes for all of the bundle's .ort files in one call."""
-    from pipeline.export import text_model
-    from pipeline.export.ort_format import convert
-
     onnx = [bundle / f"{path.stem}.onnx" for path in sorted(bundle.glob("*.ort"))]
     assert len(onnx) >= 3  # model.int8, model.int8.static, model.text
     convert(onnx, tmp_path, "arm", custom_op_library=text_model.extensions_library())

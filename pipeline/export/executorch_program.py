@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import logging
 import multiprocessing
 import os
@@ -68,8 +69,6 @@ MODULES = (
 
 def unusable() -> str | None:
     """Why ExecuTorch cannot build programs here (not installed, or installed but not importable), or None."""
-    import importlib
-
     found = version()
     if found is None:
         return f"the executorch package is not installed ({INSTALL})"
@@ -157,8 +156,6 @@ def load_runtime() -> None:
     """Import the ExecuTorch runtime (about 7 s on two cores) while the build process still lowers, instead of in the
     latency step. What fails here is left for :func:`runner` to meet and report where a program is run; the build
     process imported these modules before it could lower anything (:func:`unusable`)."""
-    import importlib
-
     with contextlib.suppress(Exception), _quiet_stderr():
         for name in ("executorch.runtime", "executorch.extension.pybindings.portable_lib"):
             importlib.import_module(name)
