@@ -5,7 +5,8 @@
 Reads every variant folder of the sweep whose name is ``<setting>_s<seed>`` (configs/sweeps/base_ablation.yaml)
 and has finished evaluate: the test accuracy and macro-F1 of the student in PyTorch, its retention of the teacher,
 its distillation seconds. One row per setting in the sweep file's order: the mean over seeds, the lowest and
-highest, and each setting's difference from the previous one (the lever it adds) with the seeds it has in common.
+highest, and each setting's difference from the previous one (the lever it adds; with --against-first, from the
+first setting) with the seeds it has in common.
 Settings with fewer seeds than the others are marked. The labels and the order come from the sweep's sweep.json,
 written when the whole sweep ends; ``--spec`` reads them from the sweep file instead (a sweep stopped part way).
 """
@@ -71,16 +72,21 @@ def _cell(values: list[float], points: bool = False) -> str:
     scale = 100 if points else 1
     mean = statistics.mean(values) * scale
     if len(values) == 1:
-        return f"{mean:.4f}" if not points else f"{mean:.2f}"
+        return f"{mean:.4f}" if not points else f"{mean:+.2f}"
     low, high = min(values) * scale, max(values) * scale
     return f"{mean:.4f} ({low:.4f}-{high:.4f})" if not points else f"{mean:+.2f} ({low:+.2f} to {high:+.2f})"
 
 
-def table(runs: dict[str, dict[int, dict]], labels: dict[str, str], teacher: float | None) -> list[str]:
+def table(
+    runs: dict[str, dict[int, dict]], labels: dict[str, str], teacher: float | None, against_first: bool = False
+) -> list[str]:
+    """One row per setting; each compared with the row above (levers added one after another) or, with
+    ``against_first``, with the first row (levers tried one at a time on the same default)."""
     most = max((len(seeds) for seeds in runs.values()), default=0)
+    over = "the first row" if against_first else "the row above"
     lines = [
         "| student losses | seeds | accuracy, mean (min-max) | macro-F1, mean | retention, mean | "
-        "points over the row above, same seeds (min to max) | distill s, mean |",
+        f"points over {over}, same seeds (min to max) | distill s, mean |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     previous = None
@@ -97,7 +103,7 @@ def table(runs: dict[str, dict[int, dict]], labels: dict[str, str], teacher: flo
             f"| {labels[setting]} | {marked} | {_cell(accuracy)} | {macro_f1:.4f} | {retention:.4f} | {gain} | "
             f"{f'{statistics.mean(seconds):.0f}' if seconds else '-'} |"
         )
-        previous = setting
+        previous = previous if against_first and previous is not None else setting
     if teacher is not None:
         lines.append(f"| teacher (fine-tuned, PyTorch) | - | {teacher:.4f} | - | 1.0000 | - | - |")
     return lines
@@ -110,6 +116,11 @@ def main(argv=None) -> int:
         "--spec", type=Path, help="the sweep file, for labels and order when the sweep stopped before sweep.json"
     )
     parser.add_argument("--out", type=Path, help="also write the table here, headed by command, date and machine")
+    parser.add_argument(
+        "--against-first",
+        action="store_true",
+        help="compare every setting with the first (levers tried one at a time on one default) instead of the one above",
+    )
     args = parser.parse_args(argv)
     if not args.sweep.is_dir():
         print(
@@ -127,7 +138,7 @@ def main(argv=None) -> int:
     if not runs:
         print(f"error: no variant named <setting>_s<seed> with a finished evaluate in {args.sweep}", file=sys.stderr)
         return 2
-    emit(table(runs, labels, teacher), args.out, command_line("bench/ablation_table.py", argv))
+    emit(table(runs, labels, teacher, args.against_first), args.out, command_line("bench/ablation_table.py", argv))
     return 0
 
 

@@ -351,6 +351,8 @@ def lost_peer(chain) -> str | None:
 def _close_process_group() -> None:
     """Tear down the process group before the interpreter exits: left to exit-time destructors, gloo's worker
     threads can still be joinable and a rank aborts ("terminate called without an active exception")."""
+    if "torch.distributed" not in sys.modules:  # no group without it; importing torch here cost a bad config 1-2 s
+        return
     import torch.distributed
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():

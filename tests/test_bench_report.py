@@ -224,3 +224,22 @@ def test_ablation_table_averages_seeds_and_differences_on_common_seeds(tmp_path)
     rows = ablation_table.table(*ablation_table.collect(sweep, spec))[2:]
     assert rows[0].startswith("| CE only | 2 (fewer) |") and rows[1].startswith("| CE + KD | 3 |"), rows
     assert ablation_table.main([str(sweep), "--spec", str(tmp_path / "nope.yaml")]) == 2
+
+
+def test_ablation_table_against_first_compares_every_lever_with_the_default(tmp_path):
+    import ablation_table
+
+    sweep = tmp_path / "levers"
+    figures = {"default_s1": 0.80, "default_s2": 0.82, "hidden_s1": 0.81, "hidden_s2": 0.81, "long_s1": 0.84}
+    for name, accuracy in figures.items():
+        (sweep / name / "evaluate").mkdir(parents=True)
+        metrics = {"student": {"accuracy": accuracy, "macro_f1": accuracy}, "teacher": {"accuracy": 0.9}}
+        (sweep / name / "evaluate" / "metrics.json").write_text(json.dumps({**metrics, "retention": accuracy / 0.9}))
+    spec = tmp_path / "levers.yaml"
+    spec.write_text("variants:\n  default_s1: {}\n  hidden_s1: {}\n  long_s1: {}\n")
+    one_after_another = ablation_table.table(*ablation_table.collect(sweep, spec))
+    each_alone = ablation_table.table(*ablation_table.collect(sweep, spec), against_first=True)
+    assert "points over the row above" in one_after_another[0] and "points over the first row" in each_alone[0]
+    assert "| +3.00 | - |" in one_after_another[4]  # long - hidden, seed 1
+    assert "| +4.00 | - |" in each_alone[4]  # long - default, seed 1
+    assert "| +0.00 (-1.00 to +1.00) |" in each_alone[3]  # hidden - default, seeds 1 and 2
