@@ -342,12 +342,13 @@ SECTIONS: list[Section] = [
     ),
     Section(
         "hidden_base_mpnet_base.md",
-        "Rotten Tomatoes, base teacher: hidden-state MSE and six epochs for the default student (paired seeds)",
+        "Rotten Tomatoes, base teacher: hidden-state MSE or six epochs for the default student (paired seeds)",
         "data",
         "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_hidden.yaml ARGS='--to evaluate'`: the default base "
         "student (teacher layers 0, 6, 11, FFN 1,024, CE + logit KD, three epochs; its variants linked from the depth "
-        "sweep) against + TinyBERT's hidden-state MSE on the three copied layers (weight 1) and against six epochs, "
-        "paired by student seed; the evaluate stage's batched PyTorch accuracy, the base teacher trained on this "
+        "sweep) against + TinyBERT's hidden-state MSE on the three copied layers (weight 1, and 10) and against six "
+        "epochs, paired by student seed, each compared with the default (`--against-first`); the evaluate stage's "
+        "batched PyTorch accuracy, the base teacher trained on this "
         "machine (fp32, test 0.8956). The sweep was paused during a test-suite run, so the distill seconds are not "
         "speed figures.",
     ),
