@@ -89,12 +89,13 @@ def table(
         f"points over {over}, same seeds (min to max) | distill s, mean |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    previous = None
+    first, previous = next(iter(runs), None), None
     for setting, seeds in runs.items():
         accuracy = [seeds[s]["accuracy"] for s in sorted(seeds)]
+        reference = first if against_first and setting != first else previous
         gain = "-"
-        if previous is not None and (common := sorted(set(seeds) & set(runs[previous]))):
-            gain = _cell([seeds[s]["accuracy"] - runs[previous][s]["accuracy"] for s in common], points=True)
+        if reference is not None and (common := sorted(set(seeds) & set(runs[reference]))):
+            gain = _cell([seeds[s]["accuracy"] - runs[reference][s]["accuracy"] for s in common], points=True)
         seconds = [seeds[s]["seconds"] for s in seeds if seeds[s]["seconds"] is not None]
         marked = f"{len(seeds)}" + (" (fewer)" if len(seeds) < most else "")
         macro_f1 = statistics.mean(seeds[s]["macro_f1"] for s in seeds)
@@ -103,7 +104,7 @@ def table(
             f"| {labels[setting]} | {marked} | {_cell(accuracy)} | {macro_f1:.4f} | {retention:.4f} | {gain} | "
             f"{f'{statistics.mean(seconds):.0f}' if seconds else '-'} |"
         )
-        previous = previous if against_first and previous is not None else setting
+        previous = setting
     if teacher is not None:
         lines.append(f"| teacher (fine-tuned, PyTorch) | - | {teacher:.4f} | - | 1.0000 | - | - |")
     return lines
