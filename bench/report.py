@@ -346,7 +346,7 @@ SECTIONS: list[Section] = [
         "data",
         "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_hidden.yaml ARGS='--to evaluate'`: the default base "
         "student (teacher layers 0, 6, 11, FFN 1,024, CE + logit KD, three epochs; its variants linked from the depth "
-        "sweep) against + TinyBERT's hidden-state MSE on the three copied layers (weight 1, and 10) and against six "
+        "sweep) against + a hidden-state MSE on the last layer (teacher layer 11; weight 1, and 10) and against six "
         "epochs, paired by student seed, each compared with the default (`--against-first`); the evaluate stage's "
         "batched PyTorch accuracy, the base teacher trained on this "
         "machine (fp32, test 0.8956). None of these students was exported; for scale, one text per call on this "

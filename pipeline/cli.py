@@ -434,9 +434,11 @@ def _resolved(config):
 
 
 def _sweep(args) -> int:
-    from .sweep import load_sweep, run_sweep
+    from .sweep import load_sweep
 
     sweep = load_sweep(args.config, args.sweep, args.overrides, resolve=_resolved)  # every variant checked first
+    from .sweep import run_sweep
+
     result = run_sweep(
         sweep,
         Path(args.runs_dir),

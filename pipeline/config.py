@@ -335,7 +335,8 @@ class DistillConfig(TrainSettings):
     )
     temperature: float = Field(2.0, gt=0, le=100)
     loss: LossWeights = LossWeights()
-    layer_map: Literal["last", "uniform"] | list[tuple[int, int]] = "last"
+    # copied: each student layer learns from the teacher layer it was copied from (student.init teacher_layers)
+    layer_map: Literal["last", "uniform", "copied"] | list[tuple[int, int]] = "last"
     relation_heads: int | None = Field(None, ge=1, le=1024)
     attention_chunk: int | None = Field(128, ge=1)
     lr: float = Field(1e-4, gt=0, le=1.0)
@@ -693,6 +694,15 @@ class PipelineConfig(Section):
             if s.init == "teacher_layers" and len(set(s.teacher_layers)) != len(s.teacher_layers):
                 problems.append(
                     (("student.teacher_layers",), f"student.teacher_layers {s.teacher_layers} repeats a layer")
+                )
+            if self.distill.layer_map == "copied" and s.init != "teacher_layers":
+                problems.append(
+                    (
+                        ("distill.layer_map", "student.init"),
+                        f"distill.layer_map 'copied' pairs each student layer with the teacher layer it was copied "
+                        f"from, and student.init '{s.init}' copies none: use student.init 'teacher_layers', or "
+                        "'last', 'uniform' or a list of [student layer, teacher layer] pairs",
+                    )
                 )
             for key in ("ffn_size", "attention_heads"):
                 if getattr(s, key) is not None and s.init != "teacher_layers":

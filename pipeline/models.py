@@ -124,7 +124,7 @@ def random_bert_config(shape: RandomBert, vocab_size: int, num_labels: int = 2) 
         max_position_embeddings=shape.max_position_embeddings,
         hidden_dropout_prob=shape.dropout,
         attention_probs_dropout_prob=shape.dropout,
-        num_labels=num_labels,  # type: ignore[call-arg]  # transformers 5 types the config __init__ from its dataclass fields only; __post_init__ takes num_labels
+        num_labels=num_labels,
     )
 
 
@@ -152,6 +152,8 @@ def layer_map(config: PipelineConfig, teacher_depth: int) -> list[tuple[int, int
         return [(student_depth - 1, teacher_depth - 1)]
     if spec == "uniform":  # TinyBERT: student layer i learns from teacher layer (i+1)*T/S - 1
         return [(i, (i + 1) * teacher_depth // student_depth - 1) for i in range(student_depth)]
+    if spec == "copied":  # each copied layer from its source (the config refuses it for other inits)
+        return list(enumerate(config.student.teacher_layers))
     return cast(list[tuple[int, int]], [tuple(pair) for pair in spec])  # pydantic checked each is a pair
 
 
@@ -218,7 +220,7 @@ def check_against_models(config: PipelineConfig) -> None:
     if pretrained_cfg is not None:
         student_depth = pretrained_cfg.num_hidden_layers
         # layer_map 'last' / 'uniform' are resolved at run time with the teacher's depth for a pretrained student.
-        if isinstance(config.distill.layer_map, str) and student_depth != depth:
+        if config.distill.layer_map in ("last", "uniform") and student_depth != depth:
             problems.append(
                 f"distill.layer_map: '{config.distill.layer_map}' needs a student as deep as the teacher, and the "
                 f"pretrained student has {student_depth} layers, the teacher {depth}; list the pairs instead, "

@@ -254,6 +254,7 @@ class StageContext:
     out: Path  # the stage's partial folder; renamed into place when run() returns
     tracker: Tracker
     dist: "Distributed"
+    cache_dir: Path | None = None  # runs/.cache (the export's teacher graph, by weights and exporter)
 
     def input(self, stage: str) -> Path:
         if stage not in stage_module(self.name).AFTER:
@@ -399,22 +400,47 @@ DIST_TIMEOUT_VAR = "PIPELINE_DIST_TIMEOUT"
 DEFAULT_DIST_TIMEOUT_S = 1800
 
 
-def dist_timeout_seconds() -> float:
-    """$PIPELINE_DIST_TIMEOUT (seconds) or the default; anything else is a one-paragraph error."""
-    raw = os.environ.get(DIST_TIMEOUT_VAR, "").strip()
+SHARED_FOLDER_WAIT_VAR = "PIPELINE_SHARED_FOLDER_WAIT"
+# Seconds the ranks other than 0 look for the file rank 0 has just written in the run folder before the job stops
+# as not shared: a network filesystem may cache a missing file for a while.
+DEFAULT_SHARED_FOLDER_WAIT_S = 20.0
+
+
+def seconds_from_env(var: str, default: float, meaning: str, example: int) -> float:
+    """$var as a positive number of seconds, or ``default`` when unset; anything else is a one-paragraph error."""
+    raw = os.environ.get(var, "").strip()
     if not raw:
-        return DEFAULT_DIST_TIMEOUT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1
     if not value > 0 or value != value:
         raise ConfigError(
-            f"{DIST_TIMEOUT_VAR}={raw!r} is not a positive number of seconds. It is how long a rank "
-            f"waits for the others in one collective step before the run fails (default "
-            f"{DEFAULT_DIST_TIMEOUT_S}); set e.g. {DIST_TIMEOUT_VAR}=600, or unset it."
+            f"{var}={raw!r} is not a positive number of seconds. It is {meaning} (default {default:g}); set e.g. "
+            f"{var}={example}, or unset it."
         )
     return value
+
+
+def dist_timeout_seconds() -> float:
+    """$PIPELINE_DIST_TIMEOUT (seconds) or the default."""
+    return seconds_from_env(
+        DIST_TIMEOUT_VAR,
+        DEFAULT_DIST_TIMEOUT_S,
+        "how long a rank waits for the others in one collective step before the run fails",
+        600,
+    )
+
+
+def shared_folder_wait_seconds() -> float:
+    """$PIPELINE_SHARED_FOLDER_WAIT (seconds) or the default."""
+    return seconds_from_env(
+        SHARED_FOLDER_WAIT_VAR,
+        DEFAULT_SHARED_FOLDER_WAIT_S,
+        "how long the other ranks look for the file rank 0 wrote in the run folder before the job stops as not shared",
+        60,
+    )
 
 
 class Distributed:
@@ -433,6 +459,7 @@ class Distributed:
                 )
         # fit() sets find_unused_parameters per training job on this handler.
         self.timeout_s = dist_timeout_seconds()
+        self.shared_folder_wait_s = shared_folder_wait_seconds()
         kwargs = [DistributedDataParallelKwargs(), InitProcessGroupKwargs(timeout=dt.timedelta(seconds=self.timeout_s))]
         mp = "no" if self.precision == "fp32" else self.precision
         # Without CUDA, Accelerate only forms a process group (gloo, MULTI_CPU)
@@ -458,12 +485,12 @@ class Distributed:
     def autocast(self):
         return self.accelerator.autocast()
 
-    def check_shared_folder(self, run_dir: Path, wait_s: float = 20.0) -> None:
+    def check_shared_folder(self, run_dir: Path) -> None:
         """Every rank must see the run folder rank 0 writes: stages read each other's outputs through it.
 
-        Rank 0 writes a token; every rank looks for it (for up to ``wait_s``: a network filesystem may cache a
-        missing file for a while) and all ranks learn who could not, so they fail together with one message instead
-        of the first stage failing on some machines while the others wait for them.
+        Rank 0 writes a token; every rank looks for it (for up to $PIPELINE_SHARED_FOLDER_WAIT seconds, default 20:
+        a network filesystem may cache a missing file for a while) and all ranks learn who could not, so they fail
+        together with one message instead of the first stage failing on some machines while the others wait for them.
         """
         if self.world == 1:
             return
@@ -478,7 +505,7 @@ class Distributed:
         if self.is_main:
             write_json(path, token[0])
         self.barrier()
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + self.shared_folder_wait_s
         while True:
             try:
                 sees = json.loads(path.read_text()) == token[0]
@@ -657,7 +684,15 @@ def run_pipeline(
                         )
                     continue
                 try:
-                    _run_stage(config, name, run_dir, fingerprint_as_run(config, name, run_dir, current), tracker, dist)
+                    _run_stage(
+                        config,
+                        name,
+                        runs_dir,
+                        run_dir,
+                        fingerprint_as_run(config, name, run_dir, current),
+                        tracker,
+                        dist,
+                    )
                 except Exception as exc:  # a full disk surfaces as many exception types
                     full = (
                         None
@@ -681,7 +716,9 @@ def run_pipeline(
         return {"ran": ran, "fingerprints": current, "states": states}
 
 
-def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracker: Tracker, dist: Distributed) -> None:
+def _run_stage(
+    config: PipelineConfig, name: str, runs_dir: Path, run_dir: Path, fp: str, tracker: Tracker, dist: Distributed
+) -> None:
     module = stage_module(name)
     final = run_dir / name
     partial = run_dir / f"{name}.partial"
@@ -698,7 +735,15 @@ def _run_stage(config: PipelineConfig, name: str, run_dir: Path, fp: str, tracke
     params = {k: config.section(k) for k in module.READS if not isinstance(config.section(k), dict)}
     started = time.time()
     with tracker.stage(name, fp, params) as stage_run_id:
-        ctx = StageContext(config=config, name=name, run_dir=run_dir, out=partial, tracker=tracker, dist=dist)
+        ctx = StageContext(
+            config=config,
+            name=name,
+            run_dir=run_dir,
+            out=partial,
+            tracker=tracker,
+            dist=dist,
+            cache_dir=runs_dir / ".cache",
+        )
         summary = module.run(ctx) or {}
         dist.barrier()
         duration = time.time() - started

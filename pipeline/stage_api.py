@@ -26,6 +26,8 @@ class Context(Protocol):
     config: PipelineConfig
     name: str
     out: Path  # the stage's partial folder; renamed into place when run() returns
+    # runs/.cache: what may be reused across runs and sweep variants, keyed by what it depends on (deletable)
+    cache_dir: Path | None
 
     @property
     def final(self) -> Path: ...  # where ``out`` will be once the stage is complete

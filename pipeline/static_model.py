@@ -45,7 +45,7 @@ class StaticEmbeddingConfig(PretrainedConfig):
         bigram_buckets: int = 0,
         **kwargs,
     ):
-        super().__init__(pad_token_id=pad_token_id, **kwargs)  # type: ignore[call-arg]  # transformers 5 types the config __init__ from its dataclass fields only; __post_init__ takes pad_token_id
+        super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.bigram_buckets = bigram_buckets

@@ -105,7 +105,7 @@ def run(ctx: Context) -> dict:
         int8 = quantize_dynamic(shipped, inputs.names, cfg, out, work)  # 2. dynamic int8 within the accuracy budget
         static = quantize_static(shipped, inputs, cfg, seed, out, work)  # and static QDQ int8 (calibrated)
         laps.lap("int8")
-        teacher = export_teacher(inputs, int8, cfg, work)  # 3. the baseline a user would ship instead
+        teacher = export_teacher(inputs, int8, cfg, work, ctx.cache_dir)  # 3. the baseline a user would ship instead
         laps.lap("int8 teacher")
         ort = ort_format.convert_and_check(  # ORT format of the int8 graphs, for ONNX Runtime Mobile
             [(v.path, v.logits) for v in (int8, static) if v], shipped.test, shipped.pad, cfg.ort_target_platform, out

@@ -74,6 +74,21 @@ def test_model_shape_checks_are_reported_together():
     assert "above the teacher's 512 position embeddings" in message
 
 
+def test_copied_layer_map_pairs_each_student_layer_with_its_source():
+    """'copied' distils student layer i from teacher layer student.teacher_layers[i], the layer it starts as."""
+    from pipeline.models import layer_map
+    from pipeline.objective import target_plan
+
+    config = load_config("bert_small", ["student.teacher_layers=[0,3,5]", "distill.layer_map=copied"])
+    assert layer_map(config, teacher_depth=6) == [(0, 0), (1, 3), (2, 5)]
+    hidden = load_config(
+        "bert_small", ["student.teacher_layers=[0,3,5]", "distill.layer_map=copied", "distill.loss.hidden=1"]
+    )
+    assert target_plan(hidden).needed()["teacher_layers"] == [0, 3, 5]
+    with pytest.raises(ConfigError, match="distill.layer_map 'copied'.*student.init 'random' copies none"):
+        load_config("tiny", ["distill.layer_map=copied", "student.init=random"])
+
+
 def test_extends_missing_and_cycle(tmp_path):
     write(tmp_path, "child", "extends: nowhere\n")
     with pytest.raises(ConfigError, match="'nowhere'.*not found"):

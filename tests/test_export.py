@@ -712,3 +712,42 @@ def test_baseline_comparison_marks_each_target_and_never_passes_untimed_speed():
     assert result["all_met"] is False
     untimed = baseline_comparison(cfg, 0.80, baseline, shipped, [])
     assert untimed["meets"]["speedup"] is False and untimed["all_met"] is False
+
+
+def test_the_teachers_graph_is_cached_whole_and_keyed_by_what_it_depends_on(tmp_path):
+    """export_teacher's cache (runs/.cache): an entry is used only with its recorded digest, and its key changes with
+    the teacher's model files and the opset."""
+    from types import SimpleNamespace
+
+    from pipeline.export.variants import reuse_cached, store_cached, teacher_graph_key
+
+    graph = tmp_path / "teacher.onnx"
+    graph.write_bytes(b"a graph")
+    cached = tmp_path / "cache" / "teacher-k.onnx"
+    assert not reuse_cached(cached, tmp_path / "copy.onnx")  # nothing stored yet
+    store_cached(graph, cached)
+    assert reuse_cached(cached, tmp_path / "copy.onnx") and (tmp_path / "copy.onnx").read_bytes() == b"a graph"
+    cached.write_bytes(b"a damaged graph")
+    assert not reuse_cached(cached, tmp_path / "again.onnx") and not (tmp_path / "again.onnx").exists()
+    store_cached(graph, cached)
+    cached.with_suffix(".json").unlink()  # a graph without its digest (a store cut short) is not used
+    assert not reuse_cached(cached, tmp_path / "again.onnx")
+
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    inputs = SimpleNamespace(teacher=teacher, segments=False)
+    assert teacher_graph_key(inputs, 18) is None  # no manifest: no caching
+
+    def manifest(weights: str) -> None:
+        outputs = {"model/model.safetensors": {"sha256": weights}, "metrics.json": {"sha256": "m"}}
+        (teacher / "manifest.json").write_text(json.dumps({"outputs": outputs}))
+
+    manifest("w1")
+    key = teacher_graph_key(inputs, 18)
+    assert key and key == teacher_graph_key(inputs, 18) != teacher_graph_key(inputs, 17)
+    (teacher / "manifest.json").write_text(
+        json.dumps({"outputs": {"model/model.safetensors": {"sha256": "w1"}, "metrics.json": {"sha256": "other"}}})
+    )
+    assert teacher_graph_key(inputs, 18) == key  # the teacher's metrics are not its graph
+    manifest("w2")
+    assert teacher_graph_key(inputs, 18) != key

@@ -12,7 +12,7 @@ import pytest
 from pipeline.cli import explain, lost_peer
 from pipeline.errors import ConfigError
 from pipeline.launch import accelerate_command
-from pipeline.runner import DEFAULT_DIST_TIMEOUT_S, dist_timeout_seconds
+from pipeline.runner import DEFAULT_DIST_TIMEOUT_S, dist_timeout_seconds, shared_folder_wait_seconds
 from tests.helpers import ROOT
 
 
@@ -92,6 +92,16 @@ def test_dist_timeout_setting(monkeypatch):
         monkeypatch.setenv("PIPELINE_DIST_TIMEOUT", bad)
         with pytest.raises(ConfigError, match="is not a positive number of seconds"):
             dist_timeout_seconds()
+
+
+def test_shared_folder_wait_setting(monkeypatch):
+    monkeypatch.delenv("PIPELINE_SHARED_FOLDER_WAIT", raising=False)
+    assert shared_folder_wait_seconds() == 20
+    monkeypatch.setenv("PIPELINE_SHARED_FOLDER_WAIT", "2.5")
+    assert shared_folder_wait_seconds() == 2.5
+    monkeypatch.setenv("PIPELINE_SHARED_FOLDER_WAIT", "soon")
+    with pytest.raises(ConfigError, match=r"PIPELINE_SHARED_FOLDER_WAIT='soon' is not a positive number of seconds"):
+        shared_folder_wait_seconds()
 
 
 # What gloo said in tests/test_multinode.py's runs (and on a killed machine, measured by hand).

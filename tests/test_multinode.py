@@ -364,7 +364,10 @@ def test_runs_folder_not_shared_is_refused_on_every_node(tmp_path):
     """Two nodes given different runs folders (no shared filesystem): both stop before any stage, saying why."""
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     port = free_port()
-    nodes = [start_node(rank, tmp_path / f"runs{rank}", port, logs[rank], "--to", "prepare") for rank in (0, 1)]
+    env = {"PIPELINE_SHARED_FOLDER_WAIT": "2"}  # the file never appears here: 20 s of looking would prove nothing more
+    nodes = [
+        start_node(rank, tmp_path / f"runs{rank}", port, logs[rank], "--to", "prepare", env=env) for rank in (0, 1)
+    ]
     try:
         codes = [node.wait(timeout=180) for node in nodes]
     finally:

@@ -86,6 +86,9 @@ def test_shared_stages_run_once(sweep):
         assert len(_runs(client, stage=stage)) == 3, stage
     students = {v: read_json(folder / v / "distill" / "student" / "config.json")["num_hidden_layers"] for v in VARIANTS}
     assert students == {"first": 1, "last": 1, "both": 2}
+    # one teacher, so its fp32 graph is exported once: the later variants' exports take it from runs/.cache
+    assert sweep["first"].stderr.count("the teacher's fp32 graph reused from") == len(VARIANTS) - 1
+    assert len(list((sweep["runs_dir"] / ".cache").glob("teacher-*.onnx"))) == 1
 
 
 def test_variants_are_children_of_one_sweep_run(sweep):
@@ -349,6 +352,13 @@ def test_bad_sweep_exits_2_before_any_work(tmp_path):
     assert not (tmp_path / "r" / "tiny").exists()
     missing = run_cli("sweep", "tiny", "configs/sweeps/nope.yaml", runs_dir=tmp_path / "r")
     assert missing.returncode == 2 and "Sweep file configs/sweeps/nope.yaml not found" in missing.stderr
+    # ... answered before torch is imported (seconds): the sweep package loads its runner on first use
+    import subprocess
+    import sys
+
+    probe = "import sys, pipeline.sweep; print(sorted({'torch', 'pipeline.runner'} & set(sys.modules)))"
+    imported = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]", imported.stdout
 
 
 def test_sweep_file_resolves_every_variant(tmp_path):

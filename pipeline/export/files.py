@@ -123,6 +123,10 @@ def register_onnx(model_path: Path, run_id: str, registered_name: str, alias: st
             registered_model_name=registered_name,
             save_as_external_data=False,
             signature=signature,
+            # what MLflow infers by loading the model in a child process (3-5 s an export), given; it adds mlflow
+            pip_requirements=[
+                f"{package}=={installed_version(package)}" for package in ("numpy", "onnx", "onnxruntime")
+            ],
         )
     version = str(info.registered_model_version)
     client = mlflow.MlflowClient()

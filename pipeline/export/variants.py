@@ -3,8 +3,10 @@ not), dynamic int8, static QDQ int8, and the rule that picks the recommended one
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +15,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipelineError
+from ..integrity import sha256_file
 from ..metrics import classification_report
 from ..models import count_parameters, load_classifier
 from ..splits import TokenizedSplit
+from .files import package_version
 from .onnx_graph import (
     LogitsOnly,
     batch_invariance,
@@ -357,17 +361,78 @@ def quantize_static(shipped: Shipped, inputs: Inputs, cfg, seed: int, out: Path,
     return Int8(path=path, setting=setting, attempts=attempts, metrics=metrics, logits=logits)
 
 
-def export_teacher(inputs: Inputs, int8: Int8 | None, cfg, work: Path) -> Teacher:
-    """The teacher as ONNX fp32 and, quantized with the student's int8 setting, the int8 baseline (int8_teacher_baseline)."""
-    eager = load_classifier(str(inputs.teacher / "model"), attn_implementation="eager").eval()
+def export_teacher(inputs: Inputs, int8: Int8 | None, cfg, work: Path, cache_dir: Path | None = None) -> Teacher:
+    """The teacher as ONNX fp32 and, quantized with the student's int8 setting, the int8 baseline (int8_teacher_baseline).
+
+    The fp32 graph depends on the teacher alone, not on the student: with ``cache_dir`` it is exported once per
+    teacher and reused by every later export of a student of it (sweep variants, ``--only export`` reruns)."""
     onnx_path, int8_path = work / "teacher.onnx", work / "teacher.int8.onnx"
-    export_onnx(LogitsOnly(eager), onnx_path, cfg.opset, segments=inputs.segments)
-    strip_node_metadata(onnx_path)  # as the student's: the exporter's stack traces would count in the size compared
-    del eager
+    key = teacher_graph_key(inputs, cfg.opset) if cache_dir else None
+    cached = cache_dir / f"teacher-{key}.onnx" if cache_dir and key else None
+    if cached and reuse_cached(cached, onnx_path):
+        log.info("[export] the teacher's fp32 graph reused from %s (same weights, opset and exporter)", cached)
+    else:
+        eager = load_classifier(str(inputs.teacher / "model"), attn_implementation="eager").eval()
+        export_onnx(LogitsOnly(eager), onnx_path, cfg.opset, segments=inputs.segments)
+        strip_node_metadata(onnx_path)  # as the student's: the exporter's stack traces would count in the size compared
+        del eager
+        if cached:
+            store_cached(onnx_path, cached)
     baseline = int8_teacher_baseline(
         onnx_path, int8_path, int8.setting if int8 else None, inputs.test, inputs.pad, inputs.names
     )
     return Teacher(onnx=onnx_path, int8=int8_path if int8 else None, baseline=baseline)
+
+
+TEACHER_GRAPH_FORMAT = 1  # bump when export_onnx or strip_node_metadata change what the teacher's graph holds
+
+
+def teacher_graph_key(inputs: Inputs, opset: int) -> str | None:
+    """What the teacher's fp32 graph depends on, hashed: its model files (their digests in the teacher stage's
+    manifest), the opset, the segment input and the exporter's versions; None without a manifest."""
+    try:
+        outputs = json.loads((inputs.teacher / "manifest.json").read_text())["outputs"]
+        model = {name: entry["sha256"] for name, entry in sorted(outputs.items()) if name.startswith("model/")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    facts = {
+        "model": model,
+        "opset": opset,
+        "segments": inputs.segments,
+        "format": TEACHER_GRAPH_FORMAT,
+        **{package: package_version(package) for package in ("torch", "onnx", "onnxscript", "transformers")},
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def reuse_cached(cached: Path, path: Path) -> bool:
+    """Copy ``cached`` to ``path`` when it is whole (its recorded digest); False when absent or damaged."""
+    try:
+        recorded = json.loads(cached.with_suffix(".json").read_text())["sha256"]
+        if sha256_file(cached) != recorded:
+            log.warning("[export] %s does not match its recorded digest: exported again", cached)
+            return False
+        shutil.copyfile(cached, path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def store_cached(path: Path, cached: Path) -> None:
+    """``path`` into the cache under ``cached`` (the graph, then its digest: a half-written entry is never used); a
+    cache that cannot be written only costs the next export the time."""
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+        shutil.copyfile(path, partial)
+        os.replace(partial, cached)
+        digest = cached.with_name(f"{cached.stem}.json.{os.getpid()}.partial")
+        digest.write_text(json.dumps({"sha256": sha256_file(cached)}))
+        os.replace(digest, cached.with_suffix(".json"))
+    except OSError as exc:
+        log.warning(
+            "[export] could not keep the teacher's graph in %s (%s); the next export makes it again", cached, exc
+        )
 
 
 def choose_variant(cfg, int8: Int8 | None, static: Int8 | None, rows: list[dict]) -> tuple[str, str]:

@@ -39,11 +39,34 @@ sweep's MLflow run) and run.py; the plots are in pipeline/plots.py with the pipe
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 from .pick import CHAMPION, PICK_METRICS, Constraint, choose, parse_pick
-from .reuse import link_stage, reuse_stages
-from .run import run_sweep, sweep_folder
 from .spec import Sweep, SweepSpec, Variant, load_sweep, override_items
-from .table import markdown_table, reference_points
+
+if TYPE_CHECKING:
+    from .reuse import link_stage, reuse_stages
+    from .run import run_sweep, sweep_folder
+    from .table import markdown_table, reference_points
+
+# reuse, run and table import the runner and torch (seconds): loaded on first use, so that a sweep file that is
+# missing or wrong is answered before them (tests/test_sweep.py).
+_LAZY = {
+    "link_stage": "reuse",
+    "reuse_stages": "reuse",
+    "run_sweep": "run",
+    "sweep_folder": "run",
+    "markdown_table": "table",
+    "reference_points": "table",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CHAMPION",
