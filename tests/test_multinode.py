@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -313,11 +314,19 @@ def reap(*nodes: subprocess.Popen) -> None:
 LONG_DISTILL = ["distill.epochs=60", "--to", "distill"]
 
 
-def test_crashed_node_stops_both_with_a_message(tmp_path):
+def finished_up_to_distill(one_process: Path, tmp_path: Path) -> Path:
+    """A copy of the one-process run: the nodes find prepare, teacher and capture complete (the same fingerprints)
+    and start distilling at once, where these tests stop a node."""
+    runs = tmp_path / "runs"
+    shutil.copytree(one_process, runs)
+    return runs
+
+
+def test_crashed_node_stops_both_with_a_message(tmp_path, one_process):
     """Node 1's training process dies (e.g. the OOM killer): both nodes exit non-zero within seconds, each saying so."""
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
-    port = free_port()
-    nodes = [start_node(rank, tmp_path / "runs", port, logs[rank], *LONG_DISTILL) for rank in (0, 1)]
+    port, runs = free_port(), finished_up_to_distill(one_process, tmp_path)
+    nodes = [start_node(rank, runs, port, logs[rank], *LONG_DISTILL) for rank in (0, 1)]
     try:
         wait_for(logs[0], "[distill] epoch 1/")
         worker = node_processes(nodes[1])[-1]
@@ -335,14 +344,14 @@ def test_crashed_node_stops_both_with_a_message(tmp_path):
     assert "ChildFailedError" in logs[1].read_text() and "exitcode  : -9" in logs[1].read_text()
 
 
-def test_frozen_node_fails_the_job_after_the_timeout(tmp_path):
+def test_frozen_node_fails_the_job_after_the_timeout(tmp_path, one_process):
     """Node 1 stops answering (SIGSTOP: a hung machine keeps its connections open): node 0 gives up after
     PIPELINE_DIST_TIMEOUT seconds with a message naming it, instead of waiting forever."""
     timeout_s = 15
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
-    port = free_port()
+    port, runs = free_port(), finished_up_to_distill(one_process, tmp_path)
     env = {"PIPELINE_DIST_TIMEOUT": str(timeout_s)}
-    nodes = [start_node(rank, tmp_path / "runs", port, logs[rank], *LONG_DISTILL, env=env) for rank in (0, 1)]
+    nodes = [start_node(rank, runs, port, logs[rank], *LONG_DISTILL, env=env) for rank in (0, 1)]
     try:
         wait_for(logs[0], "[distill] epoch 1/")
         frozen = node_processes(nodes[1])
