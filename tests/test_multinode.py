@@ -28,7 +28,6 @@ from tests.helpers import (
     ROOT,
     free_port,
     read_json,
-    run_one_process,
     student_difference,
 )
 
@@ -109,15 +108,6 @@ def listing(runs_dir: Path) -> set[str]:
     }
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("one")
-    started = time.monotonic()
-    run_one_process(runs)
-    print(f"one process: {time.monotonic() - started:.1f} s wall")
-    return runs
-
-
 def check_same_job(one: Path, two: Path, evaluated: bool) -> None:
     run1, run2 = one / "tiny", two / "tiny"
     assert read_json(run2 / "distill" / "manifest.json")["summary"]["world_size"] == 2
@@ -129,7 +119,7 @@ def check_same_job(one: Path, two: Path, evaluated: bool) -> None:
         print(f"student test accuracy: {m2['student']['accuracy']:.4f} (both)")
 
 
-def test_sbatch_two_nodes_match_one_process(tmp_path, one_process):
+def test_sbatch_two_nodes_match_one_process(tmp_path, one_process_run):
     """docs/cluster/distill.sbatch as Slurm would run it on 2 nodes: one job, one student, one writer."""
     assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
     assert "#SBATCH --nodes=2" in SBATCH.read_text()
@@ -157,23 +147,23 @@ def test_sbatch_two_nodes_match_one_process(tmp_path, one_process):
     for rank, text in enumerate(node_logs):  # each node launched its own share of one 2-machine job
         assert f"--num_machines 2 --num_processes 2 --machine_rank {rank} --main_process_ip 127.0.0.1" in text
     assert "[rank 0]" in node_logs[0] and "[rank 1]" not in "".join(node_logs)  # rank 1 is quiet unless it fails
-    check_same_job(one_process, tmp_path / "two", evaluated=True)
+    check_same_job(one_process_run, tmp_path / "two", evaluated=True)
     # Only rank 0 writes: the shared folder holds what one process writes, plus the other rank's checkpoint RNG.
-    extra = listing(tmp_path / "two") - listing(one_process)
+    extra = listing(tmp_path / "two") - listing(one_process_run)
     assert all(OTHER_RANK_FILES.fullmatch(Path(p).name) for p in extra), sorted(extra)
     assert any(p.endswith("rng-rank1.pt") for p in extra), "no RNG state of rank 1: did it train at all?"
-    assert listing(one_process) - listing(tmp_path / "two") == set()
+    assert listing(one_process_run) - listing(tmp_path / "two") == set()
     # The files both runs have, but written by node 1 (e.g. a stage output it also wrote): caught by their mode.
-    by_node1 = private_files(tmp_path / "two") - private_files(one_process)
+    by_node1 = private_files(tmp_path / "two") - private_files(one_process_run)
     assert all(OTHER_RANK_FILES.fullmatch(Path(p).name) for p in by_node1), sorted(by_node1)
     assert any(Path(p).name.startswith("shard-") for p in by_node1), "node 1 computed no capture shard"
     # One pipeline run with its stage runs, exactly as one process records them.
     runs = mlflow_runs(tmp_path / "two")
-    assert runs == mlflow_runs(one_process)
+    assert runs == mlflow_runs(one_process_run)
     assert [r for r in runs if r[1] is None] == [("tiny-pipeline", None, "FINISHED")]
 
 
-def test_pytorchjob_two_pods_match_one_process(tmp_path, one_process):
+def test_pytorchjob_two_pods_match_one_process(tmp_path, one_process_run):
     """docs/cluster/pytorchjob.yaml: its container command, with the environment the Kubeflow operator sets."""
     job = yaml.safe_load(PYTORCHJOB.read_text())
     assert job["kind"] == "PyTorchJob" and job["apiVersion"] == "kubeflow.org/v1"
@@ -215,10 +205,10 @@ def test_pytorchjob_two_pods_match_one_process(tmp_path, one_process):
     codes = [p.wait(timeout=600) for p in procs]
     logs = [(tmp_path / f"pod{i}.log").read_text() for i in range(nnodes)]
     assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
-    check_same_job(one_process, tmp_path / "two", evaluated=False)
+    check_same_job(one_process_run, tmp_path / "two", evaluated=False)
 
 
-def test_torchrun_c10d_two_nodes_match_one_process(tmp_path, one_process):
+def test_torchrun_c10d_two_nodes_match_one_process(tmp_path, one_process_run):
     """The documented torchrun line (c10d rendezvous: ranks by arrival, so either node may hold rank 0)."""
     port, procs = free_port(), []
     for node_rank in (0, 1):
@@ -252,7 +242,7 @@ def test_torchrun_c10d_two_nodes_match_one_process(tmp_path, one_process):
     logs = [(tmp_path / f"node{i}.log").read_text() for i in (0, 1)]
     assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert sum("[rank 0] [distill] done" in log for log in logs) == 1
-    check_same_job(one_process, tmp_path / "two", evaluated=False)
+    check_same_job(one_process_run, tmp_path / "two", evaluated=False)
 
 
 # ---------------------------------------------------------------- failures
@@ -314,18 +304,18 @@ def reap(*nodes: subprocess.Popen) -> None:
 LONG_DISTILL = ["distill.epochs=60", "--to", "distill"]
 
 
-def finished_up_to_distill(one_process: Path, tmp_path: Path) -> Path:
+def finished_up_to_distill(one_process_run: Path, tmp_path: Path) -> Path:
     """A copy of the one-process run: the nodes find prepare, teacher and capture complete (the same fingerprints)
     and start distilling at once, where these tests stop a node."""
     runs = tmp_path / "runs"
-    shutil.copytree(one_process, runs)
+    shutil.copytree(one_process_run, runs)
     return runs
 
 
-def test_crashed_node_stops_both_with_a_message(tmp_path, one_process):
+def test_crashed_node_stops_both_with_a_message(tmp_path, one_process_run):
     """Node 1's training process dies (e.g. the OOM killer): both nodes exit non-zero within seconds, each saying so."""
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
-    port, runs = free_port(), finished_up_to_distill(one_process, tmp_path)
+    port, runs = free_port(), finished_up_to_distill(one_process_run, tmp_path)
     nodes = [start_node(rank, runs, port, logs[rank], *LONG_DISTILL) for rank in (0, 1)]
     try:
         wait_for(logs[0], "[distill] epoch 1/")
@@ -344,12 +334,12 @@ def test_crashed_node_stops_both_with_a_message(tmp_path, one_process):
     assert "ChildFailedError" in logs[1].read_text() and "exitcode  : -9" in logs[1].read_text()
 
 
-def test_frozen_node_fails_the_job_after_the_timeout(tmp_path, one_process):
+def test_frozen_node_fails_the_job_after_the_timeout(tmp_path, one_process_run):
     """Node 1 stops answering (SIGSTOP: a hung machine keeps its connections open): node 0 gives up after
     PIPELINE_DIST_TIMEOUT seconds with a message naming it, instead of waiting forever."""
     timeout_s = 15
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
-    port, runs = free_port(), finished_up_to_distill(one_process, tmp_path)
+    port, runs = free_port(), finished_up_to_distill(one_process_run, tmp_path)
     env = {"PIPELINE_DIST_TIMEOUT": str(timeout_s)}
     nodes = [start_node(rank, runs, port, logs[rank], *LONG_DISTILL, env=env) for rank in (0, 1)]
     try:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import NO_DROPOUT, ONE_THREAD, ROOT, free_port, run_one_process, student_difference
+from tests.helpers import NO_DROPOUT, ONE_THREAD, ROOT, free_port, student_difference
 
 pytestmark = pytest.mark.pipeline
 # One process stops after evaluate (its export is the shared tiny run's); two processes run the export too (rank 0
@@ -47,14 +47,13 @@ def launch(runs_dir, nproc: int):
     return result
 
 
-def test_two_processes_match_one(tmp_path):
-    run_one_process(tmp_path / "one")
+def test_two_processes_match_one(tmp_path, one_process_run):
     two = launch(tmp_path / "two", 2)
     assert "[rank 0]" in two.stderr
     assert (
         tmp_path / "two" / "tiny" / "export" / "bundle" / "metadata.json"
     ).is_file()  # rank 0 exported, rank 1 waited
-    run1, run2 = tmp_path / "one" / "tiny", tmp_path / "two" / "tiny"
+    run1, run2 = one_process_run / "tiny", tmp_path / "two" / "tiny"
     # World size as seen by Accelerate's process group, recorded by the distill stage.
     assert json.loads((run2 / "distill" / "manifest.json").read_text())["summary"]["world_size"] == 2
     assert json.loads((run1 / "distill" / "manifest.json").read_text())["summary"]["world_size"] == 1

@@ -25,7 +25,16 @@ import pytest
 COMPOSE = ["docker-compose"]
 
 # Fixtures that make or copy a pipeline run: a test using one (directly or through another fixture) is `pipeline`.
-RUN_FIXTURES = {"tiny_run", "static_tiny_run", "base_run", "finished_run", "pair_run", "family_runs", "generated"}
+RUN_FIXTURES = {
+    "tiny_run",
+    "static_tiny_run",
+    "base_run",
+    "finished_run",
+    "pair_run",
+    "family_runs",
+    "generated",
+    "one_process_run",
+}
 SESSION_RUNS = {"tiny_run", "static_tiny_run"}  # of those, the session-wide runs of tests/conftest.py
 # Fixtures that start a process (a script, the CLI) but make no pipeline run: a test using one is `process`.
 PROCESS_FIXTURES = {"smoke"}
