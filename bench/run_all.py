@@ -287,6 +287,10 @@ def versus_part(config: str, overrides: list[str], run_dir: Path, runs_dir: Path
         link_upstream(run_dir, target)
         for stage in ("distill", "evaluate", "export"):
             shutil.rmtree(target / stage, ignore_errors=True)
+        # the same teacher: its ONNX graph in the fresh run's runs/.cache serves this export too
+        cache = target.parent / ".cache"
+        if not cache.exists() and (runs_dir / ".cache").is_dir():
+            cache.symlink_to((runs_dir / ".cache").resolve(), target_is_directory=True)
         command = [
             sys.executable,
             "-m",

@@ -128,6 +128,23 @@ def test_a_unit_test_cannot_run_a_stage_or_the_pipeline():
         runner.run_pipeline(None, None)
 
 
+@pytest.mark.unit
+def test_a_stage_imported_during_a_unit_test_cannot_run_either(monkeypatch):
+    """The guard patches the stage modules already imported, and those a test imports itself through an import hook
+    (it does not import the seven itself)."""
+    import importlib
+
+    import stages
+    import stages.evaluate as imported
+
+    monkeypatch.delitem(sys.modules, "stages.evaluate")
+    monkeypatch.setattr(stages, "evaluate", imported)  # restored after the test, whatever the import below sets
+    fresh = importlib.import_module("stages.evaluate")
+    assert fresh is not imported
+    with pytest.raises(TierBreach, match="ran the evaluate stage"):
+        fresh.run(None)
+
+
 def test_other_tiers_may():  # process tier (the module's mark)
     assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
 

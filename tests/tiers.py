@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
 import multiprocessing.process
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -114,9 +116,38 @@ def _guarded(item):
         patch.setattr(subprocess.Popen, "_execute_child", _refuse("started a subprocess"))
         patch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("started a multiprocessing process"))
         patch.setattr(runner, "run_pipeline", _refuse("ran the pipeline"))
+        # the stage modules imported so far, and through an import hook those imported during the test: importing all
+        # seven here would cost a pytest run that never uses them seconds of torch and transformers imports
         for stage in runner.STAGES:
-            patch.setattr(importlib.import_module(f"stages.{stage}"), "run", _refuse(f"ran the {stage} stage"))
+            if (module := sys.modules.get(f"stages.{stage}")) is not None:
+                patch.setattr(module, "run", _refuse(f"ran the {stage} stage"))
+        patch.setattr(sys, "meta_path", [_StagesOnImport(patch), *sys.meta_path])
         yield
+
+
+class _StagesOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """An import hook for a guarded test: a stage module (``stages.<name>``) it imports gets the refusing ``run``."""
+
+    def __init__(self, patch: pytest.MonkeyPatch):
+        self.patch, self.loaders = patch, {}
+
+    def find_spec(self, name, path=None, target=None):
+        if not name.startswith("stages.") or name.count(".") != 1:
+            return None
+        others = [finder for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec")]
+        spec = next((s for f in others if (s := f.find_spec(name, path, target)) is not None), None)
+        if spec is None or spec.loader is None:
+            return spec
+        self.loaders[name], spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self.loaders[spec.name].create_module(spec)
+
+    def exec_module(self, module):
+        self.loaders[module.__name__].exec_module(module)
+        if hasattr(module, "run"):
+            self.patch.setattr(module, "run", _refuse(f"ran the {module.__name__.split('.')[1]} stage"))
 
 
 @pytest.hookimpl(hookwrapper=True)
