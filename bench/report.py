@@ -355,6 +355,18 @@ SECTIONS: list[Section] = [
         "test-suite run, so the distill seconds are not speed figures.",
     ),
     Section(
+        "hidden_copied_base_mpnet_base.md",
+        "Rotten Tomatoes, base teacher: hidden-state MSE on every copied layer for the default student (paired seeds)",
+        "data",
+        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_hidden_copied.yaml ARGS='--to evaluate'`: the default "
+        "base student (teacher layers 0, 6, 11, FFN 1,024, CE + logit KD, three epochs; its variants linked from the "
+        "depth sweep) against the same with the hidden-state MSE at weight 10 on every copied layer "
+        "(`distill.layer_map: copied`), paired by student seed (`--against-first`); the evaluate stage's batched "
+        "PyTorch accuracy, the base teacher trained on this machine (fp32, test 0.8956). On the last layer alone the "
+        "same weight gave +0.42 (+0.27 to +0.63) on the same seeds (the section above). Not exported. The distill "
+        "seconds are not speed figures (the sweep was paused for test-suite runs).",
+    ),
+    Section(
         "phone_base_mpnet_base.md",
         "Does the base teacher pay on the phone? bert_small's student continued under MPNet-base (three seeds)",
         "data",
