@@ -421,15 +421,17 @@ def reuse_cached(cached: Path, path: Path) -> bool:
 def store_cached(path: Path, cached: Path) -> None:
     """``path`` into the cache under ``cached`` (the graph, then its digest: a half-written entry is never used); a
     cache that cannot be written only costs the next export the time."""
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+    digest = cached.with_name(f"{cached.stem}.json.{os.getpid()}.partial")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
         shutil.copyfile(path, partial)
         os.replace(partial, cached)
-        digest = cached.with_name(f"{cached.stem}.json.{os.getpid()}.partial")
         digest.write_text(json.dumps({"sha256": sha256_file(cached)}))
         os.replace(digest, cached.with_suffix(".json"))
     except OSError as exc:
+        for leftover in (partial, digest):  # a full disk: nothing half-written stays
+            leftover.unlink(missing_ok=True)
         log.warning(
             "[export] could not keep the teacher's graph in %s (%s); the next export makes it again", cached, exc
         )
