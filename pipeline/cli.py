@@ -437,7 +437,7 @@ def _sweep(args) -> int:
     from .sweep import load_sweep
 
     sweep = load_sweep(args.config, args.sweep, args.overrides, resolve=_resolved)  # every variant checked first
-    from .sweep import run_sweep
+    from .sweep import run_sweep  # the runner and torch: only once the sweep file is known good
 
     result = run_sweep(
         sweep,

@@ -9,7 +9,7 @@ import numpy as np
 from transformers import AutoModelForSequenceClassification
 
 from pipeline.config import load_config
-from pipeline.runner import STAGES, fingerprints, read_manifest
+from pipeline.runner import STAGES, fingerprints, read_manifest, resolve_precision, stage_status
 from pipeline.splits import label_names
 from tests.helpers import read_json, run_cli
 
@@ -155,9 +155,6 @@ def test_status_lists_every_stage(tiny_run):
     for stage in STAGES:
         assert any(line.startswith(stage) and " done " in line for line in result.stdout.splitlines()), result.stdout
     # a changed key: its stage and those after it are stale (in-process: the command's own path is the call above)
-    from pipeline.config import load_config
-    from pipeline.runner import resolve_precision, stage_status
-
     config = load_config("tiny", ["distill.epochs=1"])
     config = config.model_copy(update={"precision": resolve_precision(config.precision)})  # as the command does
     states = {row["stage"]: row["state"] for row in stage_status(config, tiny_run["runs_dir"])}

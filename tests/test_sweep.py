@@ -13,6 +13,8 @@ import errno
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import mlflow
 import pytest
@@ -353,9 +355,6 @@ def test_bad_sweep_exits_2_before_any_work(tmp_path):
     missing = run_cli("sweep", "tiny", "configs/sweeps/nope.yaml", runs_dir=tmp_path / "r")
     assert missing.returncode == 2 and "Sweep file configs/sweeps/nope.yaml not found" in missing.stderr
     # ... answered before torch is imported (seconds): the sweep package loads its runner on first use
-    import subprocess
-    import sys
-
     probe = "import sys, pipeline.sweep; print(sorted({'torch', 'pipeline.runner'} & set(sys.modules)))"
     imported = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert imported.stdout.strip() == "[]", imported.stdout
