@@ -5,14 +5,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # headless: never needs a display
-import matplotlib.pyplot as plt  # noqa: E402 (after matplotlib.use, as matplotlib requires)
-import numpy as np  # noqa: E402 (grouped with the plotting imports)
+
+def _pyplot():
+    """matplotlib's pyplot, headless (never needs a display), imported on the first plot: every command imports this
+    module through the stages, and most of them draw nothing (half a second each on two cores)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_history(history: list[dict], path: Path, title: str) -> None:
+    plt = _pyplot()
     epochs = [h["epoch"] for h in history]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for key in sorted({k for h in history for k in h if k != "epoch"}):
@@ -27,6 +35,7 @@ def plot_history(history: list[dict], path: Path, title: str) -> None:
 
 
 def plot_confusion(matrix: np.ndarray, labels: list[str], path: Path, title: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(labels), 1.0 + 0.9 * len(labels)))
     ax.imshow(matrix, cmap="Blues")
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
@@ -51,6 +60,7 @@ def plot_confusion(matrix: np.ndarray, labels: list[str], path: Path, title: str
 
 def plot_attention_pair(teacher: np.ndarray, student: np.ndarray, tokens: list[str], path: Path, title: str) -> None:
     """Head-averaged attention of a mapped teacher layer next to the student's."""
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 5))
     for ax, matrix, name in ((axes[0], teacher, "teacher"), (axes[1], student, "student")):
         ax.imshow(matrix, cmap="viridis", vmin=0, vmax=max(teacher.max(), student.max()))
@@ -91,6 +101,7 @@ def pareto_plot(
     """A sweep's variants: retention against latency and against size, the Pareto front joined, the pick starred
     (labelled with the registry ``alias`` it moved); with reference points (peers, int8 teacher from raw text)
     the ladder plot instead (ladder_plot)."""
+    plt = _pyplot()
     if references and any(r.get("text_ms") is not None for r in rows):
         return ladder_plot(rows, references, path, title, picked, alias)
     panels = [
@@ -141,6 +152,7 @@ def ladder_plot(
 ) -> Path:
     """Accuracy from raw text against ms per text (log) and against file size: students joined, peers and the
     int8 teacher as grey reference points, the pick starred."""
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.4))
     for ax, (x, label) in zip(
         axes, [("text_ms", "ms per text from raw text (batch 1, 1 thread, median, log)"), ("mb", "file, MB")]
@@ -198,6 +210,7 @@ def ladder_plot(
 
 def save_figure(fig, title: str, path: Path) -> Path:
     """Title, layout, then written whole and renamed into place."""
+    plt = _pyplot()
     fig.suptitle(title)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
