@@ -337,6 +337,12 @@ class DistillConfig(TrainSettings):
     loss: LossWeights = LossWeights()
     # copied: each student layer learns from the teacher layer it was copied from (student.init teacher_layers)
     layer_map: Literal["last", "uniform", "copied"] | list[tuple[int, int]] = "last"
+    class_weight: Literal["none", "balanced"] = Field(
+        "none",
+        description="balanced: the cross-entropy term weighs each class by n / (classes x its count in the "
+        "labelled training rows), as scikit-learn's class_weight='balanced' (for a minority class the student misses; "
+        "the logit KD term is unchanged)",
+    )
     relation_heads: int | None = Field(None, ge=1, le=1024)
     attention_chunk: int | None = Field(128, ge=1)
     lr: float = Field(1e-4, gt=0, le=1.0)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .attention import attention_probs, capture_projections
@@ -160,11 +161,30 @@ def map_tensors(fn, value):
     return value
 
 
+def balanced_class_weights(labels: np.ndarray, num_classes: int) -> torch.Tensor:
+    """n / (classes x count) per class over the labelled rows (label >= 0), as scikit-learn's
+    ``compute_class_weight("balanced")`` over the classes present; a class without rows gets weight 0 (it has no
+    cross-entropy to weigh)."""
+    labelled = labels[labels >= 0]
+    counts = np.bincount(labelled, minlength=num_classes).astype(np.float64)
+    present = int((counts > 0).sum())
+    weights = np.divide(len(labelled), present * counts, out=np.zeros_like(counts), where=counts > 0)
+    return torch.tensor(weights, dtype=torch.float32)
+
+
 class DistillObjective(torch.nn.Module):
     """Computes the weighted loss of the registered terms; holds their learned projections."""
 
-    def __init__(self, config, plan: TargetPlan, teacher_hidden: int, student_hidden: int):
+    def __init__(
+        self,
+        config,
+        plan: TargetPlan,
+        teacher_hidden: int,
+        student_hidden: int,
+        class_weights: torch.Tensor | None = None,
+    ):
         super().__init__()
+        self.register_buffer("class_weights", class_weights, persistent=False)  # moves with .to(device)
         self.weights = config.distill.loss
         self.temperature = config.distill.temperature
         self.chunk = config.distill.attention_chunk
@@ -220,6 +240,7 @@ class DistillObjective(torch.nn.Module):
                     heads=plan.relation_heads,
                     chunk=self.chunk,
                     temperature=self.temperature,
+                    class_weights=self.class_weights,
                     windows=(None, None)
                     if s is None
                     else (attention_window(student_config, s), plan.teacher_windows.get(t)),

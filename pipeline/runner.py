@@ -116,7 +116,7 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
 # Keys added after runs were made with the sections that hold them, with the value that means "not used": left out
 # of fingerprints while they hold it, so a finished run stays current; set, they change the fingerprint like any
 # other key.
-ADDED_KEYS = {"student.attention_heads": None, "student.static.bigram_buckets": 0}
+ADDED_KEYS = {"student.attention_heads": None, "student.static.bigram_buckets": 0, "distill.class_weight": "none"}
 
 
 def _reads(config: PipelineConfig, keys: list[str]) -> dict:

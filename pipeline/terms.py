@@ -205,6 +205,7 @@ class TermInputs:
     chunk: int | None  # query rows per chunk in the relation KL
     temperature: float
     windows: tuple = (None, None)  # (student, teacher) key windows of the pair's layers (None: global attention)
+    class_weights: Any = None  # [C] weights of the cross-entropy's classes (distill.class_weight), or None
 
 
 class Term:
@@ -285,7 +286,7 @@ def relation_term(x: TermInputs, name: str):
 
 @register_term
 class CrossEntropy(Term):
-    """Cross-entropy with the labels (unlabeled rows, label -1, excluded)."""
+    """Cross-entropy with the labels (unlabeled rows, label -1, excluded; classes weighed by distill.class_weight)."""
 
     name, default = "ce", 1.0
 
@@ -295,7 +296,7 @@ class CrossEntropy(Term):
         labelled = x.labels >= 0
         if not labelled.any():
             return None
-        return F.cross_entropy(x.logits[labelled], x.labels[labelled])
+        return F.cross_entropy(x.logits[labelled], x.labels[labelled], weight=x.class_weights)
 
 
 @register_term

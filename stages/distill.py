@@ -32,7 +32,7 @@ from pipeline.models import (
     save_model,
     train_used_rows_only,
 )
-from pipeline.objective import DistillObjective, target_plan
+from pipeline.objective import DistillObjective, balanced_class_weights, target_plan
 from pipeline.plots import plot_history
 from pipeline.pruning import task_importance
 from pipeline.splits import TokenizedSplit, TrainingData, pad_id, used_token_ids
@@ -87,7 +87,16 @@ def run(ctx: Context) -> dict:
         "attention"
     ):  # ModernBERT: a sliding-window student layer must learn from a teacher layer it can imitate
         check_layer_windows(plan.pairs, student.config, teacher.config)
-    objective = DistillObjective(config, plan, teacher.config.hidden_size, student.config.hidden_size).to(ctx.device)
+    class_weights = None
+    if config.distill.class_weight == "balanced":
+        class_weights = balanced_class_weights(train.labels, teacher.config.num_labels)
+        if ctx.is_main:
+            log.info(
+                "[distill] cross-entropy class weights (balanced): %s", ", ".join(f"{w:.3f}" for w in class_weights)
+            )
+    objective = DistillObjective(
+        config, plan, teacher.config.hidden_size, student.config.hidden_size, class_weights
+    ).to(ctx.device)
     online = config.capture.mode == "online"
     cache = None if online else TeacherCache(capture_dir / "cache")
     if ctx.is_main:

@@ -3,12 +3,13 @@ students with other head counts and widths distil through relation heads."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from pipeline.cache import CacheLayout, TeacherCache
 from pipeline.config import LossWeights
-from pipeline.objective import DistillObjective, TargetPlan, teacher_targets
+from pipeline.objective import DistillObjective, TargetPlan, balanced_class_weights, teacher_targets
 from tests.helpers import batch_of, bert, fake_config, write_cache
 
 
@@ -92,3 +93,33 @@ def test_student_with_other_heads_and_width_distils_through_relation_heads():
         objective(student, batch, targets)[0].backward()
         optimizer.step()
     assert objective(student, batch, targets)[1]["attention"].item() < 0.7 * first
+
+
+def test_balanced_class_weights_are_scikit_learns_over_the_labelled_rows():
+    from sklearn.utils.class_weight import compute_class_weight
+
+    labels = np.array([0, 0, 0, 1, 2, 2, -1, -1])  # -1: augmented rows, labelled by the teacher alone
+    weights = balanced_class_weights(labels, num_classes=4)
+    expected = compute_class_weight("balanced", classes=np.array([0, 1, 2]), y=labels[labels >= 0])
+    assert torch.allclose(weights[:3], torch.tensor(expected, dtype=torch.float32))
+    assert weights[3] == 0  # a class without rows has no cross-entropy to weigh
+
+
+def test_class_weights_weigh_the_cross_entropy_as_the_naive_formula():
+    """distill.class_weight: the ce term is sum_i w[y_i] * -log p(y_i | x_i) / sum_i w[y_i] over the labelled rows."""
+    teacher, student = bert(32, 4, 2, seed=0), bert(32, 4, 2, seed=1).eval()
+    weights = LossWeights(ce=1.0, kd=0.0, attention=0.0, value_relation=0.0, hidden=0.0)
+    plan = TargetPlan(pairs=[], relation_heads=4, kd=False)
+    class_weights = torch.tensor([0.5, 2.0, 1.0])
+    batch = batch_of([6, 3, 8, 5])
+    batch["labels"] = torch.tensor([0, 1, -1, 1])
+    targets = teacher_targets(teacher, batch, plan)
+    weighted = DistillObjective(fake_config(weights), plan, 32, 32, class_weights)(student, batch, targets)[1]["ce"]
+    plain = DistillObjective(fake_config(weights), plan, 32, 32)(student, batch, targets)[1]["ce"]
+    with torch.no_grad():
+        log_p = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.log_softmax(-1)
+    rows = [(0, 0), (1, 1), (3, 1)]
+    naive = -sum(class_weights[y] * log_p[i, y] for i, y in rows) / sum(class_weights[y] for _, y in rows)
+    assert torch.allclose(weighted, naive, atol=1e-6)
+    assert torch.allclose(plain, -sum(log_p[i, y] for i, y in rows) / 3, atol=1e-6)
+    assert not torch.allclose(weighted, plain)

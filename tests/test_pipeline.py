@@ -75,8 +75,8 @@ def test_second_run_does_no_stage_work(tiny_run):
 
 
 def test_a_key_added_later_leaves_finished_runs_current_while_unset(monkeypatch):
-    """student.attention_heads and student.static.bigram_buckets came after runs existed: unset (None, 0), the
-    fingerprints are those of a config without them."""
+    """student.attention_heads, student.static.bigram_buckets and distill.class_weight came after runs existed:
+    unset (None, 0, 'none'), the fingerprints are those of a config without them."""
     import pipeline.runner as runner
 
     unset = fingerprints(load_config("tiny"))
@@ -85,6 +85,9 @@ def test_a_key_added_later_leaves_finished_runs_current_while_unset(monkeypatch)
     monkeypatch.undo()
     student = runner._reads(load_config("tiny"), ["student"])["student"]
     assert "attention_heads" not in student and "bigram_buckets" not in student["static"]
+    assert "class_weight" not in runner._reads(load_config("tiny"), ["distill"])["distill"]
+    balanced = fingerprints(load_config("tiny", ["distill.class_weight=balanced"]))
+    assert [s for s in STAGES if balanced[s] != unset[s]] == ["distill", "evaluate", "export"]
     static = [
         "student.kind=static",
         "student.ffn_size=null",
