@@ -163,8 +163,9 @@ def map_tensors(fn, value):
 
 def balanced_class_weights(labels: np.ndarray, num_classes: int) -> torch.Tensor:
     """n / (classes x count) per class over the labelled rows (label >= 0), as scikit-learn's
-    ``compute_class_weight("balanced")`` over the classes present; a class without rows gets weight 0 (it has no
-    cross-entropy to weigh)."""
+    ``compute_class_weight("balanced")`` over the classes present (tests/test_objective.py compares them; not called:
+    importing scikit-learn would add about a second to every training command); a class without rows gets weight 0
+    (it has no cross-entropy to weigh)."""
     labelled = labels[labels >= 0]
     counts = np.bincount(labelled, minlength=num_classes).astype(np.float64)
     present = int((counts > 0).sum())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sklearn.utils.class_weight import compute_class_weight
 
 from pipeline.cache import CacheLayout, TeacherCache
 from pipeline.config import LossWeights
@@ -96,8 +97,6 @@ def test_student_with_other_heads_and_width_distils_through_relation_heads():
 
 
 def test_balanced_class_weights_are_scikit_learns_over_the_labelled_rows():
-    from sklearn.utils.class_weight import compute_class_weight
-
     labels = np.array([0, 0, 0, 1, 2, 2, -1, -1])  # -1: augmented rows, labelled by the teacher alone
     weights = balanced_class_weights(labels, num_classes=4)
     expected = compute_class_weight("balanced", classes=np.array([0, 1, 2]), y=labels[labels >= 0])

@@ -4,6 +4,7 @@ starts a process, a pipeline run or a stage fails with TierBreach, so `make test
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import subprocess
@@ -132,9 +133,7 @@ def test_a_unit_test_cannot_run_a_stage_or_the_pipeline():
 def test_a_stage_imported_during_a_unit_test_cannot_run_either(monkeypatch):
     """The guard patches the stage modules already imported, and those a test imports itself through an import hook
     (it does not import the seven itself)."""
-    import importlib
-
-    import stages
+    import stages  # here, not at the top: the module's other tests must not pay torch's import
     import stages.evaluate as imported
 
     monkeypatch.delitem(sys.modules, "stages.evaluate")
