@@ -55,6 +55,17 @@ class StaticEmbeddingConfig(PretrainedConfig):
         self.max_position_embeddings = max_position_embeddings
 
 
+class AddBias(torch.nn.Module):
+    """The head of a folded static student (fold_classifier): the rows already are logit contributions."""
+
+    def __init__(self, bias: torch.Tensor):
+        super().__init__()
+        self.bias = torch.nn.Parameter(bias.detach().clone())
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return pooled + self.bias
+
+
 class StaticEmbeddingForSequenceClassification(PreTrainedModel):
     config_class = StaticEmbeddingConfig
     base_model_prefix = "static"
@@ -106,6 +117,22 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
             self.hash_ids = self.hash_ids[index]
         self.config.vocab_size = len(kept)
 
+    @torch.no_grad()
+    def fold_classifier(self) -> None:
+        """Move the linear head into the tables, for export: the logits are W (weighted mean of v_t) + W (mean of
+        the pairs' b_p) + c, and W is linear, so each row becomes its logit contribution (W v_t, W b_p) and the
+        head only adds c. The same logits up to float rounding from tables of num_labels columns instead of
+        hidden_size: a file a hundred times smaller and a graph with no matrix product (per text, the lookup
+        is all that is left)."""
+        weight = self.classifier.weight  # [labels, hidden]
+        for name in ("embeddings", "bigrams"):
+            table = getattr(self, name, None)
+            if table is not None:
+                folded = torch.nn.Embedding(table.num_embeddings, weight.shape[0], dtype=table.weight.dtype)
+                folded.weight.copy_(table.weight @ weight.T)
+                setattr(self, name, folded)
+        self.classifier = AddBias(self.classifier.bias)
+
     def pooled(self, input_ids, attention_mask=None) -> torch.Tensor:
         """The weighted mean of the tokens' vectors (padding weighs 0), plus the mean of the vectors of the
         text's neighbouring token pairs where the model has them."""
@@ -119,16 +146,20 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
         return pooled
 
     def bigram_ids(self, input_ids) -> torch.Tensor:
-        """The bucket of each pair of neighbouring tokens, [batch, length - 1]."""
+        """The bucket of each token paired with the token after it, [batch, length]: the last position pairs with
+        the first (a rotation rather than a shorter slice, so the exported graphs keep one sequence axis and
+        torch.export takes texts from 2 tokens up; bigram_mean never counts that pair)."""
         original = self.hash_ids[input_ids]
-        return (original[:, :-1] * BIGRAM_PRIME + original[:, 1:]) % self.config.bigram_buckets
+        return (original * BIGRAM_PRIME + torch.roll(original, -1, dims=1)) % self.config.bigram_buckets
 
     def bigram_mean(self, input_ids, attention_mask=None) -> torch.Tensor:
         """The mean vector of the pairs of neighbouring real tokens (zero for a one-token text)."""
         pairs = self.bigrams(self.bigram_ids(input_ids))
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        real = (attention_mask[:, :-1] * attention_mask[:, 1:]).to(pairs.dtype)
+        mask = attention_mask.to(pairs.dtype)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        real = mask * torch.roll(mask, -1, dims=1) * (positions < input_ids.shape[1] - 1).to(pairs.dtype)
         return (real.unsqueeze(-1) * pairs).sum(1) / real.sum(1, keepdim=True).clamp_min(1.0)
 
     def forward(

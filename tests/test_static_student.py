@@ -164,6 +164,31 @@ def test_saves_loads_and_exports_like_any_student(tmp_path, bigram_buckets):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("bigram_buckets", [0, 11])
+def test_folding_the_head_into_the_tables_keeps_the_logits_and_leaves_no_matrix_product(tmp_path, bigram_buckets):
+    """export folds the head into the tables (W v_t per token, W b_p per pair): the same logits, padded or not,
+    before and after vocabulary trimming, from tables of num_labels columns, and an ONNX graph without MatMul."""
+    import onnx
+
+    model = random_static(vocab=50, dim=8, labels=3, bigram_buckets=bigram_buckets)
+    ids = torch.tensor([[3, 7, 7, 12, 0], [5, 9, 1, 2, 4]])
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    before = model(input_ids=ids, attention_mask=mask).logits
+    model.fold_classifier()
+    assert model.embeddings.embedding_dim == 3 and (not bigram_buckets or model.bigrams.embedding_dim == 3)
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, before, rtol=1e-5, atol=1e-6)
+    kept = [0, 1, 2, 3, 4, 5, 7, 9, 12]
+    trim_embeddings(model, kept)
+    remapped = torch.tensor([[kept.index(int(t)) for t in row] for row in ids])
+    torch.testing.assert_close(model(input_ids=remapped, attention_mask=mask).logits, before, rtol=1e-5, atol=1e-6)
+    export_onnx(LogitsOnly(model), tmp_path / "folded.onnx", 18)
+    assert not [n for n in onnx.load(tmp_path / "folded.onnx").graph.node if n.op_type in ("MatMul", "Gemm")]
+    got = ort_session(tmp_path / "folded.onnx").run(
+        OUTPUT_NAMES, {"input_ids": remapped.numpy(), "attention_mask": mask.numpy()}
+    )[0]
+    np.testing.assert_allclose(got, before.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_config_refuses_what_a_static_student_cannot_do():
     with pytest.raises(ConfigError) as caught:
         load_config("bert_small", ["student.kind=static", "student.ffn_size=null"])

@@ -94,7 +94,9 @@ def quantization_ladder(path: Path, num_layers: int) -> list[dict]:
     ladder, seen = [], set()
     for setting in candidates:
         key = (tuple(sorted(setting["exclude"])), setting["reduce_range"], tuple(setting.get("op_types", ["MatMul"])))
-        if key in seen or len(set(setting["exclude"])) >= len(nodes):
+        # (a folded static student has no weight MatMul at all: only its tables, the Gather settings, are left)
+        matmuls_left = len(set(setting["exclude"])) < len(nodes)
+        if key in seen or not (matmuls_left or "Gather" in setting.get("op_types", [])):
             continue
         seen.add(key)
         ladder.append(setting)

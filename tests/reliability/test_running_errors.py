@@ -211,7 +211,7 @@ def test_disk_full_with_mlflow_on_that_disk_is_one_paragraph(finished_run, tmp_p
 
 @pytest.mark.parametrize(
     "stage, overrides",
-    [("prepare", ()), ("teacher", ()), ("peers", ("peers.enabled=true", "peers.fasttext.buckets=20000"))],
+    [("prepare", ()), ("teacher", ()), ("peers", ("peers.enabled=true", "peers.fasttext.buckets=1000"))],
     ids=["prepare", "teacher", "peers"],
 )
 def test_disk_full_in_the_other_writing_stages_is_one_paragraph(run_copy, stage, overrides):
