@@ -383,6 +383,19 @@ SECTIONS: list[Section] = [
         "not speed figures (the sweep was paused for test-suite runs).",
     ),
     Section(
+        "layers4_aug4_base_mpnet_base.md",
+        "Rotten Tomatoes, base teacher: the 4-layer student with four teacher-labelled copies of each sentence",
+        "data",
+        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_layers4_aug4.yaml ARGS='--to evaluate'`: the "
+        "4-layer base student (teacher layers 0, 4, 8, 11, FFN 1,024, CE + logit KD, three epochs over the sentences; "
+        "its variants linked from the depth sweep) against the same trained one epoch over the sentences and four "
+        "teacher-labelled augmented copies of each (masked words, embedding-table neighbours, random spans: "
+        "capture.augment.copies 4; 33,906 copies labelled by the teacher in one shared capture, 2,304 s beside other "
+        "work), paired by student seed (`--against-first`); the evaluate stage's batched PyTorch accuracy, the base "
+        "teacher trained on this machine (fp32, test 0.8956). Two copies with the 3-layer default moved it +0.14 "
+        "(three seeds, the augmented-copies section above). Not exported.",
+    ),
+    Section(
         "phone_base_mpnet_base.md",
         "Does the base teacher pay on the phone? bert_small's student continued under MPNet-base (three seeds)",
         "data",
@@ -423,6 +436,16 @@ SECTIONS: list[Section] = [
         "PyTorch figures on the 1,600 test reviews (AVX2, fp32: teacher 0.9006). The peers of the same run, batched: "
         "TF-IDF 0.8912 (macro-F1 0.7845), fastText 0.8875 (0.8013), model2vec's classifier 0.8863 (0.7871), static "
         "+ LR 0.8681 (0.7364). Not exported.",
+    ),
+    Section(
+        "static_fold_clothing.md",
+        "Clothing reviews: the static student's head folded into its tables",
+        "data",
+        "`python bench/static_fold.py runs/clothing/sweeps/static_balanced/balanced_bigrams_s42 --out ...`: the "
+        "class-balanced static student with 50,000 hashed bigram buckets (seed 42) as the export ships it since "
+        "2026-12-05 (rows turned into their logit contributions, the head reduced to its bias) against the same "
+        "student unfolded: the fp32 ids-in graphs, one text per call on one thread, interleaved. The text-in model's "
+        "tokenizer operators, the same for both, are not in these figures.",
     ),
     Section(
         "static_seeds_clothing.md",

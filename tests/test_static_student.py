@@ -4,6 +4,7 @@ vocabulary trimming, save/load and ONNX parity, and the config's refusals."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from transformers import BertConfig, BertModel
@@ -11,6 +12,7 @@ from transformers import BertConfig, BertModel
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from pipeline.export.onnx_graph import OUTPUT_NAMES, LogitsOnly, export_onnx, ort_session
+from pipeline.export.quantize import quantization_ladder
 from pipeline.export.tokenizer import trim_embeddings
 from pipeline.models import load_classifier
 from pipeline.static_model import (
@@ -168,8 +170,6 @@ def test_saves_loads_and_exports_like_any_student(tmp_path, bigram_buckets):
 def test_folding_the_head_into_the_tables_keeps_the_logits_and_leaves_no_matrix_product(tmp_path, bigram_buckets):
     """export folds the head into the tables (W v_t per token, W b_p per pair): the same logits, padded or not,
     before and after vocabulary trimming, from tables of num_labels columns, and an ONNX graph without MatMul."""
-    import onnx
-
     model = random_static(vocab=50, dim=8, labels=3, bigram_buckets=bigram_buckets)
     ids = torch.tensor([[3, 7, 7, 12, 0], [5, 9, 1, 2, 4]])
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
@@ -183,6 +183,11 @@ def test_folding_the_head_into_the_tables_keeps_the_logits_and_leaves_no_matrix_
     torch.testing.assert_close(model(input_ids=remapped, attention_mask=mask).logits, before, rtol=1e-5, atol=1e-6)
     export_onnx(LogitsOnly(model), tmp_path / "folded.onnx", 18)
     assert not [n for n in onnx.load(tmp_path / "folded.onnx").graph.node if n.op_type in ("MatMul", "Gemm")]
+    # no weight MatMul left: the int8 ladder is the embedding-table settings (it used to be empty, and the export failed)
+    assert [s["name"] for s in quantization_ladder(tmp_path / "folded.onnx", 0)] == [
+        "per_channel_embeddings",
+        "per_channel_embeddings_reduce_range",
+    ]
     got = ort_session(tmp_path / "folded.onnx").run(
         OUTPUT_NAMES, {"input_ids": remapped.numpy(), "attention_mask": mask.numpy()}
     )[0]
