@@ -39,6 +39,7 @@ def tiny_run(tmp_path_factory):
 # The tiny run with a static student (student.kind: static, with hashed token bigrams) and the peers on: the bundle
 # checks (ids-in and text-in models, int8, predict.py, Node) and the peer figures run on it too.
 STATIC_TINY = [
+    "export.executorch=off",  # its lowering is tested on the tiny run; torch.export of the static student in test_static_student
     "student.kind=static",
     "student.static.dim=16",
     "student.static.bigram_buckets=64",

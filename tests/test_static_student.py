@@ -194,6 +194,21 @@ def test_folding_the_head_into_the_tables_keeps_the_logits_and_leaves_no_matrix_
     np.testing.assert_allclose(got, before.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_torch_export_takes_the_bigram_student_from_two_tokens():
+    """The ExecuTorch programs are exported with a sequence axis from 2 tokens ([CLS] [SEP]) up: the pairs are a
+    rotation of the ids, not a one-shorter slice, which torch.export refused ("Constraints violated (sequence)": it
+    wanted 3 tokens at least), so the bigram student shipped no .pte."""
+    model = random_static(vocab=50, dim=8, labels=2, bigram_buckets=11)
+    ids, mask = torch.tensor([[2, 9, 4, 7, 3]]), torch.ones(1, 5, dtype=torch.long)
+    sequence = torch.export.Dim("sequence", min=2, max=64)
+    exported = torch.export.export(
+        LogitsOnly(model), (ids, mask), dynamic_shapes=({1: sequence}, {1: sequence}), strict=False
+    ).module()
+    for length in (2, 3, 5):
+        expected = model(input_ids=ids[:, :length], attention_mask=mask[:, :length]).logits
+        torch.testing.assert_close(exported(ids[:, :length], mask[:, :length]), expected)
+
+
 def test_config_refuses_what_a_static_student_cannot_do():
     with pytest.raises(ConfigError) as caught:
         load_config("bert_small", ["student.kind=static", "student.ffn_size=null"])
