@@ -122,8 +122,9 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
         """Move the linear head into the tables, for export: the logits are W (weighted mean of v_t) + W (mean of
         the pairs' b_p) + c, and W is linear, so each row becomes its logit contribution (W v_t, W b_p) and the
         head only adds c. The same logits up to float rounding from tables of num_labels columns instead of
-        hidden_size: a file a hundred times smaller and a graph with no matrix product (per text, the lookup
-        is all that is left)."""
+        hidden_size (256 -> 2 for two labels: the clothing student's graph 82.9 -> 1.06 MB) and a graph with no
+        matrix product (bench/static_fold.py). The model is for export only afterwards: training reads the
+        pooled vector (hidden_states), which is then in logit space."""
         weight = self.classifier.weight  # [labels, hidden]
         for name in ("embeddings", "bigrams"):
             table = getattr(self, name, None)
