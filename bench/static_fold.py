@@ -31,13 +31,13 @@ from pipeline.models import load_classifier
 from pipeline.timing import interleaved
 
 
-def test_ids(run: Path, limit: int) -> tuple[list[np.ndarray], np.ndarray]:
+def test_ids(run: Path) -> tuple[list[np.ndarray], np.ndarray]:
     max_length = yaml.safe_load((run / "config.yaml").read_text())["data"]["max_length"]
     tokenizer = Tokenizer.from_file(str(run / "distill" / "student" / "tokenizer.json"))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length)
     records = [json.loads(line) for line in (run / "prepare" / "test.jsonl").read_text().splitlines() if line]
-    ids = [np.array([tokenizer.encode(r["text"]).ids], dtype=np.int64) for r in records[:limit]]
+    ids = [np.array([tokenizer.encode(r["text"]).ids], dtype=np.int64) for r in records]
     return ids, np.array([len(i[0]) for i in ids])
 
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     model = load_classifier(str(args.run / "distill" / "student")).eval()
     if not hasattr(model, "fold_classifier"):
         parser.error(f"{args.run}/distill/student is not a static student (model_type {model.config.model_type})")
-    ids, lengths = test_ids(args.run, 10**9)
+    ids, lengths = test_ids(args.run)
     with tempfile.TemporaryDirectory() as folder:
         paths = {"unfolded": Path(folder) / "unfolded.onnx", "folded": Path(folder) / "folded.onnx"}
         export_onnx(LogitsOnly(model), paths["unfolded"], 18)
