@@ -47,7 +47,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.export import executorch_program, from_text, mobile, ort_format, text_model
+from pipeline.export import executorch_program, from_text, mobile, ort_format, text_model, word_model
 from pipeline.export.files import copy_predict_script, file_table, register_onnx, render_template, write_demo
 from pipeline.export.latency import compare_with_int8_teacher, latency_markdown, side_by_side
 from pipeline.export.measurements import (
@@ -83,7 +83,7 @@ log = logging.getLogger("pipeline")
 
 READS = ["export"]
 AFTER = ["prepare", "teacher", "peers", "distill"]
-VERSION = 7  # bump when the output changes for the same inputs (history: git log)
+VERSION = 8  # bump when the output changes for the same inputs (history: git log)
 
 
 def run(ctx: Context) -> dict:
@@ -136,8 +136,14 @@ def run(ctx: Context) -> dict:
     ort = ort_format.convert_and_check_text(ort, text, text_labels, inputs.test_records, cfg.ort_target_platform, out)
     checked = mobile.check_bundle(usable, recommended)
     laps.lap("ORT format of the text-in model")
+    words = None
+    if shipped.model.config.model_type == "static-embedding":  # its word-lookup text-in model, the fastest route
+        word_texts = [r["text"] for split in ("train", "validation") for r in read_records(inputs.prepare, split)]
+        words = word_model.ship(shipped, inputs.test_records, word_texts, inputs.max_length, out)
+        ort = ort_format.convert_and_check_words(ort, words, inputs.test_records, cfg.ort_target_platform, out)
+        laps.lap("word model and its ORT format")
     peers = from_text.measure_bundle(
-        ctx.input("peers"), seed, cfg, inputs, shipped, int8, static, teacher, text, recommended, out
+        ctx.input("peers"), seed, cfg, inputs, shipped, int8, static, teacher, text, recommended, out, words
     )  # from raw text, beside TF-IDF, fastText and static embeddings
     laps.lap("from raw text beside the peers")
     variants = {
@@ -158,6 +164,7 @@ def run(ctx: Context) -> dict:
         ort=ort,
         latency=latency,
         text_model=text,
+        word_model=words,
         mobile=checked,
         from_text=peers,
         executorch=pte,

@@ -34,6 +34,12 @@ def text_model_runner(path, threads: int = 1):
     return lambda text: int(session.run(["label"], {text_model.TEXT_INPUT: np.array([text], dtype=object)})[0][0])
 
 
+def word_model_runner(path, threads: int = 1):
+    """The static student's word model (word_model.py): text -> label index."""
+    session = text_model.session(path, threads)
+    return lambda text: int(session.run(["label"], {text_model.TEXT_INPUT: np.array([text], dtype=object)})[0][0])
+
+
 def tokenizer_runner(tokenizer_json, onnx_path, max_length: int, threads: int = 1):
     """tokenizers (as predict.py uses it) + an ids-in ONNX graph: text -> label index."""
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -104,6 +110,7 @@ def comparison(rows: dict, peers: dict, student: str, teacher: str) -> dict:
     fastest = min(peers, key=lambda p: rows[p]["median_ms"])
     s = rows[student]
     return {
+        "student_row": student,
         "best_peer": best,
         "best_peer_title": TITLES[best],
         "best_peer_accuracy": rows[best]["accuracy"],
@@ -189,10 +196,13 @@ def measure_bundle(
     text: dict,
     recommended: str,
     out: Path,
+    words: dict | None = None,
 ) -> dict:
     """The shipped student, the int8 teacher and the peers (``peers_dir``, the peers stage's folder) from raw text,
     one text per call (:func:`measure`): accuracy on every test text (the peers' from the peers stage, which measured it
-    the same way), latency on one thread over the same sampled texts, speed-ups paired against the int8 teacher."""
+    the same way), latency on one thread over the same sampled texts, speed-ups paired against the int8 teacher.
+    ``words``: a static student's word model (word_model.ship); when shipped it is timed too, and it is the student
+    the peers are compared with (the route an app takes for that student)."""
     recorded = json.loads((peers_dir / "peers.json").read_text())
     if not recorded["enabled"]:
         return {"measured": False, "why": "peers.enabled is false"}
@@ -209,6 +219,8 @@ def measure_bundle(
         else tokenizer_runner(shipped.tokenizer_json, classifier, inputs.max_length)
     )
     runners = {"student": student}
+    if words and words["shipped"]:
+        runners["student_words"] = word_model_runner(out / words["file"])
     teacher_graph = teacher.int8 or teacher.onnx
     teacher_name = "teacher_int8" if teacher.int8 else "teacher_fp32"
     runners[teacher_name] = tokenizer_runner(inputs.student / "tokenizer.json", teacher_graph, inputs.max_length)
@@ -238,18 +250,22 @@ def measure_bundle(
         known[teacher_name] = teacher.baseline
     reused = [name for name in ("student", teacher_name) if name in known]
     # rounds are added until the student's speed-up is narrow (a microsecond peer's ratio is noisy, and not the claim)
+    student_rows: list[str] = [name for name in ("student", "student_words") if name in runners]
     measured = measure(
-        runners, texts, labels, inputs.names, sample, cfg, known=known, reference=teacher_name, watch=["student"]
+        runners, texts, labels, inputs.names, sample, cfg, known=known, reference=teacher_name, watch=student_rows
     )
     kind = (
         "static" if shipped.model.config.num_hidden_layers == 0 else f"{shipped.model.config.num_hidden_layers}-layer"
     )
     titles = {
         "student": f"student ({kind}, {recommended}{', text-in model' if text['shipped'] else ''})",
+        "student_words": f"student ({kind}, fp32 word model)",
         "teacher_int8": "teacher ONNX int8 + tokenizer",
         "teacher_fp32": "teacher ONNX fp32 + tokenizer",
     }
     files = {"student": os.path.getsize(classifier) / 1e6, teacher_name: os.path.getsize(teacher_graph) / 1e6}
+    if "student_words" in runners:
+        files["student_words"] = os.path.getsize(out / words["file"]) / 1e6  # type: ignore[index]  # shipped above
     rows = []
     for name, figures in measured.items():
         peer = peers.get(name)
@@ -257,7 +273,7 @@ def measure_bundle(
             {
                 "model": name,
                 "title": peer["title"] if peer else titles[name],
-                "kind": "peer" if peer else name.split("_")[0],
+                "kind": "peer" if peer else name.split("_")[0],  # student_words: a student row too
                 "file_mb": peer["file_mb"] if peer else round(files[name], 3),
                 "train_seconds": peer["train_seconds"] if peer else None,
                 **figures,
@@ -270,7 +286,7 @@ def measure_bundle(
         "timed_texts": len(sample),
         "rows": rows,
         "accuracy_from_token_ids": reused,  # these rows' accuracy: the ids-in figures, the ids being identical
-        "versus_peers": comparison(measured, peers, "student", "teacher_int8") if peers else None,
+        "versus_peers": comparison(measured, peers, student_rows[-1], "teacher_int8") if peers else None,
         **({"skipped_peers": recorded["skipped"]} if recorded.get("skipped") else {}),
     }
     for line in lines(result):

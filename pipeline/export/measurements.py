@@ -36,6 +36,7 @@ class Measurements:
     mobile: dict  # the mobile usability checker's verdicts: "shipped" (the recommended graph) and "fp32"
     from_text: dict  # student, int8 teacher and peers from raw text, one text per call (measure_from_text)
     executorch: dict  # model.pte / model.int8.pte: {"built": true, "variants": {...}} or {"built": false, "why": ...}
+    word_model: dict | None = None  # a static student's model.words.onnx (word_model.ship); None for other students
 
     @property
     def int8_recommended(self) -> bool:
@@ -125,6 +126,7 @@ def bundle_metadata(config, inputs: Inputs, shipped: Shipped, measured: Measurem
         "from_text": measured.from_text,
         "ort_format": measured.ort,
         "text_model": measured.text_model,
+        **({"word_model": measured.word_model} if measured.word_model else {}),
         "mobile_usability": measured.mobile,
         "evaluation": {"split": "test", "examples": measured.examples},
         "latency_file": "latency.json",
@@ -167,6 +169,7 @@ def export_summary(cfg, measured: Measurements, registration: dict | None) -> di
         "fp32_mb": fp32["file_mb"],
         "recommended": measured.recommended,
         "text_model_shipped": measured.text_model["shipped"],
+        **({"word_model_shipped": measured.word_model["shipped"]} if measured.word_model else {}),
     }
     if comparison:
         summary.update(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
 
-from . import text_model
+from . import text_model, word_model
 from .onnx_graph import onnx_logits
 
 log = logging.getLogger("pipeline")
@@ -52,6 +52,22 @@ def convert_and_check_text(
     agreement = float((text_model.run(ort_file, [record["text"] for record in records])[1] == onnx_labels).mean())
     _record(info, ort_file, text_path, agreement)
     text["ort_file"] = ort_file.name
+    return info
+
+
+def convert_and_check_words(info: dict, words: dict, records: list[dict], target_platform: str, out: Path) -> dict:
+    """The static student's word model's ORT twin (when it is shipped) added to ``info``, checked on the test texts
+    one text per call against its .onnx."""
+    if not words["shipped"]:
+        return info
+    path = out / words["file"]
+    added = convert([path], out, target_platform, custom_op_library=text_model.extensions_library())
+    info["files"].update(added["files"])
+    ort_file = out / added["files"][path.name]
+    texts = [record["text"] for record in records]
+    agreement = float((word_model.run(ort_file, texts)[1] == word_model.run(path, texts)[1]).mean())
+    _record(info, ort_file, path, agreement)
+    words["ort_file"] = ort_file.name
     return info
 
 

