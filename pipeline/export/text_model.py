@@ -369,14 +369,11 @@ def words_nodes(tokenizer_json: Path, facts: dict, text: str, out: str, fixes: d
     ]
 
 
-def wordpiece_nodes(
-    tokenizer_json: Path, facts: dict, max_length: int, fixes: dict | None = None, words: str | None = None
-) -> list:
+def wordpiece_nodes(tokenizer_json: Path, facts: dict, max_length: int, fixes: dict | None = None) -> list:
     """WordPiece as tokenizers does it: BasicTokenizer (BERT normalization and splitting) into words, WordpieceTokenizer
     into pieces, one row per word so each word's pieces are known; a word with an unknown piece becomes one [UNK]
     (the operator keeps the pieces it matched before the [UNK], tokenizers drops the whole word); then
-    ``cls pieces sep`` with the pieces cut to max_length - 2. ``words``: the name of the operator's words (string
-    [n]) when the graph already has them (the static student's word model); else they come from ``one_text``."""
+    ``cls pieces sep`` with the pieces cut to max_length - 2."""
     vocab = vocabulary(tokenizer_json)
     unk, cls, sep = (facts["special_tokens"][role]["id"] for role in ("unk", "cls", "sep"))
     scalar = lambda name, value: helper.make_node(  # noqa: E731 (a one-line node builder, read where it is used)
@@ -386,9 +383,8 @@ def wordpiece_nodes(
         "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
     )
     node = helper.make_node
-    head = [] if words else words_nodes(tokenizer_json, facts, "one_text", "all_words", fixes)
     return [
-        *head,
+        *words_nodes(tokenizer_json, facts, "one_text", "all_words", fixes),
         scalar("s0", 0),
         scalar("s1", 1),
         scalar("unk_id", unk),
@@ -398,7 +394,7 @@ def wordpiece_nodes(
         vector("content_max", [max_length - 2]),
         # every word gives at least one piece, so words past max_length - 2 never reach the ids: cut them here, which
         # keeps the word x piece bookkeeping below small for a text of any length (it is quadratic in words)
-        node("Slice", [words or "all_words", "v0", "content_max"], ["words"]),
+        node("Slice", ["all_words", "v0", "content_max"], ["words"]),
         node("Size", ["words"], ["word_count"]),
         node("Add", ["word_count", "s1"], ["word_count_1"]),
         node("Range", ["s0", "word_count_1", "s1"], ["word_rows"]),  # one row per word

@@ -11,8 +11,8 @@ bookkeeping), the padding and the classifier's own graph, where the text-in mode
 
 * words outside the table (typos, rare words): WordpieceTokenizer on those words alone, their rows summed from the
   token table inside the graph and put in their place among the known words;
-* a text longer than max_length - 2 pieces: the piece route over the whole text (text_model.wordpiece_nodes), cut at
-  max_length as predict.py cuts it.
+* a text longer than max_length - 2 pieces: the words whose pieces all fit, then as many pieces of the next word as
+  fit (WordpieceTokenizer on that one word), as predict.py cuts the text at max_length.
 
 The logits are the fp32 ids-in graph's for every text, up to float summation order: the export checks the
 predictions on the whole test split before shipping it. The table holds the words of the training and validation
@@ -136,7 +136,9 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         const("w_outside", np.int64(outside)),
         const("w_axis0", np.array([0], np.int64)),
         const("w_axis1", np.array([1], np.int64)),
+        const("w_zero_1d", np.array([0], np.int64)),
         const("w_pieces_column", np.int64(labels + 1)),
+        const("w_unk_id", np.int64(unk)),
         const("w_content_max", np.float32(max_length - 2)),
     ]
     if buckets:
@@ -154,11 +156,36 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             const("w_sep_right", np.array([hashes[sep]], np.int64)),
             const("w_unk_left", np.int64(hashes[unk] * BIGRAM_PRIME % buckets)),
             const("w_unk_right", np.int64(hashes[unk])),
-            const("w_zero_1d", np.array([0], np.int64)),
             const("w_after_first", np.array([1], np.int64)),
             const("w_to_end", np.array([np.iinfo(np.int64).max], np.int64)),
             const("w_before_last", np.array([-1], np.int64)),
             const("w_nothing_across", np.zeros(labels, np.float32)),
+        ]
+
+    def wordpiece(words_in: str, splits: str, prefix: str) -> list:
+        """``words_in`` (one row per word: ``splits``) -> ``{prefix}_ids``, the pieces' ids, and ``{prefix}_begin`` /
+        ``{prefix}_end``, each word's first and past-its-last piece (the operator keeps the pieces matched before an
+        unknown one: the caller makes such a word one [UNK])."""
+        return [
+            node(
+                "WordpieceTokenizer",
+                [words_in, splits],
+                [f"{prefix}_pieces", f"{prefix}_piece_splits", f"{prefix}_begin", f"{prefix}_end"],
+                domain=text_model.EXTENSIONS_DOMAIN,
+                vocab=json.dumps(vocab, ensure_ascii=False),
+                suffix_indicator=facts.get("continuing_subword_prefix") or "##",
+                unknown_token=special["unk"]["token"],
+                max_input_chars_per_word=facts.get("max_input_chars_per_word") or 100,
+            ),
+            node(
+                "LabelEncoder",
+                [f"{prefix}_pieces"],
+                [f"{prefix}_ids"],
+                domain="ai.onnx.ml",
+                keys_strings=list(vocab),
+                values_int64s=list(vocab.values()),
+                default_int64=unk,
+            ),
         ]
 
     def pair_rows(left: str, right: str, out: str, summed: bool = True) -> list:
@@ -182,9 +209,12 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             *pair_rows(f"w_{tag}_lefts", f"w_{tag}_rights", f"w_{tag}_across"),
         ], [f"w_{tag}_stats", f"w_{tag}_across"]
 
-    def branch(nodes: list, outputs: list[str], name: str) -> onnx.GraphProto:
-        values = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+    def branch(nodes: list, outputs: list[str], name: str, types: list | None = None) -> onnx.GraphProto:
+        types = types or [TensorProto.FLOAT] * len(outputs)
+        values = [helper.make_tensor_value_info(o, t, None) for o, t in zip(outputs, types)]
         return helper.make_graph(nodes, name, [], values)
+
+    types = [TensorProto.FLOAT] + ([TensorProto.INT64] * 2 if buckets else [])  # rows [, lefts, rights]
 
     # ---- every word in the table and the text within max_length: the common case, a few nodes
     known = [
@@ -197,7 +227,6 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
     # ---- words outside the table: WordpieceTokenizer on those words alone, their pieces summed per word (running sums
     # at each word's first and past its last piece) and put in their place; then the text as above, or cut
     mixed = [
-        node("Equal", ["w_word_id", "w_outside"], ["w_unknown"]),
         node("NonZero", ["w_unknown"], ["w_unknown_nonzero"]),  # [1, u]
         node("Transpose", ["w_unknown_nonzero"], ["w_unknown_index"], perm=[1, 0]),  # [u, 1]: ScatterND's indices
         node("Squeeze", ["w_unknown_nonzero", "w_axis0"], ["w_unknown_position"]),
@@ -205,42 +234,23 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         node("Size", ["w_unknown_words"], ["w_unknown_count"]),
         node("Add", ["w_unknown_count", "w_one"], ["w_unknown_count_1"]),
         node("Range", ["w_zero", "w_unknown_count_1", "w_one"], ["w_unknown_splits"]),  # one row per word
-        node(
-            "WordpieceTokenizer",
-            ["w_unknown_words", "w_unknown_splits"],
-            ["w_pieces", "w_piece_splits", "w_word_begin", "w_word_end"],
-            domain=text_model.EXTENSIONS_DOMAIN,
-            vocab=json.dumps(vocab, ensure_ascii=False),
-            suffix_indicator=facts.get("continuing_subword_prefix") or "##",
-            unknown_token=special["unk"]["token"],
-            max_input_chars_per_word=facts.get("max_input_chars_per_word") or 100,
-        ),
-        node(
-            "LabelEncoder",
-            ["w_pieces"],
-            ["w_piece_ids"],
-            domain="ai.onnx.ml",
-            keys_strings=list(vocab),
-            values_int64s=list(vocab.values()),
-            default_int64=unk,
-        ),
-        const("w_unk_id", np.int64(unk)),
-        node("Gather", ["w_token_rows", "w_piece_ids"], ["w_piece_rows"]),
-        node("Equal", ["w_piece_ids", "w_unk_id"], ["w_piece_is_unk"]),
+        *wordpiece("w_unknown_words", "w_unknown_splits", "w_unknown"),
+        node("Gather", ["w_token_rows", "w_unknown_ids"], ["w_piece_rows"]),
+        node("Equal", ["w_unknown_ids", "w_unk_id"], ["w_piece_is_unk"]),
         node("Cast", ["w_piece_is_unk"], ["w_piece_unk_float"], to=TensorProto.FLOAT),
         node("Unsqueeze", ["w_piece_unk_float", "w_axis1"], ["w_piece_unk"]),
-        node("Sub", ["w_word_end", "w_one"], ["w_last_piece"]),
+        node("Sub", ["w_unknown_end", "w_one"], ["w_last_piece"]),
     ]
     piece_parts = ["w_piece_rows"]
     if buckets:
         mixed += [  # the pairs inside a word: each piece with the next one, except at a word's last piece
-            node("Gather", ["w_token_hash", "w_piece_ids"], ["w_piece_hash"]),
+            node("Gather", ["w_token_hash", "w_unknown_ids"], ["w_piece_hash"]),
             node("Mul", ["w_piece_hash", "w_prime"], ["w_piece_scaled"]),
             node("Mod", ["w_piece_scaled", "w_buckets"], ["w_piece_left"]),
             node("Slice", ["w_piece_hash", "w_after_first", "w_to_end"], ["w_next_part"]),
             node("Concat", ["w_next_part", "w_zero_1d"], ["w_piece_right"], axis=0),
             *pair_rows("w_piece_left", "w_piece_right", "w_piece_pairs", summed=False),
-            node("Shape", ["w_piece_ids"], ["w_piece_shape"]),
+            node("Shape", ["w_unknown_ids"], ["w_piece_shape"]),
             node("Shape", ["w_last_piece"], ["w_word_shape"]),
             node("ConstantOfShape", ["w_piece_shape"], ["w_ones"], value=helper.make_tensor("v", 1, [1], [1.0])),
             node("ConstantOfShape", ["w_word_shape"], ["w_zeros"], value=helper.make_tensor("v", 1, [1], [0.0])),
@@ -254,8 +264,8 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         const("w_zero_row", np.zeros((1, columns + 1), np.float32)),
         node("Concat", ["w_zero_row", "w_piece_matrix"], ["w_piece_padded"], axis=0),
         node("CumSum", ["w_piece_padded", "w_zero"], ["w_running"]),
-        node("Gather", ["w_running", "w_word_end"], ["w_running_end"]),
-        node("Gather", ["w_running", "w_word_begin"], ["w_running_begin"]),
+        node("Gather", ["w_running", "w_unknown_end"], ["w_running_end"]),
+        node("Gather", ["w_running", "w_unknown_begin"], ["w_running_begin"]),
         node("Sub", ["w_running_end", "w_running_begin"], ["w_unknown_sums"]),
         const("w_split_unk", np.array([columns, 1], np.int64)),
         node("Split", ["w_unknown_sums", "w_split_unk"], ["w_unknown_word_rows", "w_unknown_unk"], axis=1),
@@ -268,7 +278,7 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         mixed += [
             node("Squeeze", ["w_has_unk", "w_axis1"], ["w_word_has_unk"]),
             node("Gather", ["w_piece_left", "w_last_piece"], ["w_last_left"]),
-            node("Gather", ["w_piece_hash", "w_word_begin"], ["w_first_right"]),
+            node("Gather", ["w_piece_hash", "w_unknown_begin"], ["w_first_right"]),
             node("Where", ["w_word_has_unk", "w_unk_left", "w_last_left"], ["w_unknown_lefts"]),
             node("Where", ["w_word_has_unk", "w_unk_right", "w_first_right"], ["w_unknown_rights"]),
             node("Gather", ["w_word_left", "w_word_id"], ["w_lefts_table"]),
@@ -276,39 +286,92 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             node("ScatterND", ["w_lefts_table", "w_unknown_index", "w_unknown_lefts"], ["w_lefts_mixed"]),
             node("ScatterND", ["w_rights_table", "w_unknown_index", "w_unknown_rights"], ["w_rights_mixed"]),
         ]
-    fits_nodes, fits_outputs = words_sum("w_mixed_sum", "w_lefts_mixed", "w_rights_mixed", "mixed")
-    # longer than max_length - 2 pieces: the piece route over the whole text, cut at max_length as predict.py cuts it
+    mixed_outputs = ["w_rows_mixed"] + (["w_lefts_mixed", "w_rights_mixed"] if buckets else [])
+    only_table = [node("Identity", ["w_rows"], ["w_rows_table"])]  # too long, but every word in the table
+    if buckets:
+        only_table += [
+            node("Gather", ["w_word_left", "w_word_id"], ["w_lefts_only"]),
+            node("Gather", ["w_word_right", "w_word_id"], ["w_rights_only"]),
+        ]
+    only_table_outputs = ["w_rows_table"] + (["w_lefts_only", "w_rights_only"] if buckets else [])
+    general_rows = ["w_rows_general"] + (["w_lefts_general", "w_rights_general"] if buckets else [])
+    fits_nodes, fits_outputs = words_sum("w_general_sum", "w_lefts_general", "w_rights_general", "fits")
+
+    # ---- longer than max_length - 2 pieces: the words whose pieces all fit, then the first pieces of the next word
+    # (WordpieceTokenizer on that word alone; a word with an unknown piece is one [UNK]), as predict.py cuts the text
     cut = [
-        *text_model.wordpiece_nodes(tokenizer_json, facts, max_length, fixes, words="w_words"),
-        node("Gather", ["w_token_rows", "row_ids"], ["w_cut_rows"]),
-        node("ReduceSum", ["w_cut_rows", "w_axis0"], ["w_cut_sum" if buckets else "w_cut_stats"], keepdims=0),
+        node("Gather", ["w_rows_general", "w_pieces_column"], ["w_cut_word_pieces"], axis=1),
+        node("CumSum", ["w_cut_word_pieces", "w_zero"], ["w_cut_running"]),
+        node("LessOrEqual", ["w_cut_running", "w_content_max"], ["w_cut_whole"]),
+        node("Cast", ["w_cut_whole"], ["w_cut_whole_int"], to=TensorProto.INT64),
+        node("ReduceSum", ["w_cut_whole_int", "w_axis0"], ["w_cut_words"], keepdims=1),  # [1]: whole words kept
+        node("Slice", ["w_rows_general", "w_zero_1d", "w_cut_words"], ["w_cut_rows"]),
+        node("ReduceSum", ["w_cut_rows", "w_axis0"], ["w_cut_rows_sum"], keepdims=0),
+        node("Gather", ["w_cut_rows_sum", "w_pieces_column"], ["w_cut_kept"]),
+        node("Sub", ["w_content_max", "w_cut_kept"], ["w_cut_room_float"]),
+        node("Cast", ["w_cut_room_float"], ["w_cut_room"], to=TensorProto.INT64),  # pieces left for the next word
+        node("Add", ["w_cut_words", "w_one"], ["w_cut_next_end"]),
+        node("Slice", ["w_words", "w_cut_words", "w_cut_next_end"], ["w_cut_word"]),
+        const("w_one_word", np.array([0, 1], np.int64)),
+        *wordpiece("w_cut_word", "w_one_word", "w_cut"),
+        node("Equal", ["w_cut_ids", "w_unk_id"], ["w_cut_is_unk"]),
+        node("Cast", ["w_cut_is_unk"], ["w_cut_unk_int"], to=TensorProto.INT64),
+        node("ReduceSum", ["w_cut_unk_int"], ["w_cut_unks"], keepdims=0),
+        node("Greater", ["w_cut_unks", "w_zero"], ["w_cut_word_unknown"]),
+        node("Where", ["w_cut_word_unknown", "w_unk_id", "w_cut_ids"], ["w_cut_fixed_ids"]),
+        node("Min", ["w_cut_room", "w_one"], ["w_cut_room_for_unk"]),  # one [UNK], if there is room for it
+        node("Where", ["w_cut_word_unknown", "w_cut_room_for_unk", "w_cut_room"], ["w_cut_take"]),
+        node("Unsqueeze", ["w_cut_take", "w_axis0"], ["w_cut_take_1d"]),
+        node("Slice", ["w_cut_fixed_ids", "w_zero_1d", "w_cut_take_1d"], ["w_cut_part"]),  # 0 pieces when no room
+        node("Gather", ["w_token_rows", "w_cut_part"], ["w_cut_part_rows"]),
+        node("ReduceSum", ["w_cut_part_rows", "w_axis0"], ["w_cut_part_sum"], keepdims=0),
     ]
-    cut_outputs = ["w_cut_stats"]
     if buckets:
         cut += [
-            node("Gather", ["w_token_hash", "row_ids"], ["w_cut_hash"]),
-            node("Slice", ["w_cut_hash", "w_zero_1d", "w_before_last"], ["w_cut_firsts"]),
-            node("Slice", ["w_cut_hash", "w_after_first", "w_to_end"], ["w_cut_rights"]),
-            node("Mul", ["w_cut_firsts", "w_prime"], ["w_cut_scaled"]),
-            node("Mod", ["w_cut_scaled", "w_buckets"], ["w_cut_lefts"]),
-            *pair_rows("w_cut_lefts", "w_cut_rights", "w_cut_pairs"),
-            node("Concat", ["w_cut_sum", "w_cut_pairs"], ["w_cut_stats"], axis=0),
-            node("Identity", ["w_nothing_across"], ["w_cut_across"]),  # every pair is in the stats already
+            node("Gather", ["w_token_hash", "w_cut_part"], ["w_cut_part_hash"]),
+            node("Mul", ["w_cut_part_hash", "w_prime"], ["w_cut_part_scaled"]),
+            node("Mod", ["w_cut_part_scaled", "w_buckets"], ["w_cut_part_lefts"]),
+            node("Slice", ["w_cut_part_lefts", "w_zero_1d", "w_before_last"], ["w_cut_inside_lefts"]),
+            node("Slice", ["w_cut_part_hash", "w_after_first", "w_to_end"], ["w_cut_inside_rights"]),
+            *pair_rows("w_cut_inside_lefts", "w_cut_inside_rights", "w_cut_inside"),
+            node("Concat", ["w_cut_part_sum", "w_cut_inside"], ["w_cut_part_row"], axis=0),
+            node("Add", ["w_cut_rows_sum", "w_cut_part_row"], ["w_cut_sum"]),
+            # the cut word's ends: its last kept piece and its first (none when no piece of it fits)
+            node("Slice", ["w_cut_part_lefts", "w_before_last", "w_to_end"], ["w_cut_part_left"]),
+            node("Slice", ["w_cut_part_hash", "w_zero_1d", "w_after_first"], ["w_cut_part_right"]),
+            node("Slice", ["w_lefts_general", "w_zero_1d", "w_cut_words"], ["w_cut_lefts_whole"]),
+            node("Slice", ["w_rights_general", "w_zero_1d", "w_cut_words"], ["w_cut_rights_whole"]),
+            node("Concat", ["w_cut_lefts_whole", "w_cut_part_left"], ["w_cut_word_lefts"], axis=0),
+            node("Concat", ["w_cut_rights_whole", "w_cut_part_right"], ["w_cut_word_rights"], axis=0),
         ]
-        cut_outputs.append("w_cut_across")
-    mixed += [
-        node("ReduceSum", ["w_rows_mixed", "w_axis0"], ["w_mixed_sum"], keepdims=0),
-        node("Gather", ["w_mixed_sum", "w_pieces_column"], ["w_mixed_total"]),
-        node("LessOrEqual", ["w_mixed_total", "w_content_max"], ["w_mixed_fits"]),
+    else:
+        cut.append(node("Add", ["w_cut_rows_sum", "w_cut_part_sum"], ["w_cut_sum"]))
+    cut_nodes, cut_outputs = words_sum("w_cut_sum", "w_cut_word_lefts", "w_cut_word_rights", "cut")
+
+    general = [
+        node("Equal", ["w_word_id", "w_outside"], ["w_unknown"]),
+        node("Cast", ["w_unknown"], ["w_unknown_int"], to=TensorProto.INT64),
+        node("ReduceSum", ["w_unknown_int"], ["w_unknown_total"], keepdims=0),
+        node("Greater", ["w_unknown_total", "w_zero"], ["w_any_unknown"]),
         node(
             "If",
-            ["w_mixed_fits"],
+            ["w_any_unknown"],
+            general_rows,
+            then_branch=branch(mixed, mixed_outputs, "words_outside_the_table", types),
+            else_branch=branch(only_table, only_table_outputs, "only_words_in_the_table", types),
+        ),
+        node("ReduceSum", ["w_rows_general", "w_axis0"], ["w_general_sum"], keepdims=0),
+        node("Gather", ["w_general_sum", "w_pieces_column"], ["w_general_total"]),
+        node("LessOrEqual", ["w_general_total", "w_content_max"], ["w_general_fits"]),
+        node(
+            "If",
+            ["w_general_fits"],
             ["w_general_stats"] + (["w_general_across"] if buckets else []),
             then_branch=branch(fits_nodes, fits_outputs, "words_in_place"),
-            else_branch=branch(cut, cut_outputs, "pieces_cut_at_max_length"),
+            else_branch=branch(cut + cut_nodes, cut_outputs, "cut_at_max_length"),
         ),
     ]
-    mixed_outputs = ["w_general_stats"] + (["w_general_across"] if buckets else [])
+    general_outputs = ["w_general_stats"] + (["w_general_across"] if buckets else [])
 
     stats = ["w_stats"] + (["w_across"] if buckets else [])
     body = [
@@ -333,7 +396,7 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             ["w_all_in_table"],
             stats,
             then_branch=branch(known_nodes, known_outputs, "words_in_the_table"),
-            else_branch=branch(mixed, mixed_outputs, "words_outside_the_table"),
+            else_branch=branch(general, general_outputs, "outside_the_table_or_too_long"),
         ),
         # logits = weighted rows / weight (+ pair rows / pairs) + bias
         const("w_split_stats", np.array([labels, 1, 1] + ([labels] if buckets else []), np.int64)),
