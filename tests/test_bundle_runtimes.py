@@ -14,8 +14,10 @@ import onnx
 import pytest
 
 from pipeline.export import text_model as TM
+from pipeline.export import word_model
 from pipeline.export.files import WEB_FILES
-from pipeline.export.tokenizer import tokenize_texts, tokenizer_facts
+from pipeline.export.onnx_graph import onnx_logits
+from pipeline.export.tokenizer import IdSplit, tokenize_texts, tokenizer_facts
 from tests.helpers import NODE_DIR, read_json
 
 pytestmark = pytest.mark.pipeline  # every check runs on the tiny runs' bundles (fixture `bundle`)
@@ -55,6 +57,30 @@ def test_the_static_bundle_ships_a_student_with_hashed_bigrams(static_tiny_run):
     bundle = static_tiny_run["run_dir"] / "export" / "bundle"
     # the head is folded into the tables (static_model.fold_classifier): no matrix product is left in the graph
     assert not [n.name for n in onnx.load(bundle / "model.onnx").graph.node if n.op_type in ("MatMul", "Gemm")]
+
+
+def test_the_static_bundle_ships_its_word_model_with_the_fp32_graphs_predictions(static_tiny_run, test_texts):
+    """model.words.onnx (pipeline/export/word_model.py) and its .ort twin give the fp32 ids-in graph's predictions on
+    predict.py's token ids for the whole test split, and the export timed it from raw text beside the peers."""
+    texts, _ = test_texts
+    bundle = static_tiny_run["run_dir"] / "export" / "bundle"
+    metadata = read_json(bundle / "metadata.json")
+    words = metadata["word_model"]
+    assert words["shipped"] and words["file"] == "model.words.onnx" and words["ort_file"] == "model.words.ort"
+    assert words["words_in_table"] > 100 and words["check"]["examples"] == len(texts)
+    assert {"model.words.onnx", "model.words.ort"} <= set(metadata["files"])
+    ids = tokenize_texts(bundle / "tokenizer.json", texts, metadata["text_model"]["truncation"])
+    fp32 = onnx_logits(bundle / "model.onnx", IdSplit(ids, np.zeros(len(ids))), 0)
+    for name in ("model.words.onnx", "model.words.ort"):
+        probabilities, labels = word_model.run(bundle / name, texts)
+        assert (labels == fp32.argmax(-1)).all(), name
+        assert np.abs(probabilities.sum(-1) - 1).max() < 1e-5
+    rows = {row["model"]: row for row in metadata["from_text"]["rows"]}
+    assert rows["student_words"]["median_ms"] > 0 and rows["student_words"]["file_mb"] == pytest.approx(
+        words["file_mb"], abs=1e-3
+    )
+    assert metadata["from_text"]["versus_peers"]["student_row"] == "student_words"
+    assert "model.words.onnx" in (bundle / "README.md").read_text()
 
 
 def test_text_model_reproduces_predict_py_ids_and_predictions(bundle, predict, test_texts):

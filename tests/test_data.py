@@ -129,6 +129,20 @@ def test_splits_not_given_are_carved_from_train(tmp_path):
     assert again["validation"]["text"].tolist() == splits["validation"]["text"].tolist()  # seeded
 
 
+def test_unlabeled_text_of_a_file_is_what_max_examples_leaves_out(tmp_path):
+    from pipeline.data import load_splits
+
+    path = _write(tmp_path / "all.csv", _rows("all", 200))
+    cfg = DataConfig(source="csv", path=path, max_examples=120, unlabeled_text=True)
+    splits, unlabeled = load_splits(cfg, seed=0)
+    assert sum(len(s) for s in splits.values()) == 120 and list(unlabeled.columns) == ["text"]
+    assert len(unlabeled) == 80  # every row of the file is in exactly one place
+    used = set().union(*(set(s["text"]) for s in splits.values()))
+    assert not used & set(unlabeled["text"]) and used | set(unlabeled["text"]) == {r["text"] for r in _rows("all", 200)}
+    _, none = load_splits(DataConfig(source="csv", path=path, max_examples=120), seed=0)
+    assert none is None  # off by default
+
+
 @pytest.mark.parametrize(
     "fields, phrase",
     [

@@ -15,8 +15,8 @@ bookkeeping), the padding and the classifier's own graph, where the text-in mode
   fit (WordpieceTokenizer on that one word), as predict.py cuts the text at max_length.
 
 The logits are the fp32 ids-in graph's for every text, up to float summation order: the export checks the
-predictions on the whole test split before shipping it. The table holds the words of the training and validation
-texts; it is a cache, not a vocabulary (any word list gives the same logits; a word outside it costs the subword
+predictions on the whole test split before shipping it. The table holds the words of the training, validation and
+unlabeled texts (never the test split's); it is a cache, not a vocabulary (any word list gives the same logits; a word outside it costs the subword
 route).
 
     text           string  [batch]
@@ -473,7 +473,7 @@ def ship(shipped, records: list[dict], words_texts: list[str], max_length: int, 
     """Build ``model.words.onnx`` in ``out`` for the folded static student of ``shipped`` and check it on the test
     ``records`` one text per call against the fp32 ids-in graph on predict.py's ids: the same prediction for every
     text and probabilities within 1e-4, or nothing is shipped. ``words_texts``: the texts whose words fill the table
-    (training and validation). Returns metadata.json's ``word_model``."""
+    (training, validation, unlabeled). Returns metadata.json's ``word_model``."""
     target = out / FILE
     if getattr(shipped.model.config, "model_type", None) != "static-embedding":
         return {"shipped": False, "why": "only a static student has a word model"}
