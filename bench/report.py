@@ -452,6 +452,18 @@ SECTIONS: list[Section] = [
         "model2vec's classifier 0.8863 / 0.7871, 32.3 MB, 0.339 ms; the int8 teacher 0.9038 / 0.8383, 23.0 MB.",
     ),
     Section(
+        "word_model.md",
+        "The static student's word model against its text-in model and fastText (clothing reviews and sentences)",
+        "data",
+        "`python bench/word_model.py runs/clothing/sweeps/static_balanced_export/balanced_bigrams_s42 "
+        "runs/bert_small/sweeps/static_seeds/seed42 --out ...`: `model.words.onnx`, which a static student's export "
+        "ships since 2026-12-06 (pipeline/export/word_model.py: each known word's rows summed at export, the subword "
+        "operators only for words outside the table and for the word a cut at max_length falls in), against the same "
+        "student's `model.text.onnx` (tokenizer operators in front of the shipped int8 graph) and the run's fastText "
+        "peer, one text per call from raw text on one thread, interleaved; then the share of test texts on each of the "
+        "word model's routes and its time on them.",
+    ),
+    Section(
         "static_seeds_clothing.md",
         "Clothing reviews: the static student over three seeds",
         "data",
