@@ -455,12 +455,12 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
     model_proto = helper.make_model(
         main,
         opset_imports=[
-            helper.make_opsetid("", 18),
+            helper.make_opsetid("", text_model.OPSET),
             helper.make_opsetid(text_model.EXTENSIONS_DOMAIN, 1),
             helper.make_opsetid("ai.onnx.ml", 3),
         ],
     )
-    model_proto.ir_version = 9
+    model_proto.ir_version = 10
     model_proto.doc_string = (
         f"Text in, probabilities out: the static student by word lookup ({len(words)} words summed at export; other "
         f"words through onnxruntime-extensions WordpieceTokenizer; texts over {max_length} tokens by pieces). Needs "
