@@ -31,6 +31,7 @@ TEST = [
     "",  # [CLS] [SEP] only
     "soft " * 40 + "unbelievably comfortable",  # cut at max_length after a whole word (no room for the next)
     "soft " * 28 + "unbelievably comfortable",  # cut inside a word of several pieces
+    "soft fabric " * 20,  # cut, every word in the table (no word for WordpieceTokenizer)
     "soft " * 29 + "Ωmega comfortable",  # cut at a word with a piece the trimmed vocabulary lacks: one [UNK]
     "grief " * 10 + "xylophonic grief",  # one word outside, near the cut
     "\u00adsoft\u200bhyphen and a tab\tand a line\nbreak",  # characters the normalization fixes handle
@@ -85,7 +86,7 @@ def test_word_model_gives_the_ids_in_logits_on_every_route(tmp_path, minilm_toke
     onnx.save(word_model.graph(model, tokenizer_json, facts, MAX_LENGTH, words), str(tmp_path / "words.onnx"))
 
     ids = tokenize_texts(tokenizer_json, TEST, MAX_LENGTH)
-    assert all(len(ids[i]) == MAX_LENGTH for i in (4, 5, 6))  # the long texts really are cut
+    assert all(len(ids[i]) == MAX_LENGTH for i in (4, 5, 6, 7))  # the long texts really are cut
     if trimmed:
         assert 100 in ids[2]  # and the trimmed vocabulary really gives [UNK] words
     expected = onnx_logits(tmp_path / "model.onnx", IdSplit(ids, np.zeros(len(ids))), 0)

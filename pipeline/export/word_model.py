@@ -221,12 +221,9 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             *pair_rows(f"w_{tag}_lefts", f"w_{tag}_rights", f"w_{tag}_across"),
         ], [f"w_{tag}_stats", f"w_{tag}_across"]
 
-    def branch(nodes: list, outputs: list[str], name: str, types: list | None = None) -> onnx.GraphProto:
-        types = types or [TensorProto.FLOAT] * len(outputs)
-        values = [helper.make_tensor_value_info(o, t, None) for o, t in zip(outputs, types)]
+    def branch(nodes: list, outputs: list[str], name: str) -> onnx.GraphProto:
+        values = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
         return helper.make_graph(nodes, name, [], values)
-
-    types = [TensorProto.FLOAT] + ([TensorProto.INT64] * 2 if buckets else [])  # rows [, lefts, rights]
 
     # ---- every word in the table and the text within max_length: the common case, a few nodes
     known = [
@@ -298,26 +295,17 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             node("ScatterND", ["w_lefts_table", "w_unknown_index", "w_unknown_lefts"], ["w_lefts_mixed"]),
             node("ScatterND", ["w_rights_table", "w_unknown_index", "w_unknown_rights"], ["w_rights_mixed"]),
         ]
-    mixed_outputs = ["w_rows_mixed"] + (["w_lefts_mixed", "w_rights_mixed"] if buckets else [])
-    only_table = [node("Identity", ["w_rows"], ["w_rows_table"])]  # too long, but every word in the table
-    if buckets:
-        only_table += [
-            node("Gather", ["w_word_left", "w_word_id"], ["w_lefts_only"]),
-            node("Gather", ["w_word_right", "w_word_id"], ["w_rights_only"]),
-        ]
-    only_table_outputs = ["w_rows_table"] + (["w_lefts_only", "w_rights_only"] if buckets else [])
-    general_rows = ["w_rows_general"] + (["w_lefts_general", "w_rights_general"] if buckets else [])
-    fits_nodes, fits_outputs = words_sum("w_general_sum", "w_lefts_general", "w_rights_general", "fits")
+    fits_nodes, fits_outputs = words_sum("w_general_sum", "w_lefts_mixed", "w_rights_mixed", "fits")
 
     # ---- longer than max_length - 2 pieces: the words whose pieces all fit, then the first pieces of the next word
     # (WordpieceTokenizer on that word alone; a word with an unknown piece is one [UNK]), as predict.py cuts the text
     cut = [
-        node("Gather", ["w_rows_general", "w_pieces_column"], ["w_cut_word_pieces"], axis=1),
+        node("Gather", ["w_rows_mixed", "w_pieces_column"], ["w_cut_word_pieces"], axis=1),
         node("CumSum", ["w_cut_word_pieces", "w_zero"], ["w_cut_running"]),
         node("LessOrEqual", ["w_cut_running", "w_content_max"], ["w_cut_whole"]),
         node("Cast", ["w_cut_whole"], ["w_cut_whole_int"], to=TensorProto.INT64),
         node("ReduceSum", ["w_cut_whole_int", "w_axis0"], ["w_cut_words"], keepdims=1),  # [1]: whole words kept
-        node("Slice", ["w_rows_general", "w_zero_1d", "w_cut_words"], ["w_cut_rows"]),
+        node("Slice", ["w_rows_mixed", "w_zero_1d", "w_cut_words"], ["w_cut_rows"]),
         node("ReduceSum", ["w_cut_rows", "w_axis0"], ["w_cut_rows_sum"], keepdims=0),
         node("Gather", ["w_cut_rows_sum", "w_pieces_column"], ["w_cut_kept"]),
         node("Sub", ["w_content_max", "w_cut_kept"], ["w_cut_room_float"]),
@@ -351,8 +339,8 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             # the cut word's ends: its last kept piece and its first (none when no piece of it fits)
             node("Slice", ["w_cut_part_lefts", "w_before_last", "w_to_end"], ["w_cut_part_left"]),
             node("Slice", ["w_cut_part_hash", "w_zero_1d", "w_after_first"], ["w_cut_part_right"]),
-            node("Slice", ["w_lefts_general", "w_zero_1d", "w_cut_words"], ["w_cut_lefts_whole"]),
-            node("Slice", ["w_rights_general", "w_zero_1d", "w_cut_words"], ["w_cut_rights_whole"]),
+            node("Slice", ["w_lefts_mixed", "w_zero_1d", "w_cut_words"], ["w_cut_lefts_whole"]),
+            node("Slice", ["w_rights_mixed", "w_zero_1d", "w_cut_words"], ["w_cut_rights_whole"]),
             node("Concat", ["w_cut_lefts_whole", "w_cut_part_left"], ["w_cut_word_lefts"], axis=0),
             node("Concat", ["w_cut_rights_whole", "w_cut_part_right"], ["w_cut_word_rights"], axis=0),
         ]
@@ -360,19 +348,10 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         cut.append(node("Add", ["w_cut_rows_sum", "w_cut_part_sum"], ["w_cut_sum"]))
     cut_nodes, cut_outputs = words_sum("w_cut_sum", "w_cut_word_lefts", "w_cut_word_rights", "cut")
 
-    general = [
+    general = [  # a text all of table words reaches here only when too long: then no word goes to WordpieceTokenizer
         node("Equal", ["w_word_id", "w_outside"], ["w_unknown"]),
-        node("Cast", ["w_unknown"], ["w_unknown_int"], to=TensorProto.INT64),
-        node("ReduceSum", ["w_unknown_int"], ["w_unknown_total"], keepdims=0),
-        node("Greater", ["w_unknown_total", "w_zero"], ["w_any_unknown"]),
-        node(
-            "If",
-            ["w_any_unknown"],
-            general_rows,
-            then_branch=branch(mixed, mixed_outputs, "words_outside_the_table", types),
-            else_branch=branch(only_table, only_table_outputs, "only_words_in_the_table", types),
-        ),
-        node("ReduceSum", ["w_rows_general", "w_axis0"], ["w_general_sum"], keepdims=0),
+        *mixed,
+        node("ReduceSum", ["w_rows_mixed", "w_axis0"], ["w_general_sum"], keepdims=0),
         node("Gather", ["w_general_sum", "w_pieces_column"], ["w_general_total"]),
         node("LessOrEqual", ["w_general_total", "w_content_max"], ["w_general_fits"]),
         node(
