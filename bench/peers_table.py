@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         "| run | model | accuracy | macro-F1 | file MB | ms per text | training s |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    students: dict[str, list[tuple[float, float]]] = {}
+    students: dict[str, list[tuple[float, float, float | None]]] = {}
     for run in args.runs:
         rows, versus = rows_of(run)
         for row in rows:
@@ -47,16 +47,30 @@ def main(argv=None) -> int:
                 f"| {run} | {row['title']} | {row['accuracy']:.4f} | {row['macro_f1']:.4f} | "
                 f"{row['file_mb']:.1f} | {row['median_ms']:.3f} | {train} |"
             )
-            if row["kind"] == "student" and versus:
-                students.setdefault(row["title"], []).append((row["accuracy"], versus["accuracy_margin_points"]))
+            if row["kind"] == "student" and versus:  # each student row's own margins (a static run has two)
+                f1 = versus.get("best_peer_macro_f1")  # metrics.json files written before 2026-12-05 lack it
+                students.setdefault(row["title"], []).append(
+                    (
+                        row["accuracy"],
+                        100 * (row["accuracy"] - versus["best_peer_accuracy"]),
+                        None if f1 is None else 100 * (row["macro_f1"] - f1),
+                    )
+                )
     for title, values in students.items():
         if len(values) > 1:
             accuracy, margin = [v[0] for v in values], [v[1] for v in values]
+            f1_margin = [v[2] for v in values if v[2] is not None]
+            f1_line = (
+                f"; macro-F1 margin over the best peer by macro-F1 {statistics.mean(f1_margin):+.2f} points "
+                f"(min {min(f1_margin):+.2f}, max {max(f1_margin):+.2f})"
+                if len(f1_margin) == len(values)
+                else ""
+            )
             lines += [
                 "",
                 f"{title}, {len(values)} runs: accuracy {statistics.mean(accuracy):.4f} "
                 f"(min {min(accuracy):.4f}, max {max(accuracy):.4f}); margin over the best peer "
-                f"{statistics.mean(margin):+.2f} points (min {min(margin):+.2f}, max {max(margin):+.2f})",
+                f"{statistics.mean(margin):+.2f} points (min {min(margin):+.2f}, max {max(margin):+.2f}){f1_line}",
             ]
     emit(lines, args.out, command=command_line("bench/peers_table.py", argv))
     return 0
