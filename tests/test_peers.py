@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from pipeline.export.from_text import same_ids, text_model_runner
+from pipeline.export.from_text import same_ids, text_model_runner, word_model_runner
 from pipeline.export.variants import read_records
 from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
 from pipeline.plots import pareto_plot
@@ -121,7 +121,8 @@ def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static
     from_text = metadata["from_text"]
     assert from_text == metrics["from_text"] and from_text["measured"]
     rows = {r["model"]: r for r in from_text["rows"]}
-    assert set(rows) == {"student", "teacher_int8", "tfidf", "fasttext", "static", "model2vec"}
+    # a static student has two rows: its text-in model and its word model (word_model.py), the one compared with peers
+    assert set(rows) == {"student", "student_words", "teacher_int8", "tfidf", "fasttext", "static", "model2vec"}
     peers = read_json(run_dir / "peers" / "peers.json")["peers"]
     for name in peers:  # the peers stage measured them one text per call already: the export reuses it
         assert rows[name]["accuracy"] == peers[name]["accuracy"]
@@ -137,6 +138,8 @@ def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static
     labels = np.array([index[str(r["label"])] for r in records])
     run = text_model_runner(run_dir / "export" / "bundle" / metadata["text_model"]["file"])
     assert rows["student"]["accuracy"] == pytest.approx(np.mean([run(r["text"]) for r in records] == labels))
+    by_words = word_model_runner(run_dir / "export" / "bundle" / metadata["word_model"]["file"])
+    assert rows["student_words"]["accuracy"] == pytest.approx(np.mean([by_words(r["text"]) for r in records] == labels))
     split = TokenizedSplit(run_dir / "prepare", "test")
     tokenizer = run_dir / "distill" / "student" / "tokenizer.json"
     texts = [r["text"] for r in records]
@@ -145,19 +148,21 @@ def test_export_puts_student_teacher_and_peers_side_by_side_from_raw_text(static
     for row in rows.values():  # paired against the int8 teacher, with the median's interval
         assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
     versus = from_text["versus_peers"]
+    assert versus["student_row"] == "student_words"
+    student = rows["student_words"]
     best = max(peers, key=lambda p: rows[p]["accuracy"])
     assert versus["best_peer"] == best
     assert versus["accuracy_margin_points"] == pytest.approx(
-        100 * (rows["student"]["accuracy"] - rows[best]["accuracy"]), abs=0.01
+        100 * (student["accuracy"] - rows[best]["accuracy"]), abs=0.01
     )
     best_f1 = max(peers, key=lambda p: rows[p]["macro_f1"])  # may differ from the most accurate: checked apart
     assert versus["best_macro_f1_peer"] == best_f1 and versus["best_peer_macro_f1"] == rows[best_f1]["macro_f1"]
     assert versus["macro_f1_margin_points"] == pytest.approx(
-        100 * (rows["student"]["macro_f1"] - rows[best_f1]["macro_f1"]), abs=0.01
+        100 * (student["macro_f1"] - rows[best_f1]["macro_f1"]), abs=0.01
     )
     fastest = min(peers, key=lambda p: rows[p]["median_ms"])
     assert versus["latency_vs_fastest_peer"] == pytest.approx(
-        rows["student"]["median_ms"] / rows[fastest]["median_ms"], rel=0.01
+        student["median_ms"] / rows[fastest]["median_ms"], rel=0.01
     )
     # the static student went through the bundle like any other: text-in model, evaluation, summary and README
     assert metadata["text_model"]["shipped"]
