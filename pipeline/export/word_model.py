@@ -171,7 +171,6 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             const("w_after_first", np.array([1], np.int64)),
             const("w_to_end", np.array([np.iinfo(np.int64).max], np.int64)),
             const("w_before_last", np.array([-1], np.int64)),
-            const("w_nothing_across", np.zeros(labels, np.float32)),
         ]
 
     def wordpiece(words_in: str, splits: str, prefix: str) -> list:
