@@ -1,7 +1,10 @@
 """The static student's word model (model.words.onnx, pipeline/export/word_model.py) against its text-in model
-(model.text.onnx: the tokenizer operators in front of the shipped graph) and fastText, the fastest peer: time per
-text from raw text, one text per call on one thread, the three interleaved over the same test texts; and where the
-word model's time goes: the share of test texts on each of its routes and its time per text on each.
+(model.text.onnx: the tokenizer operators in front of the shipped graph) and the run's peers (fastText, the fastest,
+which the speed target is set against; TF-IDF + logistic regression; model2vec's classifier): accuracy and macro-F1
+on every test text and time per text from raw text, one text per call on one thread, all interleaved over the same
+test texts; and where the word model's time goes: the share of test texts on each of its routes and its time on
+each. The int8 teacher is not here: the export keeps no copy of it (the export's own from-raw-text table in
+metadata.json has it beside these).
 
     python bench/word_model.py runs/clothing/sweeps/static_balanced_export/balanced_bigrams_s42 [RUN ...] \
         [--texts 300] [--out bench/results/word_model.md]
@@ -29,7 +32,7 @@ from common import command_line, emit  # (also puts the repository on the path)
 from pipeline.export import text_model, word_model
 from pipeline.export.from_text import text_model_runner, word_model_runner
 from pipeline.export.tokenizer import tokenize_texts, tokenizer_facts
-from pipeline.peers import load_peer
+from pipeline.peers import PEERS, TITLES, load_peer
 from pipeline.timing import interleaved
 
 ROUTES = ("words in the table", "a word outside the table", "cut at max_length")
@@ -84,14 +87,22 @@ def measure_run(run: Path, sample_size: int) -> list[str]:
     records = [json.loads(line) for line in (run / "prepare" / "test.jsonl").read_text().splitlines() if line]
     texts = [r["text"] for r in records]
     taken = routes(bundle, texts, max_length)
-    fasttext = load_peer(run / "peers" / "models", "fasttext")
+    peers = json.loads((run / "peers" / "peers.json").read_text())["peers"]  # accuracy measured one text per call
     runners = {
         "model.text.onnx": text_model_runner(bundle / "model.text.onnx"),
         word_model.FILE: word_model_runner(bundle / word_model.FILE),
-        "fastText": fasttext.predict_one,
+        **{TITLES[name]: load_peer(run / "peers" / "models", name).predict_one for name in PEERS if name in peers},
+    }
+    student = metadata["from_text"]["rows"]  # the export's one-text-per-call accuracy of both student rows
+    quality = {row["model"]: row for row in student}
+    quality = {
+        "model.text.onnx": quality["student"],
+        word_model.FILE: quality["student_words"],
+        **{TITLES[name]: peers[name] for name in PEERS if name in peers},
     }
     sample = [texts[i] for i in np.random.default_rng(0).permutation(len(texts))[:sample_size]]
-    timed = interleaved(runners, {name: sample for name in runners}, reference="fastText", min_rounds=10)
+    fasttext = TITLES["fasttext"]
+    timed = interleaved(runners, {name: sample for name in runners}, reference=fasttext, min_rounds=10)
     share = {route: taken.count(route) / len(texts) for route in ROUTES}
     by_route = per_route_ms(runners[word_model.FILE], texts, taken)
     words = metadata["word_model"]
@@ -99,19 +110,23 @@ def measure_run(run: Path, sample_size: int) -> list[str]:
         f"## {run}",
         "",
         f"{len(texts)} test texts (mean {np.mean([len(t.split()) for t in texts]):.0f} words), {len(sample)} timed, "
-        f"one text per call, one thread, {timed['fastText']['rounds']} interleaved rounds; the word model's table: "
+        f"one text per call, one thread, {timed[fasttext]['rounds']} interleaved rounds; the word model's table: "
         f"{words['words_in_table']} words, {words['file_mb']} MB.",
         "",
-        "| model | ms per text, median of rounds (min-max) | time over fastText's (95% interval) |",
-        "|---|---:|---:|",
+        "| model | accuracy | macro-F1 | ms per text, median of rounds (min-max) | time over fastText's (95% interval) |",
+        "|---|---:|---:|---:|---:|",
     ]
     for name, r in timed.items():
         ratio = (
             "1"
-            if name == "fastText"
+            if name == fasttext
             else f"{1 / r['speedup']:.2f}x ({1 / r['speedup_high']:.2f}-{1 / r['speedup_low']:.2f})"
         )
-        lines.append(f"| {name} | {r['median_ms']:.4f} ({r['min_ms']:.4f}-{r['max_ms']:.4f}) | {ratio} |")
+        q = quality[name]
+        lines.append(
+            f"| {name} | {q['accuracy']:.4f} | {q['macro_f1']:.4f} | {r['median_ms']:.4f} "
+            f"({r['min_ms']:.4f}-{r['max_ms']:.4f}) | {ratio} |"
+        )
     lines += [
         "",
         "| word model route | share of test texts | ms per text on them (best of 5 passes) |",
@@ -127,7 +142,7 @@ def main(argv=None) -> int:
     parser.add_argument("--texts", type=int, default=300, help="test texts timed per run (routes: all of them)")
     parser.add_argument("--out", type=Path, help="also write the markdown here")
     args = parser.parse_args(argv)
-    lines = ["# The static student's word model against its text-in model and fastText, from raw text", ""]
+    lines = ["# The static student's word model against its text-in model and the peers, from raw text", ""]
     for run in args.runs:
         lines += measure_run(run, args.texts)
     emit(lines, args.out, command=command_line("bench/word_model.py", argv))

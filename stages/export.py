@@ -136,17 +136,31 @@ def run(ctx: Context) -> dict:
     ort = ort_format.convert_and_check_text(ort, text, text_labels, inputs.test_records, cfg.ort_target_platform, out)
     checked = mobile.check_bundle(usable, recommended)
     laps.lap("ORT format of the text-in model")
-    words = None
+    words, word_labels = None, None
     if shipped.model.config.model_type == "static-embedding":  # its word-lookup text-in model, the fastest route
         splits = [s for s in ("train", "validation", "unlabeled") if (inputs.prepare / f"{s}.jsonl").is_file()]
         word_texts = [r["text"] for split in splits for r in read_records(inputs.prepare, split)]  # never the test
         untrimmed = inputs.student / "tokenizer.json"  # its whole-word tokens: common words the text may lack
         more = word_model.vocabulary_words(untrimmed, tokenizer_facts(untrimmed))
-        words = word_model.ship(shipped, inputs.test_records, word_texts, inputs.max_length, out, more)
-        ort = ort_format.convert_and_check_words(ort, words, inputs.test_records, cfg.ort_target_platform, out)
+        words, word_labels = word_model.ship(shipped, inputs.test_records, word_texts, inputs.max_length, out, more)
+        ort = ort_format.convert_and_check_words(
+            ort, words, word_labels, inputs.test_records, cfg.ort_target_platform, out
+        )
         laps.lap("word model and its ORT format")
     peers = from_text.measure_bundle(
-        ctx.input("peers"), seed, cfg, inputs, shipped, int8, static, teacher, text, recommended, out, words
+        ctx.input("peers"),
+        seed,
+        cfg,
+        inputs,
+        shipped,
+        int8,
+        static,
+        teacher,
+        text,
+        recommended,
+        out,
+        words,
+        word_labels,
     )  # from raw text, beside TF-IDF, fastText and static embeddings
     laps.lap("from raw text beside the peers")
     variants = {

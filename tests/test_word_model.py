@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from pipeline.export import text_model, word_model
 from pipeline.export.onnx_graph import LogitsOnly, export_onnx, onnx_logits
@@ -107,8 +108,6 @@ def test_word_rows_are_the_sums_of_their_pieces(minilm_tokenizer):
     model = random_static(vocab, buckets=13)
     model.fold_classifier()
     tables = word_model.word_tables(model, minilm_tokenizer, ["unbelievably", "fabric"])
-    from tokenizers import Tokenizer
-
     pieces = [t.id for t in Tokenizer.from_file(str(minilm_tokenizer)).model.tokenize("unbelievably")]
     assert len(pieces) > 1
     E = model.embeddings.weight.detach().double()

@@ -197,12 +197,14 @@ def measure_bundle(
     recommended: str,
     out: Path,
     words: dict | None = None,
+    word_labels: np.ndarray | None = None,
 ) -> dict:
     """The shipped student, the int8 teacher and the peers (``peers_dir``, the peers stage's folder) from raw text,
     one text per call (:func:`measure`): accuracy on every test text (the peers' from the peers stage, which measured it
     the same way), latency on one thread over the same sampled texts, speed-ups paired against the int8 teacher.
     ``words``: a static student's word model (word_model.ship); when shipped it is timed too, and it is the student
-    the peers are compared with (the route an app takes for that student)."""
+    the peers are compared with (the route an app takes for that student); its accuracy is that of ``word_labels``,
+    its labels one text per call from its export check."""
     recorded = json.loads((peers_dir / "peers.json").read_text())
     if not recorded["enabled"]:
         return {"measured": False, "why": "peers.enabled is false"}
@@ -249,6 +251,9 @@ def measure_bundle(
     ):
         known[teacher_name] = teacher.baseline
     reused = [name for name in ("student", teacher_name) if name in known]
+    if "student_words" in runners and word_labels is not None:  # measured one text per call by word_model.ship
+        report = classification_report(labels, np.asarray(word_labels, dtype=np.int64), inputs.names)
+        known["student_words"] = {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"]}
     # rounds are added until the student's speed-up is narrow (a microsecond peer's ratio is noisy, and not the claim)
     student_rows: list[str] = [name for name in ("student", "student_words") if name in runners]
     measured = measure(

@@ -143,6 +143,22 @@ def _char_class(ranges: list[tuple[int, int]]) -> str:
     return "[" + "".join(f"\\x{{{a:X}}}" + (f"-\\x{{{b:X}}}" if b > a else "") for a, b in ranges) + "]"
 
 
+def basic_tokenizer(text: str, out: str, lowercase: bool, strip: bool, name: str | None = None) -> onnx.NodeProto:
+    """The extensions' BasicTokenizer as BERT's normalizer and pre-tokenizer are set: ``text`` -> its words ``out``."""
+    return helper.make_node(
+        "BasicTokenizer",
+        [text],
+        [out],
+        name=name,
+        domain=EXTENSIONS_DOMAIN,
+        do_lower_case=int(lowercase),
+        strip_accents=int(strip),
+        tokenize_chinese_chars=1,
+        tokenize_punctuation=1,
+        remove_control_chars=1,
+    )
+
+
 def _basic_tokenizer_words(texts: list[str], lowercase: bool, strip: bool, fixes: dict | None = None) -> list[str]:
     """The operator's words of each text (after ``fixes``, when given), joined by spaces (one text per Scan step)."""
     body = helper.make_graph(
@@ -161,17 +177,7 @@ def _basic_tokenizer_words(texts: list[str], lowercase: bool, strip: bool, fixes
                 if fixes
                 else [helper.make_node("Identity", ["raw_text"], ["one_text"])]
             ),
-            helper.make_node(
-                "BasicTokenizer",
-                ["one_text"],
-                ["words"],
-                domain=EXTENSIONS_DOMAIN,
-                do_lower_case=int(lowercase),
-                strip_accents=int(strip),
-                tokenize_chinese_chars=1,
-                tokenize_punctuation=1,
-                remove_control_chars=1,
-            ),
+            basic_tokenizer("one_text", "words", lowercase, strip),
             helper.make_node("StringJoin", ["words", "space", "axis"], ["joined"], domain=EXTENSIONS_DOMAIN),
         ],
         "words_of_one",
@@ -363,18 +369,7 @@ def words_nodes(tokenizer_json: Path, facts: dict, text: str, out: str, fixes: d
     lowercase, strip = casing(facts)
     return [
         *normalization_nodes(fixes or normalization_fixes(tokenizer_json, lowercase, strip), text, "normalized_text"),
-        helper.make_node(
-            "BasicTokenizer",
-            ["normalized_text"],
-            [out],
-            name="BasicTokenizer",
-            domain=EXTENSIONS_DOMAIN,
-            do_lower_case=int(lowercase),
-            strip_accents=int(strip),
-            tokenize_chinese_chars=1,
-            tokenize_punctuation=1,
-            remove_control_chars=1,
-        ),
+        basic_tokenizer("normalized_text", out, lowercase, strip, name="BasicTokenizer"),
     ]
 
 

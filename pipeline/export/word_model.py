@@ -466,21 +466,22 @@ def ship(
     max_length: int,
     out: Path,
     more_words: list[str] | None = None,
-) -> dict:
+) -> tuple[dict, np.ndarray | None]:
     """Build ``model.words.onnx`` in ``out`` for the folded static student of ``shipped`` and check it on the test
     ``records`` one text per call against the fp32 ids-in graph on predict.py's ids: the same prediction for every
     text and probabilities within 1e-4, or nothing is shipped. ``words_texts``: the texts whose words fill the table
     (training, validation, unlabeled), most frequent first; ``more_words`` join them after (vocabulary_words of the
     untrimmed tokenizer: 60% -> 43% of the test sentences and 34% -> 20% of the test reviews hold a word outside the
-    table). Returns metadata.json's ``word_model``."""
+    table). Returns metadata.json's ``word_model`` and, when it is shipped, its labels on ``records`` one text per call
+    (what its ORT twin is checked against and its from-raw-text accuracy is computed from)."""
     target = out / FILE
     if getattr(shipped.model.config, "model_type", None) != "static-embedding":
-        return {"shipped": False, "why": "only a static student has a word model"}
+        return {"shipped": False, "why": "only a static student has a word model"}, None
     if shipped.facts.get("type") != "WordPiece" or text_model.unsupported_reason(shipped.facts, pairs=False):
         why = text_model.unsupported_reason(shipped.facts, pairs=False) or (
             f"the word model reuses the WordPiece operators; this tokenizer is {shipped.facts.get('type')}"
         )
-        return {"shipped": False, "why": why}
+        return {"shipped": False, "why": why}, None
     words = training_words(words_texts, shipped.tokenizer_json, shipped.facts)
     known = set(words)
     words += [word for word in dict.fromkeys(more_words or []) if word not in known]
@@ -509,7 +510,7 @@ def ship(
         if len(differ):
             why += f" (first differing text: {texts[differ[0]][:200]!r})"
         log.info("[export] no word model: %s", why)
-        return {"shipped": False, "why": why, "check": check}
+        return {"shipped": False, "why": why, "check": check}, None
     partial.replace(target)
     log.info(
         "[export] word model %s: %d words in its table, same predictions as the fp32 graph on %d/%d test texts",
@@ -529,4 +530,4 @@ def ship(
             {"name": "probabilities", "dtype": "float32", "shape": ["batch", len(shipped.model.config.id2label)]},
             {"name": "label", "dtype": "int64", "shape": ["batch"]},
         ],
-    }
+    }, labels
