@@ -5,6 +5,7 @@ and a trimmed vocabulary. The real MiniLM tokenizer (WordPiece, BERT normalizati
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,16 @@ def test_word_rows_are_the_sums_of_their_pieces(minilm_tokenizer):
     assert tables["word_right"][0] == int(h[pieces[0]])
     assert tables["word_left"][0] == int(h[pieces[-1]]) * 1_000_003 % 13
     assert tables["word_rows"][-1][4] == word_model.OUTSIDE  # the row of a word outside the table
+
+
+def test_normalization_fixes_computed_on_a_fresh_machine(tmp_path, monkeypatch, minilm_tokenizer):
+    """With no cached fixes (a fresh clone or container: CI's Docker run of 2026-12-06 failed here with KeyError
+    'still_different'), the fixes are computed over all of Unicode, checked through the graph, cached, and read back
+    the same; every test on a machine with the cache skipped this path."""
+    monkeypatch.setattr(text_model, "FIXES_CACHE", tmp_path / "cache")
+    lowercase, strip = text_model.casing(tokenizer_facts(minilm_tokenizer))
+    fixes = text_model.normalization_fixes(minilm_tokenizer, lowercase, strip)
+    assert set(fixes) == {"removed", "mapped", "still_different"}
+    assert fixes["mapped"] and fixes["removed"]  # MiniLM's normalizer strips accents and drops control characters
+    assert len(list((tmp_path / "cache").glob("bert-normalization-fixes-*.json"))) == 1
+    assert text_model.normalization_fixes(minilm_tokenizer, lowercase, strip) == json.loads(json.dumps(fixes))

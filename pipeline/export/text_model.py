@@ -238,7 +238,8 @@ def normalization_fixes(tokenizer_json: Path, lowercase: bool, strip: bool) -> d
         elif fixed != chr(cp):
             mapped[chr(cp)] = fixed
         # else: tokenizers keeps the character as it is where the operator drops or splits it; nothing to map
-    fixes = {"removed": _code_point_ranges(removed), "mapped": mapped}
+    # still_different is empty while the fixes are checked: every character they may touch takes their branch
+    fixes = {"removed": _code_point_ranges(removed), "mapped": mapped, "still_different": []}
     # what the fixes leave: characters the operators still split or normalize otherwise (checked the same way)
     after = _basic_tokenizer_words([f"ab{chr(cp)}cd" for cp in expected], lowercase, strip, fixes)
     fixes["still_different"] = _code_point_ranges(
