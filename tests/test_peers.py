@@ -9,12 +9,15 @@ import tempfile
 import numpy as np
 import pytest
 
+from pipeline.config import load_config
 from pipeline.export.from_text import same_ids, text_model_runner, word_model_runner
 from pipeline.export.variants import read_records
 from pipeline.peers import FastTextPeer, StaticPeer, TfidfPeer, load_peer
 from pipeline.plots import pareto_plot
+from pipeline.runner import STAGES
 from pipeline.splits import TokenizedSplit
 from pipeline.sweep import markdown_table, reference_points
+from pipeline.sweep.table import variant_row
 from stages.peers import read_splits
 from tests.helpers import read_json
 
@@ -197,6 +200,18 @@ def test_budget_table_and_plot_show_peers_as_references_only(static_run, tmp_pat
     table = markdown_table(rows, [], [], "static", references)
     assert table.count("peer (reference, not picked)") == 4
     assert pareto_plot(rows, tmp_path / "ladder.png", "t", "static", references).stat().st_size > 0
+
+
+def test_a_static_variants_sweep_row_reads_its_word_model_from_raw_text(static_run):
+    """The budget table's accuracy and ms from raw text for a static student are its word model's (its fastest
+    route), not the int8 text-in model's."""
+    run_dir = static_run["run_dir"]
+    config = load_config(str(run_dir / "config.yaml"))
+    row = variant_row("static", "d", config, run_dir, set(STAGES), 0.0)
+    rows = {r["model"]: r for r in read_json(run_dir / "export" / "metrics.json")["from_text"]["rows"]}
+    assert row["text_route"] == "word model"
+    assert row["text_ms"] == rows["student_words"]["median_ms"] != rows["student"]["median_ms"]
+    assert row["text_accuracy"] == rows["student_words"]["accuracy"]
 
 
 def test_peers_off_records_that_and_the_export_says_why(tiny_run):
