@@ -1,6 +1,6 @@
 """The static student's word model (pipeline/export/word_model.py) gives the ids-in graph's logits from raw text on
 every route through it: all words in its table, words outside it (typos, accents, characters the trimmed vocabulary
-lacks: [UNK] words), texts cut at max_length, empty text, a batch; with and without bigram buckets, with the full
+lacks: [UNK] words), texts cut at max_length, empty text (a batch is refused: one text per call); with and without bigram buckets, with the full
 and a trimmed vocabulary. The real MiniLM tokenizer (WordPiece, BERT normalization), random static students."""
 
 from __future__ import annotations
@@ -97,10 +97,10 @@ def test_word_model_gives_the_ids_in_logits_on_every_route(tmp_path, minilm_toke
     np.testing.assert_allclose(probabilities, shifted / shifted.sum(-1, keepdims=True), atol=1e-5)
     assert probabilities.max(-1).min() < 0.9 and np.ptp(probabilities[:, 0]) > 0.05  # texts are told apart
     assert (labels == expected.argmax(-1)).all()
-    # a batch gives each text's own answer (one Scan step per text)
+    # one text per call: a batch is refused by name (batches go to the text-in model)
     session = text_model.session(tmp_path / "words.onnx")
-    batched, _ = session.run(word_model.OUTPUTS, {text_model.TEXT_INPUT: np.array(TEST, dtype=object)})
-    np.testing.assert_allclose(batched, probabilities, atol=1e-7)
+    with pytest.raises(Exception, match="text"):
+        session.run(word_model.OUTPUTS, {text_model.TEXT_INPUT: np.array(TEST[:2], dtype=object)})
 
 
 def test_word_rows_are_the_sums_of_their_pieces(minilm_tokenizer):

@@ -346,7 +346,8 @@ def words_paragraph(metadata: dict) -> str:
     check = words["check"]
     return (
         f"**Fastest for this static student: `{words['file']}`** (ORT format: `{words.get('ort_file', '-')}`), the "
-        "same input `text` and outputs `probabilities` and `label` (no `input_ids`), the same extensions library. It "
+        "same input `text` and outputs `probabilities` and `label` (no `input_ids`), one text per call (shape [1]; "
+        "for batches use the text-in model), the same extensions library. It "
         f"adds up rows summed at export for the {words['words_in_table']} words of the training text and splits only "
         "other words into pieces (texts over the truncation length go the piece route). Checked at export: the same "
         f"prediction as the fp32 graph on {check['examples']} of {check['examples']} test texts (probabilities within "

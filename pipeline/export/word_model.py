@@ -19,9 +19,9 @@ predictions on the whole test split before shipping it. The table holds the word
 unlabeled texts (never the test split's); it is a cache, not a vocabulary (any word list gives the same logits; a word outside it costs the subword
 route).
 
-    text           string  [batch]
-    probabilities  float32 [batch, labels]
-    label          int64   [batch]
+    text           string  [1]       one text per call, as an app calls it (a batch: model.text.onnx)
+    probabilities  float32 [1, labels]
+    label          int64   [1]
 """
 
 from __future__ import annotations
@@ -366,8 +366,7 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
     stats = ["w_stats"] + (["w_across"] if buckets else [])
     body = [
         *small,
-        node("Unsqueeze", ["w_string", "w_axis0"], ["w_text"]),
-        *text_model.words_nodes(tokenizer_json, facts, "w_text", "w_words", fixes),
+        *text_model.words_nodes(tokenizer_json, facts, "utf8_text", "w_words", fixes),
         node(
             "LabelEncoder",
             ["w_words"],
@@ -409,24 +408,22 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         ]
     else:
         body.append(node("Add", ["w_mean", "w_bias"], ["w_logits"]))
-    scan_body = helper.make_graph(
-        body,
-        "one_text_by_words",
-        [helper.make_tensor_value_info("w_string", TensorProto.STRING, [])],
-        [helper.make_tensor_value_info("w_logits", TensorProto.FLOAT, [labels])],
-    )
+    # One text per call, no Scan over a batch: a Scan step, or an If choosing between one text and a Scan, cost 6-7%
+    # of the time per text (bench/word_model.py's routes, 2026-12-06); batches go to the text-in model
     main = helper.make_graph(
         [
+            # not UTF-8: refused ("Input strings must be valid UTF-8"), as the text-in model does (text_model.py)
             node("StringNormalizer", [text_model.TEXT_INPUT], ["utf8_text"], case_change_action="NONE"),
-            node("Scan", ["utf8_text"], ["logits"], body=scan_body, num_scan_inputs=1),
+            *body,
+            node("Unsqueeze", ["w_logits", "w_axis0"], ["logits"]),
             node("Softmax", ["logits"], ["probabilities"], axis=-1),
             node("ArgMax", ["logits"], ["label"], axis=-1, keepdims=0),
         ],
         "static_student_by_words",
-        [helper.make_tensor_value_info(text_model.TEXT_INPUT, TensorProto.STRING, ["batch"])],
+        [helper.make_tensor_value_info(text_model.TEXT_INPUT, TensorProto.STRING, [1])],
         [
-            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", labels]),
-            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [1, labels]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, [1]),
         ],
         initializer=[numpy_helper.from_array(array, name) for name, array in initializers.items()],
     )
@@ -525,9 +522,9 @@ def ship(
         "words_in_table": len(words),
         "file_mb": round(target.stat().st_size / 1e6, 3),
         "check": check,
-        "inputs": [{"name": text_model.TEXT_INPUT, "dtype": "string", "shape": ["batch"]}],
+        "inputs": [{"name": text_model.TEXT_INPUT, "dtype": "string", "shape": [1], "texts_per_call": 1}],
         "outputs": [
-            {"name": "probabilities", "dtype": "float32", "shape": ["batch", len(shipped.model.config.id2label)]},
-            {"name": "label", "dtype": "int64", "shape": ["batch"]},
+            {"name": "probabilities", "dtype": "float32", "shape": [1, len(shipped.model.config.id2label)]},
+            {"name": "label", "dtype": "int64", "shape": [1]},
         ],
     }, labels
