@@ -177,6 +177,12 @@ class DataConfig(Section):
         description="characters of a text kept before tokenization (a huge cell never reaches the "
         "tokenizer); None: 20 x max_length",
     )
+    split_lines: bool = Field(
+        False,
+        description="a file source whose texts are documents (speeches, articles): one example per non-empty line "
+        "of each text, with its label; every line of a document stays in one split (its group_column value, or "
+        "the document itself without one)",
+    )
     unlabeled_text: bool = Field(
         False,
         description="in-domain text without labels, taught by the teacher only (KD): the packaged corpus's plot "
@@ -192,6 +198,10 @@ class DataConfig(Section):
                 f"data.{given[0]} is given without data.train; give data.train too (splits not given "
                 "are carved from train)"
             )
+        if self.split_lines and self.source == "rotten_tomatoes":
+            raise ValueError("data.split_lines is for a file or hub source whose texts are documents")
+        if self.split_lines and self.text_pair_column:
+            raise ValueError("data.split_lines cannot split sentence pairs (data.text_pair_column is set)")
         if given and self.source == "rotten_tomatoes":
             raise ValueError("data.train / validation / test need data.source csv, jsonl, parquet or hub")
         if self.train and self.path:

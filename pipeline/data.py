@@ -200,7 +200,21 @@ def _frame(cfg: DataConfig, reference, report: dict) -> pd.DataFrame:
             f"{_shown_list(raw.columns, most=20)}. Set data.text_column / data.label_column (and text_pair_column, group_column) to match."
         )
     frame = pd.DataFrame({role: raw[name] for role, name in columns.items()}).reset_index(drop=True)
+    if cfg.split_lines:
+        frame = split_lines(frame, cfg, str(where))
     return _clean(frame, cfg, str(where), report)
+
+
+def split_lines(frame: pd.DataFrame, cfg: DataConfig, source: str) -> pd.DataFrame:
+    """data.split_lines: one row per non-empty line of each text (stripped), with its document's label and group;
+    without a group column the document is the group, so no document's lines straddle two splits."""
+    _require_strings(frame["text"], "text", cfg, source)
+    if "group" not in frame:
+        frame = frame.assign(group=[f"document {i}" for i in range(len(frame))])
+    lines = frame["text"].where(frame["text"].notna(), "").astype(str).str.split("\n")
+    frame = frame.assign(text=lines).explode("text", ignore_index=True)
+    frame["text"] = frame["text"].str.strip()
+    return frame[frame["text"] != ""].reset_index(drop=True)
 
 
 def load_splits(

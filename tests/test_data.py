@@ -143,6 +143,44 @@ def test_unlabeled_text_of_a_file_is_what_max_examples_leaves_out(tmp_path):
     assert none is None  # off by default
 
 
+@pytest.mark.parametrize("group_column", [None, "speaker"])
+def test_split_lines_makes_each_line_an_example_and_keeps_a_document_in_one_split(tmp_path, group_column):
+    from pipeline.data import load_splits
+
+    documents = [
+        {
+            "text": "\n".join(f"document {d} line {i}" for i in range(6)) + "\n\n  \r\n",  # blank lines dropped
+            "party": "left" if d % 2 else "right",
+            "speaker": f"speaker {d // 2}",  # two documents per speaker
+        }
+        for d in range(40)
+    ]
+    path = _write(tmp_path / "speeches.csv", documents)
+    cfg = DataConfig(
+        source="csv", path=path, label_column="party", group_column=group_column, split_lines=True, test_fraction=0.3
+    )
+    splits, _ = load_splits(cfg, seed=0)
+    rows = pd.concat(splits.values())
+    assert len(rows) == 240 and rows["text"].str.fullmatch(r"document \d+ line \d").all()  # stripped, no blanks
+    for split in splits.values():  # each line keeps its document's label
+        assert (split["label"] == ["left" if int(t.split()[1]) % 2 else "right" for t in split["text"]]).all()
+    where = {}  # document (or speaker) -> the splits its lines are in
+    for name, split in splits.items():
+        for text in split["text"]:
+            d = int(text.split()[1])
+            where.setdefault(d // 2 if group_column else d, set()).add(name)
+    assert all(len(names) == 1 for names in where.values()) and len(splits["test"]) >= 60
+
+
+def test_split_lines_refuses_the_packaged_corpus_and_sentence_pairs():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="split_lines"):
+        DataConfig(split_lines=True)
+    with pytest.raises(ValidationError, match="sentence pairs"):
+        DataConfig(source="csv", path="a.csv", text_pair_column="b", split_lines=True)
+
+
 @pytest.mark.parametrize(
     "fields, phrase",
     [
