@@ -116,14 +116,24 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
 # Keys added after runs were made with the sections that hold them, with the value that means "not used": left out
 # of fingerprints while they hold it, so a finished run stays current; set, they change the fingerprint like any
 # other key.
-ADDED_KEYS = {"student.attention_heads": None, "student.static.bigram_buckets": 0, "distill.class_weight": "none"}
+ADDED_KEYS = {
+    "student.attention_heads": None,
+    "student.static.bigram_buckets": 0,
+    "distill.class_weight": "none",
+    "data.split_lines": False,
+}
 
 
 def _reads(config: PipelineConfig, keys: list[str]) -> dict:
-    reads = {key: config.section(key) for key in keys}
+    return _without_unused_added_keys({key: config.section(key) for key in keys})
+
+
+def _without_unused_added_keys(reads: dict) -> dict:
+    """``reads`` ({dotted key: its section or value}) without the ADDED_KEYS that hold their "not used" value (also
+    applied to a stage's own fingerprint_inputs, such as prepare's)."""
     for added, unused in ADDED_KEYS.items():
-        for key in keys:
-            if added.startswith(key + "."):
+        for key in list(reads):
+            if added.startswith(key + ".") and isinstance(reads[key], dict):
                 holder = reads[key]
                 *parents, last = added[len(key) + 1 :].split(".")
                 for part in parents:
@@ -139,7 +149,9 @@ def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cac
         "stage": name,
         "version": module.VERSION,
         "reads": (
-            module.fingerprint_inputs(config) if hasattr(module, "fingerprint_inputs") else _reads(config, module.READS)
+            _without_unused_added_keys(module.fingerprint_inputs(config))
+            if hasattr(module, "fingerprint_inputs")
+            else _reads(config, module.READS)
         ),
         "after": {dep: upstream[dep] for dep in module.AFTER},
     }

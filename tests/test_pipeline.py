@@ -75,13 +75,15 @@ def test_second_run_does_no_stage_work(tiny_run):
 
 
 def test_a_key_added_later_leaves_finished_runs_current_while_unset(monkeypatch):
-    """student.attention_heads, student.static.bigram_buckets and distill.class_weight came after runs existed:
-    unset (None, 0, 'none'), the fingerprints are those of a config without them."""
+    """student.attention_heads, student.static.bigram_buckets, distill.class_weight and data.split_lines came after
+    runs existed: unset (None, 0, 'none', false), the fingerprints are those of a config without them."""
     import pipeline.runner as runner
 
     unset = fingerprints(load_config("tiny"))
     monkeypatch.setattr(runner, "ADDED_KEYS", {})  # the keys hashed like any other: None and 0 are values
-    assert fingerprints(load_config("tiny"))["distill"] != unset["distill"]
+    hashed = fingerprints(load_config("tiny"))
+    assert hashed["distill"] != unset["distill"]
+    assert hashed["prepare"] != unset["prepare"]  # data.split_lines, through prepare's own fingerprint_inputs
     monkeypatch.undo()
     student = runner._reads(load_config("tiny"), ["student"])["student"]
     assert "attention_heads" not in student and "bigram_buckets" not in student["static"]
