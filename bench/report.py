@@ -481,6 +481,14 @@ SECTIONS: list[Section] = [
         "As for bert_small: three distillation seeds of the static student on the clothing reviews.",
     ),
     Section(
+        "static_seeds_conventions.md",
+        "Convention speeches: the static student over three seeds",
+        "data",
+        "`configs/conventions.yaml` (the 2012 convention speech paragraphs by party, split by speaker; the third data "
+        "set of issue 40): three distillation seeds of the static student, each beside the int8 teacher and the "
+        "peers, from raw text one text per call.",
+    ),
+    Section(
         "debates.json",
         "Debates: the default recipe on 2016 debate statements",
         "data",
