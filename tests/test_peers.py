@@ -211,7 +211,9 @@ def test_a_static_variants_sweep_row_reads_its_word_model_from_raw_text(static_r
     rows = {r["model"]: r for r in read_json(run_dir / "export" / "metrics.json")["from_text"]["rows"]}
     assert row["text_route"] == "word model"
     assert row["text_ms"] == rows["student_words"]["median_ms"] != rows["student"]["median_ms"]
-    assert row["text_accuracy"] == rows["student_words"]["accuracy"]
+    assert (
+        row["text_accuracy"] == rows["student_words"]["accuracy"] and row["text_mb"] == rows["student_words"]["file_mb"]
+    )
 
 
 def test_peers_off_records_that_and_the_export_says_why(tiny_run):

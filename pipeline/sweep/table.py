@@ -54,6 +54,7 @@ def variant_row(
         "text_accuracy": text_row.get("accuracy"),
         "text_ms": text_row.get("median_ms"),
         "text_route": {"student_words": "word model", "student": "text-in model"}.get(text_row.get("model")),
+        "text_mb": text_row.get("file_mb"),
     }
 
 
