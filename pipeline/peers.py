@@ -85,7 +85,7 @@ class TfidfPeer:
         self.vectorizer, self.coef, self.bias = vectorizer, coef, bias
 
     @classmethod
-    def train(cls, texts, labels, val_texts, val_labels, cs, seed):
+    def train(cls, texts, labels, val_texts, val_labels, cs, seed, class_weight: str | None = None):
         from sklearn.feature_extraction.text import TfidfVectorizer
 
         vectorizer = TfidfVectorizer(**cls.SETTINGS)
@@ -97,10 +97,13 @@ class TfidfPeer:
                 "it counts words of two or more letters or digits, and texts of only emoji, punctuation "
                 "or single characters have none"
             ) from None
-        accuracy, c, classifier = _fit_logistic(cs, features, labels, val_features, val_labels, seed, "TF-IDF")
+        accuracy, c, classifier = _fit_logistic(
+            cs, features, labels, val_features, val_labels, seed, "TF-IDF", class_weight
+        )
         coef, bias = _class_scores(classifier)
         return cls(vectorizer, coef, bias), {
             "C": c,
+            **({"class_weight": class_weight} if class_weight else {}),
             "ngram_range": [1, 2],
             "validation_accuracy": accuracy,
             "features": len(vectorizer.vocabulary_),
@@ -131,15 +134,18 @@ class TfidfPeer:
         return cls(vectorizer, data["coef"], data["bias"])
 
 
-def _fit_logistic(cs, features, labels, val_features, val_labels, seed, what: str):
+def _fit_logistic(cs, features, labels, val_features, val_labels, seed, what: str, class_weight: str | None = None):
     """(validation accuracy, C, classifier) of the best logistic regression; PeerUnfit when scikit-learn refuses the
-    data (one class only, no features, values it cannot take)."""
+    data (one class only, no features, values it cannot take). ``class_weight`` "balanced": each class's loss weighed
+    by n / (classes x count), as the student's distill.class_weight does."""
     from sklearn.linear_model import LogisticRegression
 
     try:
         return _best_on_validation(
             cs,
-            lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed).fit(features, labels),
+            lambda c: LogisticRegression(C=c, max_iter=5000, random_state=seed, class_weight=class_weight).fit(
+                features, labels
+            ),
             lambda m: float((m.predict(val_features) == val_labels).mean()),
         )
     except ValueError as exc:
@@ -310,16 +316,30 @@ class StaticPeer:
         return out
 
     @classmethod
-    def train(cls, tokenizer_json, isolated, counts, dim, train_ids, labels, val_ids, val_labels, cs, seed):
+    def train(
+        cls,
+        tokenizer_json,
+        isolated,
+        counts,
+        dim,
+        train_ids,
+        labels,
+        val_ids,
+        val_labels,
+        cs,
+        seed,
+        class_weight: str | None = None,
+    ):
         vectors = pca(isolated.astype(np.float64), dim).astype(np.float32)
         weights = sif_weights(counts).astype(np.float32)
         features, val_features = cls.features(vectors, weights, train_ids), cls.features(vectors, weights, val_ids)
         accuracy, c, classifier = _fit_logistic(
-            cs, features, labels, val_features, val_labels, seed, "static-embedding"
+            cs, features, labels, val_features, val_labels, seed, "static-embedding", class_weight
         )
         peer = cls(tokenizer_json, vectors, weights, *_class_scores(classifier))
         return peer, {
             "C": c,
+            **({"class_weight": class_weight} if class_weight else {}),
             "dim": dim,
             "weights": "SIF a=1e-3 from training-text token counts",
             "vectors": "each token alone through the teacher's encoder ([CLS] token [SEP]), PCA",

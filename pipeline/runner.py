@@ -132,6 +132,8 @@ def _without_unused_added_keys(reads: dict) -> dict:
     """``reads`` ({dotted key: its section or value}) without the ADDED_KEYS that hold their "not used" value (also
     applied to a stage's own fingerprint_inputs, such as prepare's)."""
     for added, unused in ADDED_KEYS.items():
+        if added in reads and reads[added] == unused:  # read as a key of its own (peers reads distill.class_weight)
+            del reads[added]
         for key in list(reads):
             if added.startswith(key + ".") and isinstance(reads[key], dict):
                 holder = reads[key]

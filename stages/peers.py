@@ -45,7 +45,9 @@ from pipeline.static_model import isolated_token_vectors, pca, sif_weights, toke
 
 log = logging.getLogger("pipeline")
 
-READS = ["seed", "peers"]
+# distill.class_weight: a class-balanced student is compared with class-balanced logistic regressions (TF-IDF and
+# static + LR; fastText and model2vec's trainer have no class weights), or the comparison flatters the student
+READS = ["seed", "peers", "distill.class_weight"]
 AFTER = ["prepare", "teacher"]
 VERSION = 3  # bump when the output changes for the same inputs (history: git log)
 
@@ -64,12 +66,19 @@ def run(ctx: Context) -> dict:
     out = ctx.out / "models"
     out.mkdir(exist_ok=True)  # a rerun after an interruption overwrites what it left
     static = StaticInputs(prepare, teacher_dir)  # the teacher's token vectors: computed once for two peers
+    weighted = "balanced" if config.distill.class_weight == "balanced" else None
     trainers = {
         "tfidf": lambda: TfidfPeer.train(
-            texts["train"], labels["train"], texts["validation"], labels["validation"], cfg.tfidf_c, config.seed
+            texts["train"],
+            labels["train"],
+            texts["validation"],
+            labels["validation"],
+            cfg.tfidf_c,
+            config.seed,
+            weighted,
         ),
         "fasttext": lambda: fasttext_peer(texts, labels, cfg),
-        "static": lambda: static_peer(static, labels, cfg, config.seed),
+        "static": lambda: static_peer(static, labels, cfg, config.seed, weighted),
         "model2vec": lambda: model2vec_peer(static, texts, labels, cfg, config.seed),
     }
     peers, skipped = {}, {}
@@ -164,7 +173,7 @@ class StaticInputs:
         return self._computed
 
 
-def static_peer(static: StaticInputs, labels, cfg, seed):
+def static_peer(static: StaticInputs, labels, cfg, seed, class_weight: str | None = None):
     """model2vec's recipe on the fine-tuned teacher: each token alone through the encoder, PCA, SIF weights."""
     isolated, counts, ids = static.get()
     return StaticPeer.train(
@@ -178,6 +187,7 @@ def static_peer(static: StaticInputs, labels, cfg, seed):
         labels["validation"],
         cfg.static_c,
         seed,
+        class_weight,
     )
 
 

@@ -91,6 +91,24 @@ def test_tfidf_picks_the_c_with_the_best_validation_accuracy(static_run):
     assert settings["validation_accuracy"] == pytest.approx(max(scores))
 
 
+def test_a_class_balanced_student_meets_class_balanced_logistic_peers():
+    """distill.class_weight: balanced reaches the peers stage: TF-IDF's logistic regression weighs each class by
+    n / (classes x count) as the student does (scikit-learn's own "balanced", recorded in its settings), so on
+    texts that hold a word of each class the minority class is chosen more often than unweighted."""
+    rng = np.random.default_rng(0)
+    majority, minority = ["good", "fine", "nice"], ["bad", "poor", "awful"]
+    texts = [f"{rng.choice(majority)} {rng.choice(majority)} item {i}" for i in range(180)]
+    texts += [f"{rng.choice(minority)} {rng.choice(majority)} item {i}" for i in range(20)]
+    labels = np.array([1] * 180 + [0] * 20)
+    mixed = [f"{a} {b}" for a in majority for b in minority]
+    predictions = {}
+    for weight in (None, "balanced"):
+        peer, settings = TfidfPeer.train(texts, labels, texts[::5], labels[::5], [1.0], 0, weight)
+        assert settings.get("class_weight") == weight
+        predictions[weight] = peer.predict(mixed)
+    assert (predictions["balanced"] == 0).sum() > (predictions[None] == 0).sum()
+
+
 def test_fasttext_is_deterministic_and_survives_repeated_fits(static_run):
     """Each fit runs in a fresh process: in one process fastText's second fits stop with 'Encountered NaN'."""
     texts, labels, _ = splits(static_run["run_dir"])

@@ -89,7 +89,7 @@ def test_a_key_added_later_leaves_finished_runs_current_while_unset(monkeypatch)
     assert "attention_heads" not in student and "bigram_buckets" not in student["static"]
     assert "class_weight" not in runner._reads(load_config("tiny"), ["distill"])["distill"]
     balanced = fingerprints(load_config("tiny", ["distill.class_weight=balanced"]))
-    assert [s for s in STAGES if balanced[s] != unset[s]] == ["distill", "evaluate", "export"]
+    assert [s for s in STAGES if balanced[s] != unset[s]] == ["peers", "distill", "evaluate", "export"]
     static = [
         "student.kind=static",
         "student.ffn_size=null",
