@@ -489,6 +489,23 @@ SECTIONS: list[Section] = [
         "peers, from raw text one text per call.",
     ),
     Section(
+        "static_balanced_conventions.md",
+        "Convention speeches: the static student with a class-balanced cross-entropy (three seeds)",
+        "data",
+        "`make sweep CONFIG=conventions SWEEP=configs/sweeps/static_balanced.yaml ARGS='--to evaluate'`: as for the "
+        "clothing reviews (plain, class-balanced, class-balanced + 50,000 hashed bigram buckets; three seeds each), the "
+        "evaluate stage's batched PyTorch figures on the 1,089 test paragraphs. The peers of a balanced variant are "
+        "class-balanced too since 2026-12-06: TF-IDF 0.6951 (macro-F1 0.6794) against 0.6694 (0.6339) unweighted.",
+    ),
+    Section(
+        "static_balanced_conventions_text.md",
+        "Convention speeches: the class-balanced static student with bigrams, from raw text (three seeds)",
+        "data",
+        "`make sweep CONFIG=conventions SWEEP=configs/sweeps/static_balanced.yaml`, then `python bench/peers_table.py "
+        "runs/conventions/sweeps/static_balanced/balanced_bigrams_s{42,1,2}`: the best recipe of the table above, "
+        "exported, one text per call from raw text beside the int8 teacher and the class-balanced peers.",
+    ),
+    Section(
         "debates.json",
         "Debates: the default recipe on 2016 debate statements",
         "data",
