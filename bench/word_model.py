@@ -9,7 +9,7 @@ metadata.json has it beside these).
     python bench/word_model.py runs/clothing/sweeps/static_balanced_export/balanced_bigrams_s42 [RUN ...] \
         [--texts 300] [--out bench/results/word_model.md]
 
-A RUN is a run folder whose export built a word model (a static student, export VERSION >= 8): its bundle, its
+A RUN is a run folder whose export built a word model (a static student, export VERSION >= 12): its bundle, its
 peers stage's fastText model and its test split are read. Routes: every word in the table and the text within
 max_length (one Gather and a sum); a word outside the table (WordpieceTokenizer on those words); longer than
 max_length - 2 pieces (the piece route, cut as predict.py cuts).
@@ -40,9 +40,7 @@ ROUTES = ("words in the table", "a word outside the table", "cut at max_length")
 
 def table_words(path: Path) -> list[str]:
     """The words summed at export: the keys of the word model's word lookup."""
-    scan = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "Scan")
-    body = next(a.g for a in scan.attribute if a.name == "body")
-    lookup = next(n for n in body.node if n.name == "w_word_id")
+    lookup = next(n for n in onnx.load(str(path)).graph.node if n.name == "w_word_id")  # one text per call: no Scan
     return [k.decode() for a in lookup.attribute if a.name == "keys_strings" for k in a.strings]
 
 
@@ -81,7 +79,7 @@ def per_route_ms(run, texts: list[str], taken: list[str], repeat: int = 5) -> di
 def measure_run(run: Path, sample_size: int) -> list[str]:
     bundle = run / "export" / "bundle"
     if not (bundle / word_model.FILE).is_file():
-        raise SystemExit(f"{bundle} has no {word_model.FILE}: export a static student with export VERSION >= 8")
+        raise SystemExit(f"{bundle} has no {word_model.FILE}: export a static student with export VERSION >= 12")
     metadata = json.loads((bundle / "metadata.json").read_text())
     max_length = metadata["text_model"]["truncation"]
     records = [json.loads(line) for line in (run / "prepare" / "test.jsonl").read_text().splitlines() if line]

@@ -18,7 +18,7 @@ from pipeline.export import word_model
 from pipeline.export.files import WEB_FILES
 from pipeline.export.onnx_graph import onnx_logits
 from pipeline.export.tokenizer import IdSplit, tokenize_texts, tokenizer_facts
-from tests.helpers import NODE_DIR, read_json
+from tests.helpers import NODE_DIR, ROOT, read_json
 
 pytestmark = pytest.mark.pipeline  # every check runs on the tiny runs' bundles (fixture `bundle`)
 
@@ -57,6 +57,23 @@ def test_the_static_bundle_ships_a_student_with_hashed_bigrams(static_tiny_run):
     bundle = static_tiny_run["run_dir"] / "export" / "bundle"
     # the head is folded into the tables (static_model.fold_classifier): no matrix product is left in the graph
     assert not [n.name for n in onnx.load(bundle / "model.onnx").graph.node if n.op_type in ("MatMul", "Gemm")]
+
+
+def test_the_word_model_bench_reads_a_static_run(static_tiny_run, tmp_path):
+    """bench/word_model.py on the static tiny run: every model's row, the routes, the markdown written."""
+    import subprocess
+
+    out = tmp_path / "word_model.md"
+    result = subprocess.run(
+        [sys.executable, "bench/word_model.py", str(static_tiny_run["run_dir"]), "--texts", "20", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = out.read_text()
+    assert "model.words.onnx" in table and "fastText" in table and "words in the table" in table
 
 
 def test_the_static_bundle_ships_its_word_model_with_the_fp32_graphs_predictions(static_tiny_run, test_texts):
