@@ -464,15 +464,17 @@ SECTIONS: list[Section] = [
     ),
     Section(
         "word_model.md",
-        "The static student's word model against its text-in model and fastText (clothing reviews and sentences)",
+        "The static student's word model against its text-in model and the peers (reviews, sentences, speeches)",
         "data",
         "`python bench/word_model.py runs/clothing/sweeps/static_balanced_export/balanced_bigrams_s42 "
-        "runs/bert_small/sweeps/static_seeds/seed42 --out ...`: `model.words.onnx`, which a static student's export "
+        "runs/bert_small/sweeps/budget/static runs/conventions/sweeps/static_balanced/balanced_bigrams_s42 --out ...`: "
+        "`model.words.onnx`, which a static student's export "
         "ships since 2026-12-06 (pipeline/export/word_model.py: each known word's rows summed at export, the subword "
         "operators only for words outside the table and for the word a cut at max_length falls in), against the same "
-        "student's `model.text.onnx` (tokenizer operators in front of the shipped int8 graph) and the run's fastText "
-        "peer, one text per call from raw text on one thread, interleaved; then the share of test texts on each of the "
-        "word model's routes and its time on them.",
+        "student's `model.text.onnx` (tokenizer operators in front of the shipped int8 graph) and the run's peers "
+        "(fastText, the fastest; TF-IDF + LR and model2vec's classifier; class-balanced logistic peers where the "
+        "student is class-balanced), one text per call from raw text on one thread, interleaved; then the share of "
+        "test texts on each of the word model's routes and its time on them.",
     ),
     Section(
         "static_seeds_clothing.md",
