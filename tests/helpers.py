@@ -38,6 +38,12 @@ def run_cli(
     return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_bench(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `python bench/<script> ...` from the repository root, as its docstring says; returns the completed process."""
+    command = [sys.executable, str(ROOT / "bench" / script), *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], Any]):
     """A session fixture's pipeline run, built once for all pytest-xdist workers of this session: the first worker
     to ask builds it under a file lock into the session's shared temporary folder, the others wait and reuse it (each

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT, run_bench
+
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -122,9 +121,7 @@ def test_stamp_adds_the_header_once(tmp_path):
 
 @pytest.mark.process
 def test_check_command_exits_0_on_the_committed_files():
-    result = subprocess.run(
-        [sys.executable, "bench/report.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    result = run_bench("report.py", "--check", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -165,21 +162,7 @@ def test_capture_levers_times_every_setting_on_a_run(tiny_run, tmp_path):
     """bench/capture_levers.py on the tiny run: one row per setting, each a positive rate, the stage's settings 1.00x,
     and the stage's own figure from its manifest."""
     out = tmp_path / "capture_levers.md"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "capture_levers.py"),
-            str(tiny_run["run_dir"]),
-            "--examples",
-            "48",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_bench("capture_levers.py", str(tiny_run["run_dir"]), "--examples", "48", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
     assert text.startswith("# Capture levers") and "Command: `python bench/capture_levers.py" in text

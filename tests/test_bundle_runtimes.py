@@ -18,7 +18,7 @@ from pipeline.export import word_model
 from pipeline.export.files import WEB_FILES
 from pipeline.export.onnx_graph import onnx_logits
 from pipeline.export.tokenizer import IdSplit, tokenize_texts, tokenizer_facts
-from tests.helpers import NODE_DIR, ROOT, read_json
+from tests.helpers import NODE_DIR, read_json, run_bench
 
 pytestmark = pytest.mark.pipeline  # every check runs on the tiny runs' bundles (fixture `bundle`)
 
@@ -61,16 +61,8 @@ def test_the_static_bundle_ships_a_student_with_hashed_bigrams(static_tiny_run):
 
 def test_the_word_model_bench_reads_a_static_run(static_tiny_run, tmp_path):
     """bench/word_model.py on the static tiny run: every model's row, the routes, the markdown written."""
-    import subprocess
-
     out = tmp_path / "word_model.md"
-    result = subprocess.run(
-        [sys.executable, "bench/word_model.py", str(static_tiny_run["run_dir"]), "--texts", "20", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_bench("word_model.py", str(static_tiny_run["run_dir"]), "--texts", "20", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     table = out.read_text()
     assert "model.words.onnx" in table and "fastText" in table and "words in the table" in table

@@ -5,9 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
 from pipeline.config import DataConfig
-from pipeline.data import LENGTH_POOL_BATCHES, global_batches, load_frame, padding_efficiency, rank_slice, split_frame
+from pipeline.data import (
+    LENGTH_POOL_BATCHES,
+    global_batches,
+    load_frame,
+    load_splits,
+    padding_efficiency,
+    rank_slice,
+    split_frame,
+)
 from pipeline.errors import DataError
 
 
@@ -102,8 +111,6 @@ def _rows(prefix: str, n: int) -> list[dict]:
 
 
 def test_given_splits_are_kept_exactly(tmp_path):
-    from pipeline.data import load_splits
-
     files = {
         s: _write(tmp_path / f"{s}.csv", _rows(s, n)) for s, n in (("train", 40), ("validation", 12), ("test", 15))
     }
@@ -116,8 +123,6 @@ def test_given_splits_are_kept_exactly(tmp_path):
 
 
 def test_splits_not_given_are_carved_from_train(tmp_path):
-    from pipeline.data import load_splits
-
     train = _write(tmp_path / "train.csv", _rows("train", 100))
     test = _write(tmp_path / "test.csv", _rows("test", 10))
     cfg = DataConfig(source="csv", train=train, test=test, validation_fraction=0.2)
@@ -130,8 +135,6 @@ def test_splits_not_given_are_carved_from_train(tmp_path):
 
 
 def test_unlabeled_text_of_a_file_is_what_max_examples_leaves_out(tmp_path):
-    from pipeline.data import load_splits
-
     path = _write(tmp_path / "all.csv", _rows("all", 200))
     cfg = DataConfig(source="csv", path=path, max_examples=120, unlabeled_text=True)
     splits, unlabeled = load_splits(cfg, seed=0)
@@ -145,8 +148,6 @@ def test_unlabeled_text_of_a_file_is_what_max_examples_leaves_out(tmp_path):
 
 @pytest.mark.parametrize("group_column", [None, "speaker"])
 def test_split_lines_makes_each_line_an_example_and_keeps_a_document_in_one_split(tmp_path, group_column):
-    from pipeline.data import load_splits
-
     documents = [
         {
             "text": "\n".join(f"document {d} line {i}" for i in range(6)) + "\n\n  \r\n",  # blank lines dropped
@@ -173,8 +174,6 @@ def test_split_lines_makes_each_line_an_example_and_keeps_a_document_in_one_spli
 
 
 def test_split_lines_refuses_the_packaged_corpus_and_sentence_pairs():
-    from pydantic import ValidationError
-
     with pytest.raises(ValidationError, match="split_lines"):
         DataConfig(split_lines=True)
     with pytest.raises(ValidationError, match="sentence pairs"):
@@ -189,7 +188,5 @@ def test_split_lines_refuses_the_packaged_corpus_and_sentence_pairs():
     ],
 )
 def test_given_split_settings_that_cannot_run(fields, phrase):
-    from pydantic import ValidationError
-
     with pytest.raises(ValidationError, match=phrase):
         DataConfig(source="csv", **fields)

@@ -329,7 +329,7 @@ def normalization_nodes(fixes: dict, text: str, out: str) -> list:
         # RegexFullMatch (opset 20) compiles its pattern once per session; the extensions' regex operators take theirs as
         # an input and compiled it on every call: 8-14 us a text, as long as the rest of the word model's lookup
         node("RegexFullMatch", [text], ["is_plain"], pattern=_char_class(unfixed_ranges(fixes)) + "*"),
-        # If takes the one-element [1] condition as it is: no Not and Squeeze (about 1% of the word model's time)
+        # If takes the one-element [1] condition as it is: no Not and Squeeze
         node("If", ["is_plain"], [out], then_branch=plain_branch, else_branch=fix_branch),
     ]
 

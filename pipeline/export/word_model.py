@@ -408,8 +408,8 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         ]
     else:
         body.append(node("Add", ["w_mean", "w_bias"], ["w_logits"]))
-    # One text per call, no Scan over a batch: the Scan step cost about 5% of the time per sentence, and an If choosing
-    # between one text and a Scan as much (A/B in random order, 2026-12-06); batches go to the text-in model
+    # One text per call, as an app calls it: no Scan over a batch (nor an If choosing between one text and a Scan), each
+    # a cost on every call; batches go to the text-in model
     main = helper.make_graph(
         [
             # not UTF-8: refused ("Input strings must be valid UTF-8"), as the text-in model does (text_model.py)
