@@ -291,8 +291,19 @@ class Tracker:
                 )
 
     def end_pipeline(self, status: str = "FINISHED") -> None:
-        if self.enabled and self.parent_id:
-            self._set_terminated(self.parent_id, status)
+        if not (self.enabled and self.parent_id):
+            return
+        if status != "FINISHED":  # a stage run a signal hit inside MLflow's create_run (no id came back) ends too
+            try:
+                children = self.client.search_runs(
+                    [self.experiment_id],
+                    f"tags.`mlflow.parentRunId` = '{self.parent_id}' and attributes.status = 'RUNNING'",
+                )
+                for child in children:
+                    self._set_terminated(child.info.run_id, status)
+            except Exception as exc:  # the error that stopped the run is the one the user must see
+                log.warning("MLflow: could not end the stage runs of %s (%s)", self.parent_id, _brief_error(exc))
+        self._set_terminated(self.parent_id, status)
 
     def _set_terminated(self, run_id: str, status: str) -> None:
         """End an MLflow run. While a failure propagates (any status but FINISHED), MLflow failing as well (a full disk
@@ -431,11 +442,13 @@ class Tracker:
             },
         )
         self.stage_id = run.info.run_id
-        flat = param_strings(params)
-        if flat:
-            self.client.log_batch(self.stage_id, params=[self.mlflow.entities.Param(k, v) for k, v in flat.items()])
         status = "FAILED"
-        try:
+        try:  # from here on the run is ended whatever stops it, a Ctrl-C while its params are logged included
+            flat = param_strings(params)
+            if flat:
+                self.client.log_batch(
+                    self.stage_id, params=[self.mlflow.entities.Param(k, v) for k, v in flat.items()]
+                )
             yield self.stage_id
             status = "FINISHED"
         except BaseException as exc:

@@ -225,3 +225,33 @@ def test_reproduce_overrides_rebuild_the_config(overrides):
     args = override_args(config)
     assert args is not None
     assert load_config("tiny", [shlex.split(a)[0] for a in args]) == config
+
+
+@pytest.mark.parametrize("where", ["create_run", "log_batch"])
+def test_a_ctrl_c_as_a_stage_run_starts_leaves_no_running_run(tmp_path, where):
+    """A signal can land inside MLflow's create_run (the run exists, its id never comes back) or while the stage's
+    params are logged: the pipeline run's end marks the stage run KILLED either way (the sweep's SIGTERM test found
+    a stage run left RUNNING)."""
+    tracker = Tracker(tmp_path, tmp_path / "tiny", "tiny")
+    (tmp_path / "tiny").mkdir()
+    tracker.start_pipeline("name: tiny\n", {}, "hash")
+    client = tracker.client
+    original = getattr(client, where)
+
+    def interrupted(*args, **kwargs):
+        if where == "log_batch" and not kwargs.get("params"):
+            return original(*args, **kwargs)
+        original(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    setattr(client, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with tracker.stage("prepare", "f" * 16, {"seed": 42}):
+            raise AssertionError("the stage body never runs")
+    setattr(client, where, original)
+    tracker.end_pipeline("KILLED")
+    runs = client.search_runs([tracker.experiment_id])
+    assert {r.info.run_name: r.info.status for r in runs if r.data.tags.get("attention_distill.role") == "stage"} == {
+        "prepare": "KILLED"
+    }
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
