@@ -446,9 +446,7 @@ class Tracker:
         try:  # from here on the run is ended whatever stops it, a Ctrl-C while its params are logged included
             flat = param_strings(params)
             if flat:
-                self.client.log_batch(
-                    self.stage_id, params=[self.mlflow.entities.Param(k, v) for k, v in flat.items()]
-                )
+                self.client.log_batch(self.stage_id, params=[self.mlflow.entities.Param(k, v) for k, v in flat.items()])
             yield self.stage_id
             status = "FINISHED"
         except BaseException as exc:
