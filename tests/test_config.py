@@ -159,3 +159,44 @@ def test_a_resolved_config_loads_back_as_the_same_config(tmp_path, overrides):
     assert to_yaml(again) == path.read_text()
     assert again.student.kind == config.student.kind and again.distill.loss == config.distill.loss
     assert again.teacher == config.teacher and again.data == config.data and again.export == config.export
+
+
+def _sweep_commands() -> set[tuple[str, str]]:
+    """(config, sweep file) of every `make sweep CONFIG=... SWEEP=...` the sweep files, the docs and the README give."""
+    import re
+
+    from tests.helpers import ROOT
+
+    texts = [
+        p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "configs").rglob("*.yaml")]
+    ]
+    pattern = re.compile(r"make sweep CONFIG=([\w.-]+) SWEEP=(configs/sweeps/[\w.-]+\.yaml)")
+    return {found for text in texts for found in pattern.findall(text)}
+
+
+def test_every_config_file_validates():
+    """A config file that no longer fits the schema (a key renamed, a value out of range) fails here, not when a user
+    runs it: every file of configs/ loads (schema only: the hub and package models are not fetched)."""
+    from tests.helpers import ROOT
+
+    names = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+    assert {"bert_small", "tiny", "mpnet_base", "clothing"} <= set(names)
+    for name in names:
+        assert load_config(name).name == name
+
+
+def test_every_sweep_command_in_the_docs_loads():
+    """Each `make sweep CONFIG=x SWEEP=y` written in the sweep files, docs/ and the README names a sweep file that
+    exists and whose every variant validates on that config; every sweep file is named by at least one."""
+    from pipeline.sweep.spec import load_sweep
+    from tests.helpers import ROOT
+
+    commands = _sweep_commands()
+    assert ("mpnet_base", "configs/sweeps/base_minilm.yaml") in commands
+    for config, sweep in sorted(commands):
+        assert load_sweep(config, ROOT / sweep).variants, (config, sweep)
+    named = {sweep for _, sweep in commands}
+    unnamed = {
+        f"configs/sweeps/{p.name}" for p in (ROOT / "configs" / "sweeps").glob("*.yaml") if p.name != "tiny_depth.yaml"
+    } - named  # tiny_depth is the tests' own sweep (tests/test_sweep.py)
+    assert not unnamed, f"sweep files no command names: {sorted(unnamed)}"
