@@ -274,6 +274,15 @@ SECTIONS: list[Section] = [
         "points over CE + logit KD, on each of three seeds: distil narrow students with CE + logit KD.",
     ),
     Section(
+        "ablation_base_narrow_full_mpnet_base.md",
+        "Does attention distillation pay at base scale? The narrow student, all four settings (mpnet_base)",
+        "data",
+        "All twelve variants of `configs/sweeps/base_ablation.yaml` on the teacher retrained on 2026-12-06 (bf16, "
+        "test 0.8948): CE alone, + logit KD, + attention relation, + value relation, three seeds each, each row "
+        "against the one above on the same seeds. Verdict: logit KD +0.48 over CE (every seed up), the attention "
+        "relation -1.23 (every seed down), the value relation -0.09: narrow students distil with CE + logit KD.",
+    ),
+    Section(
         "ablation_base_default_mpnet_base.md",
         "Does attention distillation pay at base scale? (mpnet_base, default student)",
         "data",
