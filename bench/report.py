@@ -411,7 +411,7 @@ SECTIONS: list[Section] = [
         "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_minilm.yaml ARGS='--to evaluate'`: all-MiniLM-L6-v2 "
         "(6 layers of width 384, FFN 1,536; a general-purpose encoder already distilled from a large model) reading "
         "the MPNet teacher's ids through its remapped embedding rows, CE + logit KD, 3 epochs, lr 5e-5, against the "
-        "4-layer pruned student (teacher layers 0, 4, 8, 11, FFN 1,024), then MiniLM with four teacher-labelled "
+        "default 3-layer student and the 4-layer pruned student (teacher layers 0, 4, 8, 11, FFN 1,024), then MiniLM with four teacher-labelled "
         "copies of each sentence; paired by student seed (`--against-first`); the evaluate stage's batched PyTorch "
         "accuracy. The teacher trained on this machine the same day (bf16, test 0.8948). Its export: the next table.",
     ),
