@@ -280,8 +280,7 @@ class Tracker:
             if experiment is None:
                 return
             experiment_id = experiment.experiment_id
-        runs = self.client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
-        for run in runs:
+        for run in self._running_runs(experiment_id):
             if run.data.tags.get(RUN_FOLDER_TAG) == self.run_folder:
                 self.client.set_terminated(run.info.run_id, status="KILLED")
                 log.info(
@@ -295,15 +294,16 @@ class Tracker:
             return
         if status != "FINISHED":  # a stage run a signal hit inside MLflow's create_run (no id came back) ends too
             try:
-                children = self.client.search_runs(
-                    [self.experiment_id],
-                    f"tags.`mlflow.parentRunId` = '{self.parent_id}' and attributes.status = 'RUNNING'",
-                )
-                for child in children:
+                for child in self._running_runs(self.experiment_id, f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
                     self._set_terminated(child.info.run_id, status)
             except Exception as exc:  # the error that stopped the run is the one the user must see
                 log.warning("MLflow: could not end the stage runs of %s (%s)", self.parent_id, _brief_error(exc))
         self._set_terminated(self.parent_id, status)
+
+    def _running_runs(self, experiment_id: str, where: str | None = None) -> list:
+        """The experiment's runs still RUNNING (and matching ``where``, an MLflow filter), up to 1,000."""
+        query = "attributes.status = 'RUNNING'" + (f" and {where}" if where else "")
+        return self.client.search_runs([experiment_id], query, max_results=1000)
 
     def _set_terminated(self, run_id: str, status: str) -> None:
         """End an MLflow run. While a failure propagates (any status but FINISHED), MLflow failing as well (a full disk

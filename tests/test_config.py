@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pipeline.config import apply_overrides, load_config, parse_override
 from pipeline.errors import ConfigError
 from pipeline.models import check_against_models
-from tests.helpers import run_cli
+from pipeline.sweep.spec import load_sweep
+from tests.helpers import ROOT, run_cli
 
 
 def write(tmp_path, name, text):
@@ -163,10 +166,6 @@ def test_a_resolved_config_loads_back_as_the_same_config(tmp_path, overrides):
 
 def _sweep_commands() -> set[tuple[str, str]]:
     """(config, sweep file) of every `make sweep CONFIG=... SWEEP=...` the sweep files, the docs and the README give."""
-    import re
-
-    from tests.helpers import ROOT
-
     texts = [
         p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "configs").rglob("*.yaml")]
     ]
@@ -177,8 +176,6 @@ def _sweep_commands() -> set[tuple[str, str]]:
 def test_every_config_file_validates():
     """A config file that no longer fits the schema (a key renamed, a value out of range) fails here, not when a user
     runs it: every file of configs/ loads (schema only: the hub and package models are not fetched)."""
-    from tests.helpers import ROOT
-
     names = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
     assert {"bert_small", "tiny", "mpnet_base", "clothing"} <= set(names)
     for name in names:
@@ -188,9 +185,6 @@ def test_every_config_file_validates():
 def test_every_sweep_command_in_the_docs_loads():
     """Each `make sweep CONFIG=x SWEEP=y` written in the sweep files, docs/ and the README names a sweep file that
     exists and whose every variant validates on that config; every sweep file is named by at least one."""
-    from pipeline.sweep.spec import load_sweep
-    from tests.helpers import ROOT
-
     commands = _sweep_commands()
     assert ("mpnet_base", "configs/sweeps/base_minilm.yaml") in commands
     for config, sweep in sorted(commands):

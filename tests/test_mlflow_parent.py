@@ -228,7 +228,7 @@ def test_reproduce_overrides_rebuild_the_config(overrides):
 
 
 @pytest.mark.parametrize("where", ["create_run", "log_batch"])
-def test_a_ctrl_c_as_a_stage_run_starts_leaves_no_running_run(tmp_path, where):
+def test_a_ctrl_c_as_a_stage_run_starts_leaves_no_running_run(tmp_path, monkeypatch, where):
     """A signal can land inside MLflow's create_run (the run exists, its id never comes back) or while the stage's
     params are logged: the pipeline run's end marks the stage run KILLED either way (the sweep's SIGTERM test found
     a stage run left RUNNING)."""
@@ -244,11 +244,11 @@ def test_a_ctrl_c_as_a_stage_run_starts_leaves_no_running_run(tmp_path, where):
         original(*args, **kwargs)
         raise KeyboardInterrupt
 
-    setattr(client, where, interrupted)
+    monkeypatch.setattr(client, where, interrupted)
     with pytest.raises(KeyboardInterrupt):
         with tracker.stage("prepare", "f" * 16, {"seed": 42}):
             raise AssertionError("the stage body never runs")
-    setattr(client, where, original)
+    monkeypatch.undo()
     tracker.end_pipeline("KILLED")
     runs = client.search_runs([tracker.experiment_id])
     assert {r.info.run_name: r.info.status for r in runs if r.data.tags.get("attention_distill.role") == "stage"} == {
