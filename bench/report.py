@@ -405,6 +405,27 @@ SECTIONS: list[Section] = [
         "(three seeds, the augmented-copies section above). Not exported.",
     ),
     Section(
+        "unlabeled_base_clothing_base.md",
+        "Clothing reviews, base teacher: the default student with 14,641 teacher-labelled unlabelled reviews",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_unlabeled.yaml ARGS='--to evaluate'`: "
+        "the default base student (teacher layers 0, 6, 11, FFN 1,024, CE + logit KD) with and without "
+        "`data.unlabeled_text` (the reviews `data.max_examples` leaves out, labelled by the teacher alone; one epoch "
+        "over the 20,241 rows against three over the 5,600 labelled ones), paired by student seed; the evaluate "
+        "stage's batched PyTorch accuracy. The teacher trained on this machine the same day (bf16, test 0.9231); "
+        "TF-IDF, the best peer, 0.8912. The teacher and the peers are shared between the settings (their "
+        "UNAFFECTED_BY); each setting ran its own prepare and capture.",
+    ),
+    Section(
+        "minilm_base_clothing_base.md",
+        "Clothing reviews, base teacher: the whole pretrained MiniLM-L6 as the student (one seed)",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_minilm.yaml ARGS='--to evaluate'`, "
+        "stopped after its first pair: all-MiniLM-L6-v2 reading the MPNet teacher's ids through its remapped "
+        "embedding rows, CE + logit KD, 3 epochs, lr 5e-5, against the default base student on the same teacher "
+        "(bf16, test 0.9231) and seed; the evaluate stage's batched PyTorch accuracy. TF-IDF, the best peer, 0.8912.",
+    ),
+    Section(
         "minilm_base_mpnet_base.md",
         "Rotten Tomatoes, base teacher: the whole pretrained MiniLM-L6 as the student (general distillation, borrowed)",
         "data",

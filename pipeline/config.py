@@ -514,6 +514,23 @@ class ExportConfig(Section):
         description="ship a vocabulary cut to the tokens train/validation/unlabeled text use (WordPiece, BPE, Unigram; smaller embeddings; unseen words become shorter pieces or [UNK])",
     )
     register_model: bool = True
+    word_list: str | None = Field(
+        None,
+        description="a static student's word model (model.words.onnx) also holds the words of this list: a text "
+        "file, or package:<pip package>/<path inside it>, one word per line (its first column), most frequent first. "
+        "The table is a cache (the logits do not change): a word outside it takes the slower subword route. The "
+        "list ships inside the app, so its licence travels with it",
+    )
+
+    @field_validator("word_list")
+    @classmethod
+    def _word_list_reference(cls, value):
+        if value is not None and (not value.strip() or value.strip() in ("package:", "package:/")):
+            raise ValueError(
+                f"word_list {value!r} names no file: give a path, or package:<pip package>/<path inside it>, "
+                "e.g. package:symspellpy/frequency_dictionary_en_82_765.txt"
+            )
+        return value
 
     @field_validator("executorch", mode="before")
     @classmethod

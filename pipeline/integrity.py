@@ -131,9 +131,11 @@ def damaged_outputs(folder: Path, listing: dict[str, dict] | None) -> tuple[list
     return problems, refreshed
 
 
-def output_identity(manifest: dict) -> str:
-    """A digest of what a stage produced (its files' contents): a later stage records it for each stage it read."""
+def output_identity(manifest: dict, ignored: tuple[str, ...] = ()) -> str:
+    """A digest of what a stage produced (its files' contents): a later stage records it for each stage it read.
+    ``ignored``: path prefixes of files that reader never reads (left out of the digest)."""
     outputs = manifest.get("outputs")
     if outputs is None:
         return f"{manifest.get('fingerprint')}@{manifest.get('completed_at')}"
-    return hashlib.sha256(json.dumps(sorted((k, v["sha256"]) for k, v in outputs.items())).encode()).hexdigest()[:16]
+    kept = sorted((k, v["sha256"]) for k, v in outputs.items() if not k.startswith(ignored))
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:16]

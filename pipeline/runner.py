@@ -9,6 +9,12 @@ A stage module in ``stages/`` declares:
     def fingerprint_inputs(config) -> dict   # optional: the part of READS that changes the output
                                              # (capture: students of another depth reuse the cache)
     FILE_READS = [...]              # optional: the READS keys whose local files it reads (default: all READS)
+    UNAFFECTED_BY = {key: value}    # optional: keys an earlier stage reads that never change this stage's output;
+                                    # its AFTER fingerprints are taken as if each held that value, and the files
+                                    # those stages write only for such a key (their OUTPUTS_FOR) are left out of
+                                    # the upstream identity (the teacher and peers never read
+                                    # data.unlabeled_text's rows, so they are shared)
+    OUTPUTS_FOR = {key: (prefix, ...)}  # optional: output files this stage writes only because of a key
 
 Its fingerprint hashes its version, the values of READS (or fingerprint_inputs),
 the contents of the local files behind them and the fingerprints of AFTER; a stage whose completed output carries the same fingerprint is
@@ -99,6 +105,9 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
         "teacher.model": lambda: model_folder(config.teacher.model),
         "teacher.tokenizer": lambda: model_folder(config.teacher.tokenizer, tokenizer_only=True),
         "student.pretrained": lambda: model_folder(student.pretrained) if student.init == "pretrained" else None,
+        "export.word_list": lambda: (
+            data_file(config.export.word_list, "export.word_list") if config.export.word_list else None
+        ),
     }
     found = {}
     for key, locate in candidates.items():
@@ -121,6 +130,7 @@ ADDED_KEYS = {
     "student.static.bigram_buckets": 0,
     "distill.class_weight": "none",
     "data.split_lines": False,
+    "export.word_list": None,
 }
 
 
@@ -170,10 +180,40 @@ def fingerprints(config: PipelineConfig, runs_dir: Path | None = None, save: boo
     cache = DigestCache(Path(runs_dir) / ".digests.json" if runs_dir and Path(runs_dir).is_dir() else None)
     result: dict[str, str] = {}
     for name in STAGES:
-        result[name] = fingerprint(config, name, result, cache)
+        plain = _as_unaffected(config, name)
+        upstream = result if plain is config else fingerprints(plain, runs_dir, save=False)
+        result[name] = fingerprint(config, name, upstream, cache)
     if save:
         cache.save()
     return result
+
+
+def read_identity(reader: str, stage: str, manifest: dict) -> str:
+    """The identity of ``stage``'s output as stage ``reader`` reads it: without the files ``stage`` writes only for a
+    key ``reader`` is UNAFFECTED_BY (recorded when ``reader`` completes, compared before it is reused or skipped)."""
+    outputs_for = getattr(stage_module(stage), "OUTPUTS_FOR", {})
+    ignored = tuple(p for key in getattr(stage_module(reader), "UNAFFECTED_BY", {}) for p in outputs_for.get(key, ()))
+    return output_identity(manifest, ignored)
+
+
+def _as_unaffected(config: PipelineConfig, name: str) -> PipelineConfig:
+    """``config`` with the keys stage ``name`` is UNAFFECTED_BY set to the value it is taken at (``config`` itself when
+    they hold it already): the config its earlier stages' fingerprints are taken from."""
+    changed = {
+        key: value
+        for key, value in getattr(stage_module(name), "UNAFFECTED_BY", {}).items()
+        if config.section(key) != value
+    }
+    if not changed:
+        return config
+    raw = config.model_dump()
+    for key, value in changed.items():
+        *parents, last = key.split(".")
+        holder = raw
+        for part in parents:
+            holder = holder[part]
+        holder[last] = value
+    return type(config).model_validate(raw)
 
 
 def fingerprint_as_run(config: PipelineConfig, name: str, run_dir: Path, current: dict[str, str]) -> str:
@@ -588,7 +628,7 @@ def check_stage(run_dir: Path, name: str, fingerprint: str) -> tuple[str, dict |
             write_json(folder / MANIFEST, manifest)
     for before, identity in (manifest.get("upstream") or {}).items():
         upstream = read_manifest(run_dir / before)
-        if upstream is not None and output_identity(upstream) != identity:
+        if upstream is not None and read_identity(name, before, upstream) != identity:
             return "stale", manifest, [f"{before} was rerun with a different output since {name} read it"]
     return "done", manifest, []
 
@@ -651,11 +691,13 @@ def run_pipeline(
     run_dir: Path | None = None,
     sweep_run_id: str | None = None,
     run_name: str | None = None,
+    reuse: Callable[[str, dict[str, str]], bool] | None = None,
 ) -> dict:
     """Run the stages that are not complete and current.
 
     ``run_dir`` defaults to ``runs_dir/<config name>``; a sweep gives each variant its own folder
-    (``sweep_run_id``: the MLflow sweep run the variant's pipeline run is nested under, ``run_name`` its name).
+    (``sweep_run_id``: the MLflow sweep run the variant's pipeline run is nested under, ``run_name`` its name)
+    and ``reuse``, asked before a stage runs whether a finished copy was linked instead (pipeline/sweep/reuse.py).
     """
     runs_dir = Path(runs_dir)
     run_dir = Path(run_dir) if run_dir is not None else runs_dir / config.name
@@ -688,6 +730,8 @@ def run_pipeline(
         ran, status = [], "FAILED"
         try:
             for name in STAGES:
+                if to_run[name] and reuse is not None and dist.is_main and reuse(name, current):
+                    to_run[name] = False  # linked from another folder that has it, now that its upstream is here
                 if not to_run[name]:
                     if dist.is_main and check_stage(run_dir, name, current[name])[0] == "done":
                         log.info("[%s] up to date (fingerprint %s), skipped", name, current[name])
@@ -772,7 +816,10 @@ def _run_stage(
                 "summary": summary,
                 "mlflow_run_id": stage_run_id,
                 "outputs": output_listing(partial),
-                "upstream": {before: output_identity(read_manifest(run_dir / before) or {}) for before in module.AFTER},
+                "upstream": {
+                    before: read_identity(name, before, read_manifest(run_dir / before) or {})
+                    for before in module.AFTER
+                },
             }
             write_json(partial / "manifest.json", manifest)
             (partial / ".fingerprint").unlink(missing_ok=True)

@@ -46,7 +46,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.data import data_file
+from pipeline.errors import DataError, PipelineError
 from pipeline.export import executorch_program, from_text, mobile, ort_format, text_model, word_model
 from pipeline.export.files import copy_predict_script, file_table, register_onnx, render_template, write_demo
 from pipeline.export.latency import compare_with_int8_teacher, latency_markdown, side_by_side
@@ -93,6 +94,8 @@ def run(ctx: Context) -> dict:
     cfg, seed = ctx.config.export, ctx.config.seed
     laps = Laps()  # each step's seconds: the log and export.json
     inputs = read_inputs(ctx)
+    static = json.loads((inputs.student / "config.json").read_text()).get("model_type") == "static-embedding"
+    word_list = word_list_file(cfg.word_list) if static and cfg.word_list else None  # checked before the work
     out = fresh_folder(ctx.out / "bundle")
     work = fresh_folder(ctx.out / "work")  # teacher graph and rejected int8 attempts; removed before the rename
     # model.pte, model.int8.pte (ExecuTorch, XNNPACK): lowered in a child process on one core while the ONNX steps
@@ -142,7 +145,12 @@ def run(ctx: Context) -> dict:
         word_texts = [r["text"] for split in splits for r in read_records(inputs.prepare, split)]  # never the test
         untrimmed = inputs.student / "tokenizer.json"  # its whole-word tokens: common words the text may lack
         more = word_model.vocabulary_words(untrimmed, tokenizer_facts(untrimmed))
-        words, word_labels = word_model.ship(shipped, inputs.test_records, word_texts, inputs.max_length, out, more)
+        listed = word_model.list_words(word_list, untrimmed, tokenizer_facts(untrimmed)) if word_list else []
+        words, word_labels = word_model.ship(
+            shipped, inputs.test_records, word_texts, inputs.max_length, out, more + listed
+        )
+        if listed and words.get("shipped"):  # more words on the fast route (a cache: the same logits); its licence
+            words["word_list"] = {"source": cfg.word_list, "words": len(listed)}  # travels with the app
         ort = ort_format.convert_and_check_words(
             ort, words, word_labels, inputs.test_records, cfg.ort_target_platform, out
         )
@@ -215,6 +223,19 @@ def read_inputs(ctx) -> Inputs:
         test=TokenizedSplit(prepare, "test"),
         test_records=read_records(prepare),
     )
+
+
+def word_list_file(reference: str) -> Path:
+    """export.word_list's file, checked before any graph is built (it is read only for the word model, near the end)."""
+    path = data_file(reference, "export.word_list")
+    if not path.is_file() or path.stat().st_size == 0:
+        raise DataError(
+            f"export.word_list '{reference}' is {'empty' if path.is_file() else 'not a file'} ({path}). Expected a "
+            "text file with one word per line (its first column; most frequent first), or package:<pip package>/<path "
+            "inside it>, e.g. package:symspellpy/frequency_dictionary_en_82_765.txt; or leave export.word_list unset "
+            "(the word model's table then holds the words of the training text and the vocabulary's whole words)."
+        )
+    return path
 
 
 def fresh_folder(folder: Path) -> Path:

@@ -49,6 +49,8 @@ log = logging.getLogger("pipeline")
 # static + LR; fastText and model2vec's trainer have no class weights), or the comparison flatters the student
 READS = ["seed", "peers", "distill.class_weight"]
 AFTER = ["prepare", "teacher"]
+# prepare also writes data.unlabeled_text's rows, which this stage never reads: runs with and without them share it
+UNAFFECTED_BY = {"data.unlabeled_text": False}
 VERSION = 3  # bump when the output changes for the same inputs (history: git log)
 
 

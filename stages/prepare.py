@@ -7,7 +7,8 @@ number of examples; the readers memory-map what is written here.
 
 Outputs (runs/<config>/prepare/):
   train.jsonl, validation.jsonl, test.jsonl  plain records {"text", "label"} (+ "text_pair")
-  unlabeled.jsonl                            in-domain text without labels (if data.unlabeled_text)
+  unlabeled.jsonl, tokenized/unlabeled/      in-domain text without labels (if data.unlabeled_text; their count is
+                                             in the summary, not stats.json: OUTPUTS_FOR below)
   tokenized/<split>/                         token ids (unpadded) + label ids, Arrow; + token_type_ids for
                                              sentence pairs when the teacher has segment embeddings (BERT, ELECTRA)
   labels.json                                {"0": "<name>", ...}
@@ -30,6 +31,9 @@ log = logging.getLogger("pipeline")
 READS = ["seed", "data", "teacher.model", "teacher.tokenizer", "teacher.trust_remote_code"]
 AFTER: list[str] = []
 VERSION = 2  # bump when the output changes for the same inputs (history: git log)
+# The files written only for data.unlabeled_text: stages that never read them (stages/teacher.py, stages/peers.py:
+# UNAFFECTED_BY) leave them out of what they recorded reading, so turning it on does not rerun them
+OUTPUTS_FOR = {"data.unlabeled_text": ("unlabeled.jsonl", "tokenized/unlabeled/")}
 PAIR_FORMAT = 2  # 2: token_type_ids stored for teachers with segment embeddings (sentence pairs only)
 
 
@@ -144,7 +148,14 @@ def run(ctx: Context) -> dict:
             segments=segments,
         )
         unlabeled.to_json(ctx.out / "unlabeled.jsonl", orient="records", lines=True, force_ascii=False)
-        stats["splits"]["unlabeled"] = {"examples": facts["examples"]}
+        unlabeled_examples = facts["examples"]
+        log.info(
+            "[prepare] unlabeled: %d texts, taught by the teacher only (%d cut to data.max_text_chars)",
+            unlabeled_examples,
+            cleaning.get("unlabeled_cut_texts", 0),
+        )
+    else:
+        unlabeled_examples = 0
     if total_truncated:
         log.info(
             "[prepare] %d texts were longer than data.max_length=%d tokens and were truncated",
@@ -158,6 +169,8 @@ def run(ctx: Context) -> dict:
     summary["truncated"] = total_truncated
     summary["missing_labels"] = cleaning["missing_labels"]
     summary["cut_texts"] = cleaning["cut_texts"]
+    if unlabeled_examples:
+        summary["unlabeled_examples"] = unlabeled_examples
     ctx.log_metrics({k: v for k, v in summary.items()})
     for split in SPLITS:
         log.info(

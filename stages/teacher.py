@@ -35,6 +35,8 @@ log = logging.getLogger("pipeline")
 
 READS = ["seed", "precision", "teacher", "evaluate.batch_size"]
 AFTER = ["prepare"]
+# prepare also writes data.unlabeled_text's rows, which this stage never reads: runs with and without them share it
+UNAFFECTED_BY = {"data.unlabeled_text": False}
 VERSION = 1
 
 

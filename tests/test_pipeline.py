@@ -152,6 +152,16 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
     # ... while matching another teacher layer needs other targets.
     other_layer = fingerprints(load_config("tiny", ["distill.layer_map=[[0,0]]"]))
     assert [s for s in STAGES if base[s] != other_layer[s]] == ["capture", "distill", "evaluate", "export"]
+    # In-domain text without labels: prepare writes it and capture labels it, but the teacher and the peers never
+    # read it (their UNAFFECTED_BY), so they are shared with the run without it (a base teacher is an hour).
+    unlabeled = fingerprints(load_config("tiny", ["data.unlabeled_text=true"]))
+    assert [s for s in STAGES if base[s] != unlabeled[s]] == ["prepare", "capture", "distill", "evaluate", "export"]
+    # ... and a teacher change still reaches them with it on
+    both = fingerprints(load_config("tiny", ["data.unlabeled_text=true", "teacher.lr=0.002"]))
+    assert both["teacher"] == teacher_change["teacher"] and both["peers"] == teacher_change["peers"]
+    # A word list for the static student's word model changes the export alone
+    listed = fingerprints(load_config("tiny", [*static_keys, "student.static.dim=16", "export.word_list=words.txt"]))
+    assert [s for s in STAGES if static[s] != listed[s]] == ["export"]
 
 
 def test_status_lists_every_stage(tiny_run):
@@ -202,3 +212,25 @@ def test_capture_stores_every_example_at_its_own_index(tiny_run):
     probs = value if kind == "probs" else vectors_to_probs(value, batch["attention_mask"], plan.relation_heads)
     expected = vectors_to_probs(direct[f"attn.{t}"][1], batch["attention_mask"], plan.relation_heads)
     assert (probs.float() - expected.float()).abs().max().item() < 0.02
+
+
+def test_unlabeled_text_reruns_prepare_and_capture_but_never_the_teacher(tiny_run, tmp_path):
+    """data.unlabeled_text on, in a finished run folder: prepare writes the unlabelled rows and capture labels them,
+    while the teacher and the peers (which never read them) stay done; off again, the same. Real processes."""
+    import json
+    import shutil
+
+    from tests.helpers import run_cli
+
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(tiny_run["run_dir"], runs_dir / "tiny", ignore=shutil.ignore_patterns("export", "evaluate"))
+    teacher = json.loads((runs_dir / "tiny" / "teacher" / "manifest.json").read_text())
+    for setting in ("true", "false"):
+        result = run_cli("run", "tiny", f"data.unlabeled_text={setting}", "--to", "capture", runs_dir=runs_dir)
+        assert result.returncode == 0, result.stderr[-4000:]
+        log = result.stderr
+        assert "[prepare] running" in log and "[capture] running" in log, log[-3000:]
+        assert "[teacher] up to date" in log and "[peers] up to date" in log, log[-3000:]
+        assert json.loads((runs_dir / "tiny" / "teacher" / "manifest.json").read_text()) == teacher
+        unlabeled = runs_dir / "tiny" / "prepare" / "unlabeled.jsonl"
+        assert unlabeled.is_file() == (setting == "true")

@@ -390,3 +390,32 @@ def test_pick_grammar_and_choice():
     assert picked is None and "a: retention 0.99 (needs >= 0.999, off by 0.009)" in "\n".join(lines)
     assert [r["variant"] for r in pareto_front(rows, "latency_ms")] == ["b", "c", "a"]
     assert [r["variant"] for r in pareto_front(rows, "mb")] == ["b", "d"]
+
+
+def test_a_variant_with_unlabeled_text_links_the_teacher_after_its_own_prepare(tmp_path):
+    """data.unlabeled_text reruns prepare (it writes the unlabelled rows) but not the teacher nor the peers, which
+    never read them: the variant runs its own prepare, then links the first variant's teacher and peers (asked again
+    before each stage, now that its upstream is there) and runs capture. Before, the teacher trained again."""
+    spec = tmp_path / "unlabeled.yaml"
+    spec.write_text(
+        'description: "with and without unlabelled text"\n'
+        "variants:\n"
+        '  plain: {description: "labelled only", overrides: {}}\n'
+        '  unlabeled: {description: "+ unlabelled text", overrides: {data.unlabeled_text: true}}\n'
+    )
+    runs_dir = tmp_path / "runs"
+    result = run_cli("sweep", "tiny", str(spec), NO_PTE, "--to", "capture", runs_dir=runs_dir, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    folder = runs_dir / "tiny" / "sweeps" / "unlabeled"
+    log = result.stderr
+    assert "[teacher] reused from" in log and "[peers] reused from" in log, log[-3000:]
+    assert log.count("[teacher] running") == 1 and log.count("[prepare] running") == 2, log[-3000:]
+    assert (folder / "unlabeled" / "prepare" / "unlabeled.jsonl").is_file()
+    for stage in ("teacher", "peers"):
+        assert read_json(folder / "unlabeled" / stage / "manifest.json") == read_json(
+            folder / "plain" / stage / "manifest.json"
+        )
+    assert (
+        read_json(folder / "unlabeled" / "capture" / "manifest.json")["fingerprint"]
+        != read_json(folder / "plain" / "capture" / "manifest.json")["fingerprint"]
+    )

@@ -137,3 +137,43 @@ def test_normalization_fixes_computed_on_a_fresh_machine(tmp_path, monkeypatch, 
     assert fixes["mapped"] and fixes["removed"]  # MiniLM's normalizer strips accents and drops control characters
     assert len(list((tmp_path / "cache").glob("bert-normalization-fixes-*.json"))) == 1
     assert text_model.normalization_fixes(minilm_tokenizer, lowercase, strip) == json.loads(json.dumps(fixes))
+
+
+def test_a_word_list_fills_the_table_without_changing_the_logits(tmp_path, minilm_tokenizer):
+    """export.word_list: its first column, split as the operators split text (one entry may give several words), in
+    the list's order, each once; words the training text lacks then take the table route with the same logits."""
+    listed = tmp_path / "words.txt"
+    listed.write_text("the 100\nDon't 50\n\nXylophonic 7\nthe 3\nlooooved\ndresss 1\n", encoding="utf-8")
+    facts = tokenizer_facts(minilm_tokenizer)
+    words = word_model.list_words(listed, minilm_tokenizer, facts)
+    assert words == ["the", "don", "'", "t", "xylophonic", "looooved", "dresss"]
+
+    model = random_static(len(text_model.vocabulary(minilm_tokenizer)), buckets=97)
+    model.fold_classifier()
+    export_onnx(LogitsOnly(model), tmp_path / "model.onnx", 18)
+    table = word_model.training_words(TRAIN, minilm_tokenizer, facts)
+    table += [w for w in words if w not in set(table)]
+    onnx.save(word_model.graph(model, minilm_tokenizer, facts, MAX_LENGTH, table), str(tmp_path / "words.onnx"))
+    texts = ["I looooved this dresss", "a xylophonic grief", TEST[1], TEST[8]]
+    ids = tokenize_texts(minilm_tokenizer, texts, MAX_LENGTH)
+    expected = onnx_logits(tmp_path / "model.onnx", IdSplit(ids, np.zeros(len(ids))), 0)
+    probabilities, labels = word_model.run(tmp_path / "words.onnx", texts)
+    shifted = np.exp(expected - expected.max(-1, keepdims=True))
+    np.testing.assert_allclose(probabilities, shifted / shifted.sum(-1, keepdims=True), atol=1e-5)
+    assert (labels == expected.argmax(-1)).all()
+
+
+def test_a_missing_or_empty_word_list_is_one_clear_error(tmp_path):
+    from pipeline.errors import DataError
+    from stages.export import word_list_file
+
+    with pytest.raises(DataError, match=r"export.word_list '.*nowhere.txt' is not a file .*one word per line"):
+        word_list_file(str(tmp_path / "nowhere.txt"))
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match=r"export.word_list '.*empty.txt' is empty"):
+        word_list_file(str(tmp_path / "empty.txt"))
+    with pytest.raises(
+        DataError, match=r"export.word_list 'package:no-such-package/x.txt': package 'no-such-package' is not installed"
+    ):
+        word_list_file("package:no-such-package/x.txt")
+    assert word_list_file("package:symspellpy/frequency_dictionary_en_82_765.txt").stat().st_size > 1_000_000

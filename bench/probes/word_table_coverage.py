@@ -7,7 +7,8 @@ The table today holds the words of the training and validation texts and the tok
 (pipeline/export/word_model.py); words are split as the graph splits them (the tokenizer's normalizer and
 pre-tokenizer). The general list is wordfreq's `large_en` (321k words, frequency order), fetched into a temporary
 folder with `pip download` (not installed; wordfreq's data is CC BY-SA 4.0, which a shipped table would have to
-respect: the probe measures, it ships nothing).
+respect: the probe measures, it ships nothing). Beside it, SymSpell's English list (installed with the project; the
+list configs/sweeps/static_word_list.yaml ships through export.word_list).
 
     python bench/probes/word_table_coverage.py runs/mpnet_base
 """
@@ -26,7 +27,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from pipeline.data import data_file  # noqa: E402
+
 SIZES = [20_000, 50_000, 100_000, 200_000, None]
+SYMSPELL = "package:symspellpy/frequency_dictionary_en_82_765.txt"  # MIT-like words (SCOWL), CC BY 3.0 order
 
 
 def split_words(tokenizer: Tokenizer):
@@ -76,6 +81,12 @@ def main() -> None:
     )
     outside = Counter(w for text in test for w in text if w not in table)
     print("most frequent outside words:", ", ".join(w for w, _ in outside.most_common(15)))
+    symspell = [line.split()[0] for line in data_file(SYMSPELL, "word list").open(encoding="utf-8") if line.split()]
+    extra = {w for word in symspell for w in words(word)}
+    print(
+        f"\nwith SymSpell's list ({SYMSPELL}: {len(symspell):,} words; what export.word_list ships): "
+        f"{len(extra - table):,} new words, {outside_share(table | extra):.1%} of test texts with a word outside"
+    )
     with tempfile.TemporaryDirectory() as folder:
         general = general_words(Path(folder))
     print(

@@ -344,11 +344,18 @@ def words_paragraph(metadata: dict) -> str:
             f"{rows['student']['median_ms']:.3f} ms for `{metadata['text_model']['file']}`."
         )
     check = words["check"]
+    listed = words.get("word_list")
+    source = (
+        f", and {listed['words']} words of the word list `{listed['source']}`: its licence applies to the app"
+        if listed
+        else ""
+    )
     return (
         f"**Fastest for this static student: `{words['file']}`** (ORT format: `{words.get('ort_file', '-')}`), the "
         "same input `text` and outputs `probabilities` and `label` (no `input_ids`), one text per call (shape [1]; "
         "for batches use the text-in model), the same extensions library. It "
-        f"adds up rows summed at export for the {words['words_in_table']} words of the training text and splits only "
+        f"adds up rows summed at export for the {words['words_in_table']} words of its table (the training text's, "
+        f"the vocabulary's whole words{source}) and splits only "
         "other words into pieces (texts over the truncation length go the piece route). Checked at export: the same "
         f"prediction as the fp32 graph on {check['examples']} of {check['examples']} test texts (probabilities within "
         f"{check['max_abs_probability_diff']:.1e}).{speed}\n\n"

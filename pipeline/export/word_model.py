@@ -16,8 +16,8 @@ bookkeeping), the padding and the classifier's own graph, where the text-in mode
 
 The logits are the fp32 ids-in graph's for every text, up to float summation order: the export checks the
 predictions on the whole test split before shipping it. The table holds the words of the training, validation and
-unlabeled texts (never the test split's); it is a cache, not a vocabulary (any word list gives the same logits; a word outside it costs the subword
-route).
+unlabeled texts (never the test split's), the vocabulary's whole words and those of export.word_list if set; it is a
+cache, not a vocabulary (any word list gives the same logits; a word outside it costs the subword route).
 
     text           string  [1]       one text per call, as an app calls it (a batch: model.text.onnx)
     probabilities  float32 [1, labels]
@@ -72,6 +72,21 @@ def vocabulary_words(tokenizer_json: Path, facts: dict) -> list[str]:
     fixes = text_model.normalization_fixes(tokenizer_json, lowercase, strip)
     split = text_model._basic_tokenizer_words(tokens, lowercase, strip, fixes)
     return [token for token, words in zip(tokens, split) if words == token]
+
+
+def list_words(path: Path, tokenizer_json: Path, facts: dict) -> list[str]:
+    """The words of a word list (export.word_list: one entry per line, its first whitespace-separated column, most
+    frequent first) as the text-in operators split them, in the list's order, each once."""
+    entries = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            fields = line.split()
+            if fields:
+                entries.append(fields[0])
+    lowercase, strip = text_model.casing(facts)
+    fixes = text_model.normalization_fixes(tokenizer_json, lowercase, strip)
+    split = text_model._basic_tokenizer_words(entries, lowercase, strip, fixes)
+    return list(dict.fromkeys(word for line in split for word in line.split(" ") if word))
 
 
 def word_tables(model, tokenizer_json: Path, words: list[str]) -> dict[str, np.ndarray]:

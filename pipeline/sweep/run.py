@@ -21,7 +21,7 @@ from ..plots import pareto_plot
 from ..runner import STAGES, fingerprints, plan, read_manifest, run_lock, run_pipeline
 from ..tracking import run_status
 from .pick import CHAMPION, Constraint, choose, parse_pick
-from .reuse import reuse_stages
+from .reuse import StageReuse, reuse_stages
 from .spec import Sweep, override_items
 from .table import csv_text, markdown_table, reference_points, variant_row, write_text
 from .tracker import SweepTracker
@@ -79,7 +79,8 @@ def run_sweep(
                 others = sorted(
                     p for p in folder.parent.glob("*/*") if p.parent != folder and (p / "config.yaml").is_file()
                 )
-                reuse_stages(run_dir, current, [base_dir, *earlier, *others])
+                sources = [base_dir, *earlier, *others]
+                reuse_stages(run_dir, current, sources)
                 arguments: dict[str, Any] = {
                     "config": config,
                     "runs_dir": runs_dir,
@@ -87,6 +88,7 @@ def run_sweep(
                     "sweep_run_id": tracker.run_id,
                     "run_name": f"{config.name}-{name}",
                     "to_stage": to_stage,
+                    "reuse": StageReuse(run_dir, tuple(sources)),  # and again before each stage it would run
                 }
                 if any(plan(config, run_dir, False, None, None, to_stage, current).values()):
                     result = run_variant(name, arguments, child_setup)
