@@ -533,6 +533,18 @@ SECTIONS: list[Section] = [
         "test texts on each of the word model's routes and its time on them.",
     ),
     Section(
+        "word_list_bert_small.md",
+        "The static student's word model with and without SymSpell's English word list in its table (sentences)",
+        "data",
+        "`make sweep CONFIG=bert_small SWEEP=configs/sweeps/static_word_list.yaml`, then `python bench/word_model.py "
+        "runs/bert_small/sweeps/static_word_list/static runs/bert_small/sweeps/static_word_list/static_listed --out "
+        "...`: one static student exported twice, its word model's table without and with `export.word_list` "
+        "(package:symspellpy/frequency_dictionary_en_82_765.txt: 56,978 more words); the table is a cache, so the "
+        "predictions are the same and only the time and the size move. Quiet machine; each run's models interleaved "
+        "with fastText over the same test sentences. This run's teacher (bf16, retrained on this machine) reached "
+        "0.8346, under the usual 0.835: its figures measure the word model's speed, not the recipe's accuracy.",
+    ),
+    Section(
         "static_seeds_clothing.md",
         "Clothing reviews: the static student over three seeds",
         "data",
