@@ -543,6 +543,16 @@ SECTIONS: list[Section] = [
         "test texts on each of the word model's routes and its time on them.",
     ),
     Section(
+        "word_list_conventions.md",
+        "The static student's word model with and without SymSpell's English word list in its table (speeches)",
+        "data",
+        "`make sweep CONFIG=conventions SWEEP=configs/sweeps/static_word_list.yaml`, then `python bench/word_model.py "
+        "runs/conventions/sweeps/static_word_list/static runs/conventions/sweeps/static_word_list/static_listed "
+        "--out ...`: as the sentences' table below, on the 2012 convention speech paragraphs, with the plain static "
+        "recipe (no class weights, no bigram buckets: not the recipe of that data set's accuracy figures, whose "
+        "bigram pairs cost more per text). Quiet machine, the same day.",
+    ),
+    Section(
         "word_list_bert_small.md",
         "The static student's word model with and without SymSpell's English word list in its table (sentences)",
         "data",
