@@ -178,13 +178,25 @@ def fingerprints(config: PipelineConfig, runs_dir: Path | None = None, save: boo
     """Every stage's fingerprint; with ``runs_dir``, input digests are remembered there between runs
     (``save=False``: read that memory, never write it; the other ranks of a distributed run)."""
     cache = DigestCache(Path(runs_dir) / ".digests.json" if runs_dir and Path(runs_dir).is_dir() else None)
-    result: dict[str, str] = {}
-    for name in STAGES:
-        plain = _as_unaffected(config, name)
-        upstream = result if plain is config else fingerprints(plain, runs_dir, save=False)
-        result[name] = fingerprint(config, name, upstream, cache)
+    result = _fingerprints(config, cache)
     if save:
         cache.save()
+    return result
+
+
+def _fingerprints(config: PipelineConfig, cache: DigestCache) -> dict[str, str]:
+    result: dict[str, str] = {}
+    plain_results: dict[str, dict[str, str]] = {}  # per config its UNAFFECTED_BY stages' upstream is taken from
+    for name in STAGES:
+        plain = _as_unaffected(config, name)
+        if plain is config:
+            upstream = result
+        else:  # teacher and peers share one (data.unlabeled_text off): computed once
+            key = to_yaml(plain)
+            if key not in plain_results:
+                plain_results[key] = _fingerprints(plain, cache)
+            upstream = plain_results[key]
+        result[name] = fingerprint(config, name, upstream, cache)
     return result
 
 

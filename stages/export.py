@@ -144,8 +144,9 @@ def run(ctx: Context) -> dict:
         splits = [s for s in ("train", "validation", "unlabeled") if (inputs.prepare / f"{s}.jsonl").is_file()]
         word_texts = [r["text"] for split in splits for r in read_records(inputs.prepare, split)]  # never the test
         untrimmed = inputs.student / "tokenizer.json"  # its whole-word tokens: common words the text may lack
-        more = word_model.vocabulary_words(untrimmed, tokenizer_facts(untrimmed))
-        listed = word_model.list_words(word_list, untrimmed, tokenizer_facts(untrimmed)) if word_list else []
+        facts = tokenizer_facts(untrimmed)
+        more = word_model.vocabulary_words(untrimmed, facts)
+        listed = word_model.list_words(word_list, untrimmed, facts) if word_list else []
         words, word_labels = word_model.ship(
             shipped, inputs.test_records, word_texts, inputs.max_length, out, more + listed
         )

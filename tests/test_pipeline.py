@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import mlflow
 import numpy as np
@@ -217,11 +218,6 @@ def test_capture_stores_every_example_at_its_own_index(tiny_run):
 def test_unlabeled_text_reruns_prepare_and_capture_but_never_the_teacher(tiny_run, tmp_path):
     """data.unlabeled_text on, in a finished run folder: prepare writes the unlabelled rows and capture labels them,
     while the teacher and the peers (which never read them) stay done; off again, the same. Real processes."""
-    import json
-    import shutil
-
-    from tests.helpers import run_cli
-
     runs_dir = tmp_path / "runs"
     shutil.copytree(tiny_run["run_dir"], runs_dir / "tiny", ignore=shutil.ignore_patterns("export", "evaluate"))
     teacher = json.loads((runs_dir / "tiny" / "teacher" / "manifest.json").read_text())

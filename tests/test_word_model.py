@@ -14,11 +14,13 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from pipeline.errors import DataError
 from pipeline.export import text_model, word_model
 from pipeline.export.onnx_graph import LogitsOnly, export_onnx, onnx_logits
 from pipeline.export.tokenizer import IdSplit, tokenize_texts, tokenizer_facts, trim_vocabulary
 from pipeline.models import package_folder
 from pipeline.static_model import StaticEmbeddingConfig, StaticEmbeddingForSequenceClassification
+from stages.export import word_list_file
 
 TRAIN = [
     "A gripping, beautifully shot film about grief.",
@@ -164,9 +166,6 @@ def test_a_word_list_fills_the_table_without_changing_the_logits(tmp_path, minil
 
 
 def test_a_missing_or_empty_word_list_is_one_clear_error(tmp_path):
-    from pipeline.errors import DataError
-    from stages.export import word_list_file
-
     with pytest.raises(DataError, match=r"export.word_list '.*nowhere.txt' is not a file .*one word per line"):
         word_list_file(str(tmp_path / "nowhere.txt"))
     (tmp_path / "empty.txt").write_text("")

@@ -51,12 +51,17 @@ OUTPUTS = ["probabilities", "label"]
 OUTSIDE = 2.0**20
 
 
-def training_words(texts: list[str], tokenizer_json: Path, facts: dict) -> list[str]:
-    """The words the text-in operators split ``texts`` into (normalization fixes included), most frequent first."""
+def _split_lines(texts: list[str], tokenizer_json: Path, facts: dict) -> list[str]:
+    """Each text as the text-in operators split it (normalization fixes included): its words joined by spaces."""
     lowercase, strip = text_model.casing(facts)
     fixes = text_model.normalization_fixes(tokenizer_json, lowercase, strip)
+    return text_model._basic_tokenizer_words(texts, lowercase, strip, fixes)
+
+
+def training_words(texts: list[str], tokenizer_json: Path, facts: dict) -> list[str]:
+    """The words the text-in operators split ``texts`` into (normalization fixes included), most frequent first."""
     counts: Counter = Counter()
-    for line in text_model._basic_tokenizer_words(texts, lowercase, strip, fixes):
+    for line in _split_lines(texts, tokenizer_json, facts):
         counts.update(word for word in line.split(" ") if word)
     return [word for word, _ in counts.most_common()]
 
@@ -68,24 +73,16 @@ def vocabulary_words(tokenizer_json: Path, facts: dict) -> list[str]:
     prefix = facts.get("continuing_subword_prefix") or "##"
     specials = {entry["token"] for entry in facts.get("special_tokens", {}).values()}
     tokens = [t for t in text_model.vocabulary(tokenizer_json) if not t.startswith(prefix) and t not in specials]
-    lowercase, strip = text_model.casing(facts)
-    fixes = text_model.normalization_fixes(tokenizer_json, lowercase, strip)
-    split = text_model._basic_tokenizer_words(tokens, lowercase, strip, fixes)
+    split = _split_lines(tokens, tokenizer_json, facts)
     return [token for token, words in zip(tokens, split) if words == token]
 
 
 def list_words(path: Path, tokenizer_json: Path, facts: dict) -> list[str]:
     """The words of a word list (export.word_list: one entry per line, its first whitespace-separated column, most
     frequent first) as the text-in operators split them, in the list's order, each once."""
-    entries = []
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            fields = line.split()
-            if fields:
-                entries.append(fields[0])
-    lowercase, strip = text_model.casing(facts)
-    fixes = text_model.normalization_fixes(tokenizer_json, lowercase, strip)
-    split = text_model._basic_tokenizer_words(entries, lowercase, strip, fixes)
+        entries = [fields[0] for fields in map(str.split, fh) if fields]
+    split = _split_lines(entries, tokenizer_json, facts)
     return list(dict.fromkeys(word for line in split for word in line.split(" ") if word))
 
 
