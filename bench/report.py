@@ -426,6 +426,26 @@ SECTIONS: list[Section] = [
         "(bf16, test 0.9231) and seed; the evaluate stage's batched PyTorch accuracy. TF-IDF, the best peer, 0.8912.",
     ),
     Section(
+        "layers_base_clothing_base.md",
+        "Clothing reviews, base teacher: which three teacher layers, and the last-layer hidden-state MSE",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_layers.yaml ARGS='--to evaluate'`: the "
+        "default base student (teacher layers 0, 6, 11, FFN 1,024, CE + logit KD, 3 epochs; its seeds linked from "
+        "the unlabelled sweep) against the bottom layers (0, 1, 2), the first and top layers (0, 10, 11), and the "
+        "default with the hidden-state MSE at weight 10 on its last layer, paired by student seed "
+        "(`--against-first`); the evaluate stage's batched PyTorch accuracy. The teacher trained on this machine "
+        "the same day (bf16, test 0.9231); TF-IDF, the best peer, 0.8912.",
+    ),
+    Section(
+        "truncation_clothing_base.md",
+        "Clothing reviews, base teacher: does reading more than 128 tokens pay?",
+        "data",
+        "`python bench/truncation.py <a clothing_base run>`: the fine-tuned MPNet teacher (bf16, test 0.9231) on the "
+        "test reviews that max_length 128 cuts, read at 128 tokens, at 256 and 512, and as head + tail (the first "
+        "and last 64 tokens); every other review reads the same at every length. The peers read whole reviews; "
+        "this asks whether a teacher and students reading more could lead them by more.",
+    ),
+    Section(
         "minilm_base_mpnet_base.md",
         "Rotten Tomatoes, base teacher: the whole pretrained MiniLM-L6 as the student (general distillation, borrowed)",
         "data",
