@@ -30,7 +30,13 @@ LOSS = "distill.loss={{ce: {ce}, kd: {kd}, attention: {att}, value_relation: {vr
 
 # name -> (table, description, overrides)
 VARIANTS = {
-    "ce_only": ("ablation", "student, CE only (no teacher)", [LOSS.format(ce=1, kd=0, att=0, vr=0, hid=0)]),
+    # No teacher, so no augmented copies either: they carry the teacher's logits and no label (the config refuses
+    # copies without a logit KD weight since 2026-12-06; the committed 2026-11-30 row trained with them in its batches).
+    "ce_only": (
+        "ablation",
+        "student, CE only (no teacher)",
+        [LOSS.format(ce=1, kd=0, att=0, vr=0, hid=0), "capture.augment.copies=0"],
+    ),
     "kd": ("ablation", "+ logit KD (T=2)", [LOSS.format(ce=1, kd=1, att=0, vr=0, hid=0)]),
     "kd_att": ("ablation", "+ attention KL (last layer)", [LOSS.format(ce=1, kd=1, att=1, vr=0, hid=0)]),
     "kd_att_vr": ("ablation", "+ value relation", [LOSS.format(ce=1, kd=1, att=1, vr=1, hid=0)]),

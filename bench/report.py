@@ -529,8 +529,8 @@ SECTIONS: list[Section] = [
         "data",
         "`make sweep CONFIG=conventions_base SWEEP=configs/sweeps/conventions_base_static_balanced.yaml ARGS='--to "
         "evaluate'`: the static student's recipe on the speech paragraphs (class-balanced cross-entropy, 50,000 "
-        "hashed bigram buckets, three teacher-labelled copies of each paragraph, two epochs; then eight) from the "
-        "MPNet teacher fine-tuned on them (bf16, test 0.6970; MiniLM-L6's 0.6713), three distillation seeds sharing one "
+        "hashed bigram buckets, three teacher-labelled copies of each paragraph, two epochs; then eight, labels only, "
+        "and token vectors 512 and 768 wide, paired by seed) from the MPNet teacher fine-tuned on them (bf16, test 0.6970; MiniLM-L6's 0.6713), three distillation seeds sharing one "
         "capture; the evaluate stage's batched PyTorch figures. The class-balanced peers of the same run, one text "
         "per call: TF-IDF 0.6951 (macro-F1 0.6794), model2vec's classifier 0.6630 (0.6537), static + LR 0.6575, "
         "fastText 0.6180.",

@@ -321,9 +321,10 @@ class _LossWeights(Section):
             )
         return self
 
-    def learns_from_teacher(self) -> bool:
-        """Whether a term that needs a teacher target has a weight above 0."""
-        return any(getattr(self, name) > 0 for name, term in TERMS.items() if term.needs)
+    def teaches_unlabelled_rows(self) -> list[str]:
+        """The terms with a weight above 0 that a row without a label trains through: those computed on every row
+        from the teacher's logits (kd). Augmented copies and data.unlabeled_text rows carry nothing else."""
+        return [name for name, term in TERMS.items() if term.needs and term.every_row and getattr(self, name) > 0]
 
 
 # One field per registered term (distill.loss.<term>: weight, default as the term declares).
@@ -764,15 +765,6 @@ class PipelineConfig(Section):
                         "student.init 'pretrained' needs student.pretrained (a model folder or name)",
                     )
                 )
-            loss = self.distill.loss
-            if self.data.unlabeled_text and not loss.learns_from_teacher():
-                problems.append(
-                    (
-                        ("data.unlabeled_text", "distill.loss"),
-                        "data.unlabeled_text rows have no label, so they train only through the teacher: "
-                        "set a distill.loss weight other than ce above 0",
-                    )
-                )
             if self.capture.augment.copies and self.data.text_pair_column:
                 problems.append(
                     (
@@ -780,6 +772,26 @@ class PipelineConfig(Section):
                         "capture.augment works on single sentences; set capture.augment.copies: 0 for text pairs",
                     )
                 )
+        unlabelled = {  # what adds rows without a label, and the value that turns it off
+            key: off
+            for key, on, off in (
+                ("data.unlabeled_text", self.data.unlabeled_text, "false"),
+                ("capture.augment.copies", self.capture.augment.copies > 0, "0"),
+            )
+            if on
+        }
+        if unlabelled and not self.distill.loss.teaches_unlabelled_rows():
+            every_row = [name for name, term in TERMS.items() if term.needs and term.every_row]
+            problems.append(
+                (
+                    (*unlabelled, "distill.loss"),
+                    f"{' and '.join(unlabelled)} add rows without a label (the teacher labels them): they train only "
+                    f"through the teacher's logits, and distill.loss gives {', '.join(every_row)} no weight, so a "
+                    f"batch of such rows would have nothing to learn from (the step fails). Set "
+                    f"{' or '.join(f'distill.loss.{n}' for n in every_row)} above 0, or set "
+                    f"{', '.join(f'{k}: {v}' for k, v in unlabelled.items())}",
+                )
+            )
         if self.teacher.model == "random" and self.teacher.random is None:
             problems.append(
                 (("teacher.random", "teacher.model"), "teacher.model 'random' needs a teacher.random section")

@@ -250,6 +250,11 @@ class DistillObjective(torch.nn.Module):
                     values.append(value)
             if values:
                 terms[term.name] = torch.stack(values).mean() if term.per_pair else values[0]
+        if not terms:  # the config refuses unlabelled rows without a term that reads every row (kd)
+            raise RuntimeError(
+                f"no active distillation term ({', '.join(t.name for t in active_terms(self.weights))}) has a row "
+                "to learn from in this batch"
+            )
         total = sum(getattr(self.weights, name) * value for name, value in terms.items())
         return total, {k: v.detach() for k, v in terms.items()}
 

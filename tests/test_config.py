@@ -92,6 +92,27 @@ def test_copied_layer_map_pairs_each_student_layer_with_its_source():
         load_config("tiny", ["distill.layer_map=copied", "student.init=random"])
 
 
+def test_rows_without_a_label_need_the_logit_kd_term():
+    """Augmented copies and unlabelled text carry the teacher's logits and no label: without kd a batch of them has
+    nothing to learn from (a static student's first step failed so). Refused up front, for every student kind,
+    naming what adds the rows and how to turn each off; the attention terms do not count (they skip such rows)."""
+    message = r"capture.augment.copies add rows without a label.*Set distill.loss.kd above 0, or set capture.augment.copies: 0"
+    with pytest.raises(ConfigError, match=message):
+        load_config("tiny", ["capture.augment.copies=2", "distill.loss.kd=0"])
+    with pytest.raises(ConfigError, match=message):
+        load_config("tiny", ["capture.augment.copies=2", "distill.loss.kd=0", "distill.loss.attention=1"])
+    static = [
+        "student.kind=static",
+        "student.ffn_size=null",
+        "distill.loss={ce: 1, kd: 0, attention: 0, value_relation: 0}",
+    ]
+    with pytest.raises(ConfigError, match="data.unlabeled_text and capture.augment.copies add rows") as err:
+        load_config("tiny", [*static, "capture.augment.copies=2", "data.unlabeled_text=true"])
+    assert "data.unlabeled_text: false, capture.augment.copies: 0" in str(err.value)
+    assert load_config("tiny", [*static, "capture.augment.copies=0"]).distill.loss.kd == 0
+    assert load_config("tiny", ["capture.augment.copies=2", "distill.loss.kd=0.5"]).capture.augment.copies == 2
+
+
 def test_extends_missing_and_cycle(tmp_path):
     write(tmp_path, "child", "extends: nowhere\n")
     with pytest.raises(ConfigError, match="'nowhere'.*not found"):

@@ -122,3 +122,17 @@ def test_class_weights_weigh_the_cross_entropy_as_the_naive_formula():
     assert torch.allclose(weighted, naive, atol=1e-6)
     assert torch.allclose(plain, -sum(log_p[i, y] for i, y in rows) / 3, atol=1e-6)
     assert not torch.allclose(weighted, plain)
+
+
+def test_a_batch_with_nothing_to_learn_from_is_named_not_summed_to_zero():
+    """CE alone on a batch of augmented rows (label -1): no term has a row, so the step says so instead of handing
+    the trainer the integer 0 (it failed with "'int' object has no attribute 'detach'"; the config now refuses
+    unlabelled rows without kd, tests/test_config.py)."""
+    teacher, student = bert(32, 4, 2, seed=0), bert(32, 4, 2, seed=1)
+    weights = LossWeights(ce=1.0, kd=0.0, attention=0.0, value_relation=0.0, hidden=0.0)
+    plan = TargetPlan(pairs=[], relation_heads=4, kd=False)
+    objective = DistillObjective(fake_config(weights), plan, 32, 32)
+    batch = batch_of([6, 3])
+    batch["labels"] = torch.tensor([-1, -1])
+    with pytest.raises(RuntimeError, match=r"no active distillation term \(ce\) has a row to learn from"):
+        objective(student, batch, teacher_targets(teacher, batch, plan))
