@@ -26,6 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, cpu_flags, emit
 
 
+def head_and_tail(ids: list[int], length: int) -> list[int]:
+    """The first length//2 and the last length - length//2 token ids of a tokenized text longer than ``length``
+    (the text unchanged otherwise): the leading and trailing special tokens stay where they are."""
+    half = length // 2
+    return ids if len(ids) <= length else ids[:half] + ids[-(length - half) :]
+
+
 def correct(model, tokenizer, texts: list[str], labels: list[int], length: int, head_tail: bool) -> int:
     """How many of the texts the model gets right when it reads ``length`` tokens of each (head + tail: the first
     and last halves of that budget, the special tokens kept at both ends)."""
@@ -34,9 +41,7 @@ def correct(model, tokenizer, texts: list[str], labels: list[int], length: int, 
     for start in range(0, len(texts), 16):
         batch = texts[start : start + 16]
         if head_tail:
-            ids = [tokenizer(t)["input_ids"] for t in batch]
-            half = length // 2
-            ids = [i if len(i) <= length else i[:half] + i[-(length - half) :] for i in ids]
+            ids = [head_and_tail(tokenizer(t)["input_ids"], length) for t in batch]
             enc = tokenizer.pad({"input_ids": ids}, return_tensors="pt")
         else:
             enc = tokenizer(batch, truncation=True, max_length=length, padding=True, return_tensors="pt")

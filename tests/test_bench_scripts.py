@@ -43,3 +43,17 @@ def test_every_bench_script_answers_help():
         if code != 0 or not out.lstrip().startswith("usage:")
     }
     assert not failed, failed
+
+
+def test_truncation_head_and_tail_keeps_both_ends_and_the_budget():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import truncation
+
+    ids = [101, *range(1000, 1300), 102]  # [CLS] 300 word pieces [SEP]
+    cut = truncation.head_and_tail(ids, 128)
+    assert len(cut) == 128
+    assert cut[:64] == ids[:64] and cut[64:] == ids[-64:]
+    assert cut[0] == 101 and cut[-1] == 102
+    assert truncation.head_and_tail(ids, 129)[:64] == ids[:64] and len(truncation.head_and_tail(ids, 129)) == 129
+    short = [101, 5, 6, 102]
+    assert truncation.head_and_tail(short, 128) == short
