@@ -310,7 +310,8 @@ def test_sigterm_to_the_sweep_stops_its_variant_once_and_leaves_no_running_run(t
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tiny").experiment_id
     runs = client.search_runs([experiment])
-    assert runs and not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    running = [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    assert runs and not running, f"left RUNNING: {running}; the sweep's log:\n{stderr[-3000:]}"
     assert "KILLED" in {r.info.status for r in runs if r.data.tags.get("attention_distill.role") == "pipeline"}
 
 
