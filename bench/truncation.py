@@ -23,7 +23,10 @@ import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, cpu_flags, emit
+from common import command_line, emit  # (also puts the repository on the import path)
+
+from pipeline.runner import native_bf16
+from pipeline.splits import label_names
 
 
 def head_and_tail(ids: list[int], length: int) -> list[int]:
@@ -33,10 +36,9 @@ def head_and_tail(ids: list[int], length: int) -> list[int]:
     return ids if len(ids) <= length else ids[:half] + ids[-(length - half) :]
 
 
-def correct(model, tokenizer, texts: list[str], labels: list[int], length: int, head_tail: bool) -> int:
+def correct(model, tokenizer, texts: list[str], labels: list[int], length: int, head_tail: bool, bf16: bool) -> int:
     """How many of the texts the model gets right when it reads ``length`` tokens of each (head + tail: the first
-    and last halves of that budget, the special tokens kept at both ends)."""
-    dtype = torch.bfloat16 if cpu_flags() == "AVX512-BF16" else torch.float32
+    and last halves of that budget, the special tokens kept at both ends); bf16 autocast when ``bf16``."""
     right = 0
     for start in range(0, len(texts), 16):
         batch = texts[start : start + 16]
@@ -45,7 +47,7 @@ def correct(model, tokenizer, texts: list[str], labels: list[int], length: int, 
             enc = tokenizer.pad({"input_ids": ids}, return_tensors="pt")
         else:
             enc = tokenizer(batch, truncation=True, max_length=length, padding=True, return_tensors="pt")
-        with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype == torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             predicted = model(**enc).logits.argmax(-1).tolist()
         right += sum(p == y for p, y in zip(predicted, labels[start : start + 16]))
     return right
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     max_length = int(config["data"]["max_length"])
     tokenizer = AutoTokenizer.from_pretrained(args.run / "teacher" / "model")
     model = AutoModelForSequenceClassification.from_pretrained(args.run / "teacher" / "model").eval()
-    index = {name: int(i) for i, name in json.loads((args.run / "prepare" / "labels.json").read_text()).items()}
+    index = {name: i for i, name in enumerate(label_names(args.run / "prepare"))}
     rows = [json.loads(line) for line in (args.run / "prepare" / "test.jsonl").read_text().splitlines() if line]
     tokens = [len(tokenizer(r["text"])["input_ids"]) for r in rows]
     cut = [r for r, n in zip(rows, tokens) if n > max_length]
@@ -83,9 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         "| the teacher reads | right on the cut texts | accuracy on them | change in test accuracy |",
         "|---|---:|---:|---:|",
     ]
-    base = None
+    base, bf16 = None, native_bf16()
     for title, length, head_tail in settings:
-        right = correct(model, tokenizer, texts, labels, length, head_tail) if cut else 0
+        right = correct(model, tokenizer, texts, labels, length, head_tail, bf16) if cut else 0
         base = right if base is None else base
         share = f"{right / len(cut):.4f}" if cut else "-"
         lines.append(f"| {title} | {right} / {len(cut)} | {share} | {(right - base) / len(rows) * 100:+.2f} points |")

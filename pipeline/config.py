@@ -321,10 +321,15 @@ class _LossWeights(Section):
             )
         return self
 
+    @staticmethod
+    def unlabelled_row_terms() -> list[str]:
+        """The terms a row without a label trains through: those computed on every row from the teacher's logits
+        (kd). Augmented copies and data.unlabeled_text rows carry nothing else."""
+        return [name for name, term in TERMS.items() if term.needs and term.every_row]
+
     def teaches_unlabelled_rows(self) -> list[str]:
-        """The terms with a weight above 0 that a row without a label trains through: those computed on every row
-        from the teacher's logits (kd). Augmented copies and data.unlabeled_text rows carry nothing else."""
-        return [name for name, term in TERMS.items() if term.needs and term.every_row and getattr(self, name) > 0]
+        """The unlabelled-row terms (``unlabelled_row_terms``) with a weight above 0."""
+        return [name for name in self.unlabelled_row_terms() if getattr(self, name) > 0]
 
 
 # One field per registered term (distill.loss.<term>: weight, default as the term declares).
@@ -781,7 +786,7 @@ class PipelineConfig(Section):
             if on
         }
         if unlabelled and not self.distill.loss.teaches_unlabelled_rows():
-            every_row = [name for name, term in TERMS.items() if term.needs and term.every_row]
+            every_row = self.distill.loss.unlabelled_row_terms()
             problems.append(
                 (
                     (*unlabelled, "distill.loss"),
