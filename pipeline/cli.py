@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 
 from .errors import ConfigError, PipelineError, disk_full_error, exception_chain
+from .interrupts import interrupt
 from .parent_death import end_with_parent
 
 log = logging.getLogger("pipeline")
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.debug, rank)
     # Schedulers and containers stop jobs with SIGTERM: treat it as Ctrl-C (checkpoint, clear message, exit 130).
     previous = (
-        signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+        signal.signal(signal.SIGTERM, interrupt) if threading.current_thread() is threading.main_thread() else None
     )
     try:
         return _dispatch(args)
@@ -378,10 +379,6 @@ def stage_range(args) -> None:
             f"--from {args.from_stage} comes after --to {args.to_stage}, so the range holds no stage; the "
             f"stages run in the order {', '.join(STAGES)}"
         )
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _dispatch(args) -> int:

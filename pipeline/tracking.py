@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from .errors import PipelineError, brief
+from .interrupts import WholeCalls
 from .redaction import redact, redact_uri
 from .run_record import GIT_COMMIT_TAG, GIT_DIRTY_TAG, git_tags, pipeline_result, split_datasets
 
@@ -164,7 +165,8 @@ class Tracker:
             if self.local_store:
                 relocate_artifacts(self.runs_dir)
             mlflow.set_tracking_uri(self.uri)
-            self.client = mlflow.MlflowClient(self.uri)
+            # Every store call finishes before a Ctrl-C or SIGTERM stops the run (pipeline/interrupts.py).
+            self.client = WholeCalls(mlflow.MlflowClient(self.uri))
             # The first use creates (or migrates) the sqlite schema: done here, under the lock.
             self.client.search_experiments(max_results=1)
 

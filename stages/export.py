@@ -75,6 +75,7 @@ from pipeline.export.variants import (
     recommended_graph,
     student_to_ship,
 )
+from pipeline.interrupts import WholeCalls
 from pipeline.splits import TokenizedSplit, label_names, pad_id
 from pipeline.stage_api import Context
 from pipeline.summary import headline_metrics
@@ -325,7 +326,7 @@ def register(ctx, measured: Measurements, metadata: dict) -> dict | None:
         headline = headline_metrics({}, metrics_json(measured))  # the pipeline run's figures (export's part)
         if measured.comparison:
             headline["teacher_fp32_accuracy"] = measured.comparison["teacher_fp32_accuracy"]
-        client, name, version = mlflow.MlflowClient(), source["registered_model"], registration["version"]
+        client, name, version = WholeCalls(mlflow.MlflowClient()), source["registered_model"], registration["version"]
         for key, value in {
             "pipeline_run_id": source["mlflow_parent_run_id"],
             **{k: f"{v:.6g}" for k, v in headline.items()},

@@ -26,6 +26,18 @@ from tests.tiers import (  # noqa: E402,F401  (hooks)
 )
 
 
+@pytest.fixture(autouse=True)
+def _tracking_uri_stays_with_its_test():
+    """mlflow.set_tracking_uri (a Tracker made in the test's own process) exports MLFLOW_TRACKING_URI: left set, every
+    later CLI run on the same pytest worker would inherit it and log to that test's store, not its own --runs-dir."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One complete run of the `tiny` config, shared by the tests that only read it (built once a session: under

@@ -23,6 +23,7 @@ LAYERS = [  # lowest first: a module imports from its own layer or the ones belo
             "static_model",
             "fasttext_worker",
             "parent_death",
+            "interrupts",
             "model_packages",
             "redaction",
         },

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from ..integrity import sha256_file
+from ..interrupts import WholeCalls, interrupts_held
 from .onnx_graph import INPUT_NAMES, OUTPUT_NAMES
 
 BUNDLE_TEMPLATES = Path(__file__).resolve().parent.parent / "bundle_files"
@@ -115,7 +116,8 @@ def register_onnx(model_path: Path, run_id: str, registered_name: str, alias: st
     )
     active = mlflow.active_run()
     context = contextlib.nullcontext() if active and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)
-    with context, warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):  # "Created version ..." lines
+    # interrupts_held: a Ctrl-C inside MLflow's sqlite writes would leave the store locked (pipeline/interrupts.py)
+    with interrupts_held(), context, warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         info = mlflow.onnx.log_model(
             onnx.load(str(model_path)),
@@ -129,7 +131,7 @@ def register_onnx(model_path: Path, run_id: str, registered_name: str, alias: st
             ],
         )
     version = str(info.registered_model_version)
-    client = mlflow.MlflowClient()
+    client = WholeCalls(mlflow.MlflowClient())
     client.set_registered_model_alias(registered_name, alias, version)
     for key, value in tags.items():
         client.set_model_version_tag(registered_name, version, key, str(value))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PipelineError, exception_chain
+from ..interrupts import interrupt
 from ..parent_death import end_with_parent
 from ..plots import pareto_plot
 from ..runner import STAGES, fingerprints, plan, read_manifest, run_lock, run_pipeline
@@ -181,7 +182,7 @@ def run_variant(name: str, arguments: dict, child_setup: Callable[[], None] | No
 def _variant_process(send, parent: int, child_setup: Callable[[], None] | None, arguments: dict) -> None:
     end_with_parent(parent)  # a kill -9 of the sweep ends its variant too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep process passes Ctrl-C on as SIGTERM (_stop)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         if child_setup is not None:
             child_setup()
@@ -205,10 +206,6 @@ def _portable(exc: BaseException) -> BaseException:
         if hasattr(exc, "pipeline_stage"):
             stand_in.pipeline_stage = exc.pipeline_stage  # type: ignore[attr-defined]  # the CLI names the stage
         return stand_in
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _stop(process, grace_s: float = 60.0) -> None:
