@@ -258,6 +258,13 @@ class StaticStudent(Section):
         "text's pair vectors is added to the pooled token vectors; 0: tokens only. Each bucket is a vector of "
         "width dim (int8 in the bundle)",
     )
+    pooling: Literal["mean", "sqrtn"] = Field(
+        "mean",
+        description="mean: the weighted mean of the token vectors (the sum over the sum of the weights); sqrtn: "
+        "the weighted sum over the root of the sum of the squared weights (TensorFlow's 'sqrtn' combiner; as "
+        "TF-IDF's L2 normalisation, evidence adds up over a long text instead of being averaged away). The "
+        "bigram vectors are pooled the same way",
+    )
 
 
 class StudentConfig(Section):

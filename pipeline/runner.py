@@ -128,6 +128,7 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
 ADDED_KEYS = {
     "student.attention_heads": None,
     "student.static.bigram_buckets": 0,
+    "student.static.pooling": "mean",
     "distill.class_weight": "none",
     "data.split_lines": False,
     "export.word_list": None,

@@ -43,12 +43,14 @@ class StaticEmbeddingConfig(PretrainedConfig):
         pad_token_id: int = 0,
         max_position_embeddings: int = 512,
         bigram_buckets: int = 0,
+        pooling: str = "mean",
         **kwargs,
     ):
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.bigram_buckets = bigram_buckets
+        self.pooling = pooling  # "mean" or "sqrtn" (StaticStudent.pooling in pipeline/config.py)
         # No layers and no position table: these keep the code that reads them from every student working
         # (the export's int8 ladder, the latency inputs' longest length).
         self.num_hidden_layers = 0
@@ -141,7 +143,12 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
         if attention_mask is not None:
             weights = weights * attention_mask.to(weights.dtype)
         total = (weights.unsqueeze(-1) * self.embeddings(input_ids)).sum(1)
-        pooled = total / weights.sum(1, keepdim=True).clamp_min(1e-9)
+        norm = (
+            weights.square().sum(1, keepdim=True).sqrt()
+            if self.config.pooling == "sqrtn"
+            else weights.sum(1, keepdim=True)
+        )
+        pooled = total / norm.clamp_min(1e-9)
         if self.config.bigram_buckets:
             pooled = pooled + self.bigram_mean(input_ids, attention_mask)
         return pooled
@@ -161,7 +168,8 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
         mask = attention_mask.to(pairs.dtype)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         real = mask * torch.roll(mask, -1, dims=1) * (positions < input_ids.shape[1] - 1).to(pairs.dtype)
-        return (real.unsqueeze(-1) * pairs).sum(1) / real.sum(1, keepdim=True).clamp_min(1.0)
+        count = real.sum(1, keepdim=True).clamp_min(1.0)
+        return (real.unsqueeze(-1) * pairs).sum(1) / (count.sqrt() if self.config.pooling == "sqrtn" else count)
 
     def forward(
         self,
@@ -299,6 +307,7 @@ def build_static_student(
     log_weights: np.ndarray,
     max_positions: int = 512,
     bigram_buckets: int = 0,
+    pooling: str = "mean",
 ) -> StaticEmbeddingForSequenceClassification:
     """A static student with the teacher's labels and vocabulary, its tables set from ``static_table`` (and a
     zero table of ``bigram_buckets`` hashed token pairs)."""
@@ -308,6 +317,7 @@ def build_static_student(
         pad_token_id=teacher_config.pad_token_id or 0,
         max_position_embeddings=max_positions,
         bigram_buckets=bigram_buckets,
+        pooling=pooling,
         num_labels=teacher_config.num_labels,
         id2label=dict(teacher_config.id2label),
         label2id=dict(teacher_config.label2id),

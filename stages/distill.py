@@ -172,6 +172,7 @@ def static_student(config, teacher_config, capture_dir):
         log_weights,
         max_positions=getattr(teacher_config, "max_position_embeddings", 512),
         bigram_buckets=config.student.static.bigram_buckets,
+        pooling=config.student.static.pooling,
     )
 
 

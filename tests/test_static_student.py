@@ -27,10 +27,12 @@ from pipeline.static_model import (
 )
 
 
-def random_static(vocab=50, dim=8, labels=3, seed=0, bigram_buckets=0):
+def random_static(vocab=50, dim=8, labels=3, seed=0, bigram_buckets=0, pooling="mean"):
     torch.manual_seed(seed)
     model = StaticEmbeddingForSequenceClassification(
-        StaticEmbeddingConfig(vocab_size=vocab, hidden_size=dim, num_labels=labels, bigram_buckets=bigram_buckets)
+        StaticEmbeddingConfig(
+            vocab_size=vocab, hidden_size=dim, num_labels=labels, bigram_buckets=bigram_buckets, pooling=pooling
+        )
     )
     with torch.no_grad():
         model.token_weights.weight.normal_(0, 1)  # non-uniform pooling weights, or the test cannot see them
@@ -39,31 +41,39 @@ def random_static(vocab=50, dim=8, labels=3, seed=0, bigram_buckets=0):
     return model.eval()
 
 
-def test_forward_is_the_weighted_mean_of_token_vectors_then_the_head():
-    model = random_static()
+def norm(weights: list, pooling: str):
+    """What the weighted sum of a text's vectors is divided by: the sum of the weights (a weighted mean) or, with
+    sqrtn, the root of the sum of their squares."""
+    return sum(weights) if pooling == "mean" else sum(w * w for w in weights) ** 0.5
+
+
+@pytest.mark.parametrize("pooling", ["mean", "sqrtn"])
+def test_forward_is_the_weighted_mean_of_token_vectors_then_the_head(pooling):
+    model = random_static(pooling=pooling)
     ids = torch.tensor([[3, 7, 7, 12, 0, 0], [5, 9, 1, 2, 44, 8]])
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
     logits = model(input_ids=ids, attention_mask=mask).logits
     E, w = model.embeddings.weight.detach(), model.token_weights.weight.detach()[:, 0].exp()
     for row in range(2):
         tokens = [int(t) for t, m in zip(ids[row], mask[row]) if m]
-        pooled = sum(w[t] * E[t] for t in tokens) / sum(w[t] for t in tokens)
+        pooled = sum(w[t] * E[t] for t in tokens) / norm([w[t] for t in tokens], pooling)
         expected = pooled @ model.classifier.weight.detach().T + model.classifier.bias.detach()
         torch.testing.assert_close(logits[row], expected, rtol=1e-5, atol=1e-6)
 
 
-def test_bigrams_add_the_mean_vector_of_the_hashed_neighbouring_pairs():
-    model = random_static(bigram_buckets=13)
+@pytest.mark.parametrize("pooling", ["mean", "sqrtn"])
+def test_bigrams_add_the_mean_vector_of_the_hashed_neighbouring_pairs(pooling):
+    model = random_static(bigram_buckets=13, pooling=pooling)
     ids = torch.tensor([[3, 7, 7, 12, 0, 0], [5, 9, 1, 2, 44, 8], [6, 0, 0, 0, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])
     logits = model(input_ids=ids, attention_mask=mask).logits
     E, w, B = model.embeddings.weight.detach(), model.token_weights.weight.detach()[:, 0].exp(), model.bigrams.weight
     for row in range(3):
         tokens = [int(t) for t, m in zip(ids[row], mask[row]) if m]
-        pooled = sum(w[t] * E[t] for t in tokens) / sum(w[t] for t in tokens)
+        pooled = sum(w[t] * E[t] for t in tokens) / norm([w[t] for t in tokens], pooling)
         pairs = [B[(a * BIGRAM_PRIME + b) % 13].detach() for a, b in zip(tokens, tokens[1:])]
         if pairs:  # a one-token text has no pair: the unigram model's vector
-            pooled = pooled + sum(pairs) / len(pairs)
+            pooled = pooled + sum(pairs) / norm([1.0] * len(pairs), pooling)
         expected = pooled @ model.classifier.weight.detach().T + model.classifier.bias.detach()
         torch.testing.assert_close(logits[row], expected, rtol=1e-5, atol=1e-6)
 
@@ -79,9 +89,9 @@ def test_a_new_bigram_table_is_zero_so_the_model_starts_as_the_unigram_one():
     torch.testing.assert_close(with_pairs(input_ids=ids).logits, plain(input_ids=ids).logits)
 
 
-@pytest.mark.parametrize("bigram_buckets", [0, 11])
-def test_padding_does_not_change_the_logits(bigram_buckets):
-    model = random_static(bigram_buckets=bigram_buckets)
+@pytest.mark.parametrize("bigram_buckets, pooling", [(0, "mean"), (11, "mean"), (11, "sqrtn")])
+def test_padding_does_not_change_the_logits(bigram_buckets, pooling):
+    model = random_static(bigram_buckets=bigram_buckets, pooling=pooling)
     alone = model(input_ids=torch.tensor([[4, 8, 15]]), attention_mask=torch.ones(1, 3, dtype=torch.long)).logits
     padded = model(
         input_ids=torch.tensor([[4, 8, 15, 0, 0, 0, 0]]), attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0, 0]])
@@ -148,13 +158,13 @@ def test_trimming_keeps_both_tables_and_the_predictions(bigram_buckets):
     torch.testing.assert_close(before, after)
 
 
-@pytest.mark.parametrize("bigram_buckets", [0, 11])
-def test_saves_loads_and_exports_like_any_student(tmp_path, bigram_buckets):
-    model = random_static(vocab=40, dim=8, labels=2, bigram_buckets=bigram_buckets)
+@pytest.mark.parametrize("bigram_buckets, pooling", [(0, "mean"), (11, "mean"), (11, "sqrtn")])
+def test_saves_loads_and_exports_like_any_student(tmp_path, bigram_buckets, pooling):
+    model = random_static(vocab=40, dim=8, labels=2, bigram_buckets=bigram_buckets, pooling=pooling)
     model.config.id2label, model.config.label2id = {0: "a", 1: "b"}, {"a": 0, "b": 1}
     model.save_pretrained(tmp_path / "student")
     loaded = load_classifier(str(tmp_path / "student")).eval()
-    assert type(loaded) is StaticEmbeddingForSequenceClassification
+    assert type(loaded) is StaticEmbeddingForSequenceClassification and loaded.config.pooling == pooling
     ids = torch.tensor([[2, 3, 4, 0], [5, 6, 7, 8]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     expected = model(input_ids=ids, attention_mask=mask).logits.detach().numpy()
@@ -166,11 +176,13 @@ def test_saves_loads_and_exports_like_any_student(tmp_path, bigram_buckets):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("bigram_buckets", [0, 11])
-def test_folding_the_head_into_the_tables_keeps_the_logits_and_leaves_no_matrix_product(tmp_path, bigram_buckets):
+@pytest.mark.parametrize("bigram_buckets, pooling", [(0, "mean"), (11, "mean"), (11, "sqrtn")])
+def test_folding_the_head_into_the_tables_keeps_the_logits_and_leaves_no_matrix_product(
+    tmp_path, bigram_buckets, pooling
+):
     """export folds the head into the tables (W v_t per token, W b_p per pair): the same logits, padded or not,
     before and after vocabulary trimming, from tables of num_labels columns, and an ONNX graph without MatMul."""
-    model = random_static(vocab=50, dim=8, labels=3, bigram_buckets=bigram_buckets)
+    model = random_static(vocab=50, dim=8, labels=3, bigram_buckets=bigram_buckets, pooling=pooling)
     ids = torch.tensor([[3, 7, 7, 12, 0], [5, 9, 1, 2, 4]])
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
     before = model(input_ids=ids, attention_mask=mask).logits

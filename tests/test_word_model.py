@@ -43,9 +43,13 @@ TEST = [
 MAX_LENGTH = 32
 
 
-def random_static(vocab: int, buckets: int, seed: int = 0) -> StaticEmbeddingForSequenceClassification:
+def random_static(
+    vocab: int, buckets: int, seed: int = 0, pooling: str = "mean"
+) -> StaticEmbeddingForSequenceClassification:
     torch.manual_seed(seed)
-    config = StaticEmbeddingConfig(vocab_size=vocab, hidden_size=16, num_labels=3, bigram_buckets=buckets)
+    config = StaticEmbeddingConfig(
+        vocab_size=vocab, hidden_size=16, num_labels=3, bigram_buckets=buckets, pooling=pooling
+    )
     model = StaticEmbeddingForSequenceClassification(config).eval()
     with torch.no_grad():  # logits of order one (the initial tables would give 1e-3: every text alike)
         model.embeddings.weight.normal_(0, 1)
@@ -66,12 +70,16 @@ def common_words(minilm_tokenizer) -> list[str]:
     return word_model.vocabulary_words(minilm_tokenizer, tokenizer_facts(minilm_tokenizer))
 
 
-@pytest.mark.parametrize("buckets", [0, 97])
-@pytest.mark.parametrize("trimmed", [False, True])
-def test_word_model_gives_the_ids_in_logits_on_every_route(tmp_path, minilm_tokenizer, common_words, buckets, trimmed):
+@pytest.mark.parametrize(
+    "buckets, trimmed, pooling",
+    [(0, False, "mean"), (0, True, "mean"), (97, False, "mean"), (97, True, "mean"), (97, True, "sqrtn")],
+)
+def test_word_model_gives_the_ids_in_logits_on_every_route(
+    tmp_path, minilm_tokenizer, common_words, buckets, trimmed, pooling
+):
     tokenizer_json = minilm_tokenizer
     vocab = len(text_model.vocabulary(tokenizer_json))
-    model = random_static(vocab, buckets)
+    model = random_static(vocab, buckets, pooling=pooling)
     if trimmed:  # the training words' tokens only (as export.trim_vocab keeps them): other words meet [UNK] pieces
         keep = set(range(104)) | {i for ids in tokenize_texts(tokenizer_json, TRAIN, 512) for i in ids}
         tokenizer_json = tmp_path / "tokenizer.json"

@@ -102,7 +102,10 @@ def word_tables(model, tokenizer_json: Path, words: list[str]) -> dict[str, np.n
         hashes = model.hash_ids.numpy().astype(np.int64) if buckets else np.zeros(len(weights), np.int64)
         bias = model.classifier.bias.double().numpy()
     labels = rows.shape[1]
-    token_rows = np.concatenate([weights[:, None] * rows, weights[:, None], np.ones((len(weights), 1))], 1)
+    # the weight column sums to what the pooled sum is divided by: the weights, or their squares (sqrtn pooling,
+    # whose root the graph takes)
+    divisor = weights**2 if model.config.pooling == "sqrtn" else weights
+    token_rows = np.concatenate([weights[:, None] * rows, divisor[:, None], np.ones((len(weights), 1))], 1)
     word_rows = np.zeros((len(words) + 1, labels + 2 + (labels if buckets else 0)))
     word_rows[-1, labels + 1] = OUTSIDE
     ends = np.zeros((len(words) + 1, 2), dtype=np.int64)
@@ -399,7 +402,7 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             then_branch=branch(known_nodes, known_outputs, "words_in_the_table"),
             else_branch=branch(general, general_outputs, "outside_the_table_or_too_long"),
         ),
-        # logits = weighted rows / weight (+ pair rows / pairs) + bias
+        # logits = weighted rows / weight (+ pair rows / pairs) + bias; with sqrtn pooling, over the roots
         const("w_split_stats", np.array([labels, 1, 1] + ([labels] if buckets else []), np.int64)),
         node(
             "Split",
@@ -407,14 +410,20 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             ["w_weighted", "w_weight", "w_tokens"] + (["w_inside"] if buckets else []),
             axis=0,
         ),
-        node("Div", ["w_weighted", "w_weight"], ["w_mean"]),
     ]
+    sqrtn = model.config.pooling == "sqrtn"  # divide by the roots of the sums of squared weights and of the pairs
+    body += (
+        [node("Sqrt", ["w_weight"], ["w_weight_root"]), node("Div", ["w_weighted", "w_weight_root"], ["w_mean"])]
+        if sqrtn
+        else [node("Div", ["w_weighted", "w_weight"], ["w_mean"])]
+    )
     if buckets:
         body += [
             const("w_one_float", np.array([1], np.float32)),
             node("Add", ["w_inside", "w_across"], ["w_pair_total"]),
             node("Sub", ["w_tokens", "w_one_float"], ["w_pairs"]),
-            node("Div", ["w_pair_total", "w_pairs"], ["w_pair_mean"]),
+            *([node("Sqrt", ["w_pairs"], ["w_pairs_root"])] if sqrtn else []),
+            node("Div", ["w_pair_total", "w_pairs_root" if sqrtn else "w_pairs"], ["w_pair_mean"]),
             node("Add", ["w_mean", "w_pair_mean"], ["w_pooled"]),
             node("Add", ["w_pooled", "w_bias"], ["w_logits"]),
         ]
