@@ -3,8 +3,9 @@
 The command line and a sweep's variant processes turn SIGTERM (what schedulers and containers send) into the same
 KeyboardInterrupt as Ctrl-C: the run checkpoints, marks its MLflow runs KILLED and exits 130. A KeyboardInterrupt
 raised *inside* an MLflow write is the exception: on the sqlite store it leaves that connection holding the
-database's write lock, so the KILLED mark that follows fails with "database is locked" and the run stays RUNNING
-in the UI for good (seen in tests/test_sweep.py's SIGTERM test, about one run in ten under load).
+database's write lock, so the KILLED mark that follows fails with "database is locked" and the run shows RUNNING
+until the next run of that folder ends it (seen in tests/test_sweep.py's SIGTERM test, one run in four to eleven
+under load).
 :func:`interrupts_held` lets such a write finish first.
 """
 
