@@ -138,7 +138,8 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
 
     def pooled(self, input_ids, attention_mask=None) -> torch.Tensor:
         """The weighted mean of the tokens' vectors (padding weighs 0), plus the mean of the vectors of the
-        text's neighbouring token pairs where the model has them."""
+        text's neighbouring token pairs where the model has them; with ``config.pooling == "sqrtn"`` the sums are
+        divided by the root of the summed squared weights (of the pair count) instead."""
         weights = self.token_weights(input_ids).squeeze(-1).exp()
         if attention_mask is not None:
             weights = weights * attention_mask.to(weights.dtype)

@@ -61,7 +61,7 @@ def test_a_sigterm_inside_an_mlflow_write_lets_it_finish_and_the_run_end_killed(
 
     client = WholeCalls(mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"))
     run = client.create_run(client.create_experiment("e"))
-    store = client._client._tracking_client.store
+    store = client._client._tracking_client.store  # MLflow internals (pinned range): where the write happens
     write = store.log_batch
 
     def signalled_write(*args, **kwargs):
