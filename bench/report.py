@@ -466,6 +466,16 @@ SECTIONS: list[Section] = [
         "the class-balanced TF-IDF 0.6951 / macro-F1 0.6794.",
     ),
     Section(
+        "teacher_epochs_base_clothing_base.md",
+        "Clothing reviews, base teacher: the teacher trained 3 epochs instead of 2, and the default student from it",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_teacher_epochs.yaml ARGS='--to "
+        "evaluate'`: the default base student from the config's teacher (2 epochs, test 0.9187) against the same "
+        "student from a teacher trained 3 epochs (best validation epoch kept: the second, test 0.9169; the teacher "
+        "row is this one's), paired by student seed (`--against-first`); batched PyTorch accuracy on the 1,600 test "
+        "reviews, 2-core AMD EPYC with AVX512-BF16; TF-IDF, the best peer, 0.8912.",
+    ),
+    Section(
         "aug_base_clothing_base.md",
         "Clothing reviews, base teacher: two teacher-labelled augmented copies for the default base student",
         "data",
