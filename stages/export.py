@@ -75,7 +75,7 @@ from pipeline.export.variants import (
     recommended_graph,
     student_to_ship,
 )
-from pipeline.interrupts import WholeCalls
+from pipeline.interrupts import interrupts_held
 from pipeline.splits import TokenizedSplit, label_names, pad_id
 from pipeline.stage_api import Context
 from pipeline.summary import headline_metrics
@@ -202,7 +202,8 @@ def run(ctx: Context) -> dict:
     metadata = write_bundle(ctx, inputs, shipped, measured, mlflow_source(ctx))  # 5. the bundle files
     shutil.rmtree(work)
     ctx.write_json("metrics.json", metrics_json(measured))  # 6. metrics, MLflow
-    registration = register(ctx, measured, metadata)
+    with interrupts_held():  # a Ctrl-C inside MLflow's registry writes would leave its store locked
+        registration = register(ctx, measured, metadata)
     summary = export_summary(cfg, measured, registration)
     laps.lap("bundle files and MLflow")
     ctx.write_json("export.json", {**summary, "step_seconds": laps.seconds})
@@ -326,7 +327,7 @@ def register(ctx, measured: Measurements, metadata: dict) -> dict | None:
         headline = headline_metrics({}, metrics_json(measured))  # the pipeline run's figures (export's part)
         if measured.comparison:
             headline["teacher_fp32_accuracy"] = measured.comparison["teacher_fp32_accuracy"]
-        client, name, version = WholeCalls(mlflow.MlflowClient()), source["registered_model"], registration["version"]
+        client, name, version = mlflow.MlflowClient(), source["registered_model"], registration["version"]
         for key, value in {
             "pipeline_run_id": source["mlflow_parent_run_id"],
             **{k: f"{v:.6g}" for k, v in headline.items()},

@@ -17,7 +17,6 @@ import numpy as np
 import onnx
 
 from ..integrity import sha256_file
-from ..interrupts import WholeCalls, interrupts_held
 from .onnx_graph import INPUT_NAMES, OUTPUT_NAMES
 
 BUNDLE_TEMPLATES = Path(__file__).resolve().parent.parent / "bundle_files"
@@ -116,8 +115,7 @@ def register_onnx(model_path: Path, run_id: str, registered_name: str, alias: st
     )
     active = mlflow.active_run()
     context = contextlib.nullcontext() if active and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)
-    # interrupts_held: a Ctrl-C inside MLflow's sqlite writes would leave the store locked (pipeline/interrupts.py)
-    with interrupts_held(), context, warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+    with context, warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):  # "Created version ..." lines
         warnings.simplefilter("ignore")
         info = mlflow.onnx.log_model(
             onnx.load(str(model_path)),
@@ -131,7 +129,7 @@ def register_onnx(model_path: Path, run_id: str, registered_name: str, alias: st
             ],
         )
     version = str(info.registered_model_version)
-    client = WholeCalls(mlflow.MlflowClient())
+    client = mlflow.MlflowClient()
     client.set_registered_model_alias(registered_name, alias, version)
     for key, value in tags.items():
         client.set_model_version_tag(registered_name, version, key, str(value))
