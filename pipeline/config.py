@@ -239,6 +239,14 @@ class TeacherConfig(TrainSettings):
     fused_adamw: bool = Field(
         False, description="as TrainSettings.fused_adamw (off for the teacher by default: see docs/configs.md)"
     )
+    ensemble: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="teachers fine-tuned with seeds seed, seed+1, ...: the students learn from their averaged "
+        "probabilities (the logit KD target); the first is the teacher every other stage uses (the int8 "
+        "teacher, retention, relation targets, the peers' static vectors). 1: one teacher",
+    )
 
 
 class StaticStudent(Section):
@@ -802,6 +810,22 @@ class PipelineConfig(Section):
                     f"batch of such rows would have nothing to learn from (the step fails). Set "
                     f"{' or '.join(f'distill.loss.{n}' for n in every_row)} above 0, or set "
                     f"{', '.join(f'{k}: {v}' for k, v in unlabelled.items())}",
+                )
+            )
+        if self.teacher.ensemble > 1 and not self.teacher.finetune:
+            problems.append(
+                (
+                    ("teacher.ensemble", "teacher.finetune"),
+                    f"teacher.ensemble {self.teacher.ensemble} fine-tunes that many teachers from one model with "
+                    "different seeds, and teacher.finetune is false: set teacher.ensemble: 1 for a teacher used as given",
+                )
+            )
+        if self.teacher.ensemble > 1 and self.capture.mode == "online":
+            problems.append(
+                (
+                    ("teacher.ensemble", "capture.mode"),
+                    f"teacher.ensemble {self.teacher.ensemble} averages the teachers' probabilities in the capture "
+                    "stage, and capture.mode 'online' runs one teacher inside each step: use capture.mode: cached",
                 )
             )
         if self.teacher.model == "random" and self.teacher.random is None:

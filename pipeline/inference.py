@@ -63,5 +63,12 @@ def predict_logits(model, split: TokenizedSplit, batch_size: int, dist, pad: int
     return result
 
 
+def ensemble_logits(members: list[torch.Tensor]) -> torch.Tensor:
+    """The log of the members' mean probabilities (a classifier ensemble's prediction, as logits: softmax of the
+    result is that mean); one member's logits come back as its log-probabilities."""
+    log_probs = torch.stack([torch.log_softmax(m.float(), dim=-1) for m in members])
+    return torch.logsumexp(log_probs, dim=0) - torch.log(torch.tensor(float(len(members))))
+
+
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float((logits.argmax(-1) == labels).mean())

@@ -680,6 +680,16 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# teacher.ensemble: the teacher stage's members after the first, members/<k>/model for k = 1 .. ensemble - 1
+TEACHER_MEMBERS = "members"
+
+
+def load_members(teacher_dir: Path, device) -> list:
+    """The teacher ensemble's members after the first (teacher.ensemble), in order, in eval mode; [] for one teacher."""
+    folders = sorted((teacher_dir / TEACHER_MEMBERS).glob("*/model"), key=lambda f: int(f.parent.name))
+    return [load_classifier(str(folder)).to(device).eval() for folder in folders]
+
+
 def save_model(model, tokenizer, folder: Path) -> None:
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)

@@ -132,6 +132,7 @@ ADDED_KEYS = {
     "distill.class_weight": "none",
     "data.split_lines": False,
     "export.word_list": None,
+    "teacher.ensemble": 1,
 }
 
 

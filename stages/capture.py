@@ -19,6 +19,9 @@ the training sentences (pipeline/augment.py: masking, embedding-neighbour
 replacement, n-gram spans) to augmented/; the teacher labels them here with
 logits only (or online, inside each step), so the cache stays small.
 
+With teacher.ensemble the stored logits are the log of the teachers' mean probabilities (stages/teacher.py
+trains the members); relation targets come from the first teacher.
+
 Outputs: cache/shard-*.bin + shard-*.json, cache/index.json, capture.json,
 relation_rows.npy (only when the budget forced a subset), augmented/ (Arrow, when augmenting),
 static_init.npz (student.kind static: the teacher's token vectors the student starts from, computed here once so
@@ -31,6 +34,7 @@ import logging
 from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline.augment import augment, continuation_mask, nearest_words, word_candidates
 from pipeline.cache import (
@@ -45,7 +49,8 @@ from pipeline.cache import (
     write_shard,
 )
 from pipeline.errors import CacheError
-from pipeline.models import load_classifier, load_tokenizer
+from pipeline.inference import ensemble_logits, model_inputs
+from pipeline.models import load_classifier, load_members, load_tokenizer
 from pipeline.objective import target_plan, teacher_targets
 from pipeline.splits import RELATION_ROWS, TokenizedSplit, TrainingData, pad_id
 from pipeline.stage_api import Context
@@ -108,6 +113,9 @@ def run(ctx: Context) -> dict:
     config = ctx.config
     prepare, teacher_dir = ctx.input("prepare"), ctx.input("teacher")
     teacher = load_classifier(str(teacher_dir / "model")).to(ctx.device).eval()
+    members = load_members(teacher_dir, ctx.device)  # teacher.ensemble: the logit targets average over them all
+    if members and ctx.is_main:
+        log.info("[capture] logit targets: the mean probabilities of %d teachers (teacher.ensemble)", 1 + len(members))
     if config.student.kind == "static" and ctx.is_main:  # the static student's start, once for every student of it
         write_static_init(config, teacher, teacher_dir, prepare, ctx)
     augmented = 0
@@ -174,6 +182,7 @@ def run(ctx: Context) -> dict:
             ctx,
             on_batch=bar.update,
             relations=None if logits_only else keep,
+            members=members,
         )
         bare = [] if logits_only or keep is None else np.flatnonzero(~keep[first:last]).tolist()
         write_shard(folder, shard, records, logits, [int(n) for n in lengths[first:last]], first, logits_only, bare)
@@ -268,12 +277,15 @@ def capture_shard(
     dist,
     on_batch=None,
     relations: np.ndarray | None = None,
+    members: list | None = None,
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """The teacher over examples [first, last) of ``data``: (per-example cache records, logits), in example order.
 
     Batches hold examples of similar length (less padding); ``dist`` is anything with ``device`` and
     ``autocast()`` (the stage context); ``on_batch(n)`` follows progress. ``relations`` (a mask over example
     indices, capture.max_cache_gb): examples it leaves out get empty records (the budget holds their logits only).
+    ``members`` (teacher.ensemble): more teachers; the logits stored are then the log of all the teachers' mean
+    probabilities, the relation targets still ``teacher``'s.
     """
     lengths = data.lengths
     by_length = first + np.argsort(lengths[first:last], kind="stable")
@@ -290,7 +302,12 @@ def capture_shard(
         )
         for i, record in zip(global_ids - first, batch_records):
             records[i] = record
-        logits[global_ids - first] = targets["logits"].float().cpu().numpy()
+        batch_logits = targets["logits"]
+        if members:
+            with dist.autocast(), torch.no_grad():
+                others = [member(**model_inputs(batch)).logits for member in members]
+            batch_logits = ensemble_logits([batch_logits, *others])
+        logits[global_ids - first] = batch_logits.float().cpu().numpy()
         if on_batch is not None:
             on_batch(len(global_ids))
     return records, logits
