@@ -476,6 +476,17 @@ SECTIONS: list[Section] = [
         "reviews, 2-core AMD EPYC with AVX512-BF16; TF-IDF, the best peer, 0.8912.",
     ),
     Section(
+        "ensemble_base_clothing_base.md",
+        "Clothing reviews, base teacher: the default student from one teacher or from an ensemble of three",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_ensemble.yaml ARGS='--to evaluate'`: the "
+        "default base student from the config's teacher (seed 42, test 0.9187) against the same student whose logit "
+        "KD target is the mean probabilities of three teachers fine-tuned with seeds 42, 43 and 44 (`teacher.ensemble: "
+        "3`; members 0.9187, 0.9100, 0.9119, the ensemble 0.9150 on test, 0.9313 on validation), paired by student "
+        "seed (`--against-first`); batched PyTorch accuracy on the 1,600 test reviews, retention against the first "
+        "teacher; 2-core AMD EPYC with AVX512-BF16; TF-IDF, the best peer, 0.8912.",
+    ),
+    Section(
         "aug_base_clothing_base.md",
         "Clothing reviews, base teacher: two teacher-labelled augmented copies for the default base student",
         "data",
