@@ -487,6 +487,16 @@ SECTIONS: list[Section] = [
         "teacher; 2-core AMD EPYC with AVX512-BF16; TF-IDF, the best peer, 0.8912.",
     ),
     Section(
+        "static_ensemble_base_clothing_base.md",
+        "Clothing reviews, base teacher: the static student from one teacher or from an ensemble of three",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_static_ensemble.yaml ARGS='--to "
+        "evaluate'`: the class-balanced static student with 50,000 bigram buckets (its recipe) from the config's "
+        "teacher (test 0.9187) against the same whose logit target is the mean probabilities of three teachers "
+        "(`teacher.ensemble: 3`, test 0.9150), paired by seed (`--against-first`); batched PyTorch accuracy on the "
+        "1,600 test reviews, 2-core AMD EPYC with AVX512-BF16; the class-balanced TF-IDF 0.8931 / macro-F1 0.8235.",
+    ),
+    Section(
         "aug_base_clothing_base.md",
         "Clothing reviews, base teacher: two teacher-labelled augmented copies for the default base student",
         "data",

@@ -812,12 +812,13 @@ class PipelineConfig(Section):
                     f"{', '.join(f'{k}: {v}' for k, v in unlabelled.items())}",
                 )
             )
-        if self.teacher.ensemble > 1 and not self.teacher.finetune:
+        if self.teacher.ensemble > 1 and not (self.teacher.finetune and self.teacher.epochs > 0):
             problems.append(
                 (
-                    ("teacher.ensemble", "teacher.finetune"),
+                    ("teacher.ensemble", "teacher.finetune" if not self.teacher.finetune else "teacher.epochs"),
                     f"teacher.ensemble {self.teacher.ensemble} fine-tunes that many teachers from one model with "
-                    "different seeds, and teacher.finetune is false: set teacher.ensemble: 1 for a teacher used as given",
+                    f"different seeds, and teacher.finetune is {str(self.teacher.finetune).lower()} with "
+                    f"teacher.epochs {self.teacher.epochs}: set teacher.ensemble: 1 for a teacher used as given",
                 )
             )
         if self.teacher.ensemble > 1 and self.capture.mode == "online":

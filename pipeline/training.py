@@ -387,6 +387,9 @@ def fit(
     ctx.dist.barrier()
     # Load the best epoch's weights back into the (unwrapped) modules.
     _load_trainable_state(trainer.modules, load_file(best_path), accelerator)
+    # Accelerate keeps a reference to everything it prepared: without this a second training in the process (a
+    # teacher ensemble's next member, distill after the teacher) would keep this one's optimizer state alive.
+    accelerator.free_memory()
     return progress
 
 

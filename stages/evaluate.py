@@ -23,7 +23,7 @@ from pipeline.attention import attention_probs, capture_projections, split_heads
 from pipeline.families import attention_window
 from pipeline.inference import TEACHER_TEST_LOGITS, model_inputs, predict_logits
 from pipeline.metrics import attention_health, classification_report
-from pipeline.models import count_parameters, load_classifier, load_tokenizer
+from pipeline.models import TEACHER_MEMBERS, count_parameters, load_classifier, load_tokenizer
 from pipeline.objective import target_plan
 from pipeline.plots import plot_attention_pair, plot_confusion
 from pipeline.splits import TokenizedSplit, label_names, pad_id
@@ -33,7 +33,7 @@ log = logging.getLogger("pipeline")
 
 READS = ["evaluate", "precision"]
 AFTER = ["prepare", "teacher", "distill"]
-VERSION = 1
+VERSION = 2  # 2: teacher_ensemble (teacher.ensemble)
 
 
 def run(ctx: Context) -> dict:
@@ -71,6 +71,18 @@ def run(ctx: Context) -> dict:
         "majority_class_accuracy": float(np.bincount(test.labels).max() / len(test)),
     }
     metrics["retention"] = metrics["student"]["accuracy"] / max(metrics["teacher"]["accuracy"], 1e-12)
+    teacher_stage = json.loads((teacher_dir / "metrics.json").read_text())
+    if "ensemble_test_accuracy" in teacher_stage:  # teacher.ensemble: the student learned from the members' mean
+        metrics["teacher_ensemble"] = {
+            "members": 1 + len(list((teacher_dir / TEACHER_MEMBERS).glob("*/model"))),
+            "accuracy": teacher_stage["ensemble_test_accuracy"],
+        }
+        log.info(
+            "[evaluate] the student's logit target was an ensemble of %d teachers: test accuracy %.4f (retention is "
+            "against the first, the teacher the int8 comparison ships)",
+            metrics["teacher_ensemble"]["members"],
+            teacher_stage["ensemble_test_accuracy"],
+        )
     metrics["compression"] = metrics["teacher"]["parameters"] / metrics["student"]["parameters"]
     for who in ("teacher", "student"):
         plot_confusion(

@@ -8,13 +8,14 @@ family (pipeline/families.py) fine-tuned here on the train split with
 cross-entropy, keeping the epoch with the best validation accuracy.
 
 With teacher.ensemble n > 1, n - 1 more teachers are fine-tuned the same way with seeds seed + 1 .. seed + n - 1;
-capture gives the students their averaged probabilities as the logit KD target (a stronger target than any one
-of them), while model/ stays the first, the teacher every other stage measures against.
+capture gives the students their averaged probabilities as the logit KD target (meant as a stronger target than
+any one of them; on the clothing reviews it was not: docs/base-teacher.md), while model/ stays the first, the
+teacher every other stage measures against.
 
 Outputs: model/ (save_pretrained folder: config, safetensors, tokenizer),
 metrics.json (validation and test accuracy), test_logits.npy (the teacher's logits on the test split, read by
 evaluate: a sweep's variants share this stage and need not run a base-size teacher over the test split again),
-members/<k>/model (teacher.ensemble > 1).
+members/<k>/model and ensemble_test_logits.npy (the log of the members' mean probabilities; teacher.ensemble > 1).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ AFTER = ["prepare"]
 # prepare also writes data.unlabeled_text's rows, which this stage never reads: runs with and without them share it
 UNAFFECTED_BY = {"data.unlabeled_text": False}
 VERSION = 1
+ENSEMBLE_TEST_LOGITS = "ensemble_test_logits.npy"
 
 
 def run(ctx: Context) -> dict:
@@ -71,7 +73,7 @@ def run(ctx: Context) -> dict:
         )  # evaluate reads them: one teacher pass a run
         log.info("[teacher] validation accuracy %.4f, test accuracy %.4f", val_acc, test_acc)
     if config.teacher.ensemble > 1:
-        metrics |= train_members(ctx, tokenizer, labels, train, validation, test, pad, [val_logits], [test_logits])
+        metrics |= train_members(ctx, tokenizer, labels, train, validation, test, pad, (val_logits, test_logits))
     if ctx.is_main:
         ctx.write_json("metrics.json", metrics)
         ctx.log_metrics(metrics)
@@ -123,17 +125,19 @@ def finetune(ctx: Context, seed: int, tag: str, labels, tokenizer, train, valida
     return model.eval(), best_epoch
 
 
-def train_members(ctx: Context, tokenizer, labels, train, validation, test, pad, val_logits, test_logits) -> dict:
+def train_members(ctx: Context, tokenizer, labels, train, validation, test, pad, first: tuple) -> dict:
     """teacher.ensemble: the members after the first, each fine-tuned as the first with seed + k and saved to
-    members/<k>/model (capture averages their probabilities); a member already saved is loaded, not retrained. Returns
-    each member's and the ensemble's accuracies."""
+    members/<k>/model (capture averages their probabilities); a member already saved is loaded, not retrained.
+    ``first``: the first teacher's validation and test logits. Returns each member's and the ensemble's accuracies."""
     config = ctx.config
     metrics = {}
+    val_logits, test_logits = [first[0]], [first[1]]
     for k in range(1, config.teacher.ensemble):
         folder = ctx.out / TEACHER_MEMBERS / str(k)
         if (folder / "model" / "config.json").is_file():
             model = load_classifier(str(folder / "model")).to(ctx.device).eval()
-            log.info("[teacher] member %d already fine-tuned (%s)", k, folder / "model")
+            if ctx.is_main:
+                log.info("[teacher] member %d already fine-tuned (%s)", k, folder / "model")
         else:
             model, _ = finetune(ctx, config.seed + k, f"teacher-member{k}", labels, tokenizer, train, validation, pad)
             if ctx.is_main:
@@ -148,9 +152,11 @@ def train_members(ctx: Context, tokenizer, labels, train, validation, test, pad,
         split: ensemble_logits([torch.from_numpy(x) for x in outputs]).numpy()
         for split, outputs in (("validation", val_logits), ("test", test_logits))
     }
+    metrics["ensemble_members"] = config.teacher.ensemble
     metrics["ensemble_validation_accuracy"] = accuracy(combined["validation"], validation.labels)
     metrics["ensemble_test_accuracy"] = accuracy(combined["test"], test.labels)
     if ctx.is_main:
+        np.save(ctx.out / ENSEMBLE_TEST_LOGITS, combined["test"].astype(np.float32))
         log.info(
             "[teacher] ensemble of %d (the students' logit KD target): validation accuracy %.4f, test accuracy %.4f; "
             "members' test accuracy %s",

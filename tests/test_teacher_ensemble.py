@@ -34,6 +34,8 @@ def test_ensemble_logits_are_the_log_of_the_mean_probabilities():
 def test_an_ensemble_needs_fine_tuning_and_a_cached_capture():
     with pytest.raises(ConfigError, match=r"teacher.ensemble 2 fine-tunes .* teacher.finetune is false"):
         load_config("tiny", ["teacher.ensemble=2", "teacher.finetune=false"])
+    with pytest.raises(ConfigError, match=r"teacher.finetune is true with teacher.epochs 0"):
+        load_config("tiny", ["teacher.ensemble=2", "teacher.epochs=0"])
     with pytest.raises(ConfigError, match=r"capture.mode 'online' runs one teacher"):
         load_config("tiny", ["teacher.ensemble=2", "capture.mode=online"])
     with pytest.raises(ConfigError, match="teacher.ensemble"):
@@ -42,12 +44,12 @@ def test_an_ensemble_needs_fine_tuning_and_a_cached_capture():
 
 @pytest.fixture(scope="module")
 def ensemble_run(tiny_run, tmp_path_factory):
-    """The tiny run's prepare, then a teacher ensemble of two and its capture, in fp32 (a tiny random teacher's
+    """The tiny run's prepare, then a teacher ensemble of two, its capture, a student and its evaluation, in fp32 (a tiny random teacher's
     logits stay near zero: bf16 rounding would hide the second member's share)."""
     runs_dir = tmp_path_factory.mktemp("ensemble")
     shutil.copytree(tiny_run["run_dir"] / "prepare", runs_dir / "tiny" / "prepare", copy_function=os.link)
     fp32 = ("precision=fp32", "capture.dtype=float32")
-    args = ("run", "tiny", "teacher.ensemble=2", *fp32, "tracking.enabled=false", "--to", "capture")
+    args = ("run", "tiny", "teacher.ensemble=2", *fp32, "tracking.enabled=false", "--to", "evaluate")
     result = run_cli(*args, runs_dir=runs_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     return runs_dir, args
@@ -86,8 +88,17 @@ def test_the_cache_holds_the_two_teachers_mean_probabilities(ensemble_run):
     both = ensemble_logits(
         [teacher_logits(teacher / "model", batch), teacher_logits(teacher / "members/1/model", batch)]
     )
-    assert metrics["ensemble_test_accuracy"] == pytest.approx(accuracy(both.numpy(), test.labels))
-    assert {"member1_test_accuracy", "ensemble_validation_accuracy"} <= set(metrics)
+    stored = np.load(teacher / "ensemble_test_logits.npy")
+    assert np.abs(stored - both.numpy()).max() < 1e-5  # the members' mean probabilities, not the first teacher's
+    assert np.abs(stored - torch.log_softmax(teacher_logits(teacher / "model", batch), -1).numpy()).max() > 2e-4
+    assert metrics["ensemble_test_accuracy"] == accuracy(stored, test.labels)
+    assert metrics["member1_test_accuracy"] == accuracy(
+        teacher_logits(teacher / "members/1/model", batch).numpy(), test.labels
+    )
+    assert "ensemble_validation_accuracy" in metrics and metrics["ensemble_members"] == 2
+    evaluated = read_json(run_dir / "evaluate" / "metrics.json")
+    assert evaluated["teacher_ensemble"] == {"members": 2, "accuracy": metrics["ensemble_test_accuracy"]}
+    assert evaluated["teacher"]["accuracy"] == metrics["test_accuracy"]  # retention stays against the first teacher
 
 
 def test_an_interrupted_ensemble_keeps_the_members_it_finished(ensemble_run):
