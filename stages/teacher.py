@@ -15,7 +15,7 @@ teacher every other stage measures against.
 Outputs: model/ (save_pretrained folder: config, safetensors, tokenizer),
 metrics.json (validation and test accuracy), test_logits.npy (the teacher's logits on the test split, read by
 evaluate: a sweep's variants share this stage and need not run a base-size teacher over the test split again),
-members/<k>/model and ensemble_test_logits.npy (the log of the members' mean probabilities; teacher.ensemble > 1).
+members/<k>/model (their checkpoints deleted once each is saved) and ensemble_test_logits.npy (the log of the members' mean probabilities; teacher.ensemble > 1).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pipeline.models import (
 )
 from pipeline.splits import TokenizedSplit, label_names, pad_id, used_token_ids
 from pipeline.stage_api import Context
-from pipeline.training import cross_entropy_loss, fit
+from pipeline.training import cross_entropy_loss, discard_training_files, fit
 
 log = logging.getLogger("pipeline")
 
@@ -139,11 +139,13 @@ def train_members(ctx: Context, tokenizer, labels, train, validation, test, pad,
             if ctx.is_main:
                 log.info("[teacher] member %d already fine-tuned (%s)", k, folder / "model")
         else:
-            model, _ = finetune(ctx, config.seed + k, f"teacher-member{k}", labels, tokenizer, train, validation, pad)
+            tag = f"teacher-member{k}"
+            model, _ = finetune(ctx, config.seed + k, tag, labels, tokenizer, train, validation, pad)
             if ctx.is_main:
                 partial = folder / "model.partial"
                 save_model(model, tokenizer, partial)
                 partial.replace(folder / "model")  # whole or absent: a resumed stage never loads half a member
+                discard_training_files(ctx.out, tag)  # the saved member is what a resume loads
         val_logits.append(predict_logits(model, validation, config.evaluate.batch_size, ctx, pad))
         test_logits.append(predict_logits(model, test, config.evaluate.batch_size, ctx, pad))
         metrics[f"member{k}_test_accuracy"] = accuracy(test_logits[-1], test.labels)
