@@ -15,7 +15,8 @@ teacher every other stage measures against.
 Outputs: model/ (save_pretrained folder: config, safetensors, tokenizer),
 metrics.json (validation and test accuracy), test_logits.npy (the teacher's logits on the test split, read by
 evaluate: a sweep's variants share this stage and need not run a base-size teacher over the test split again),
-members/<k>/model (their checkpoints deleted once each is saved) and ensemble_test_logits.npy (the log of the members' mean probabilities; teacher.ensemble > 1).
+members/<k>/model (their checkpoints deleted once each is saved) and ensemble_test_logits.npy (the log of the
+members' mean probabilities; teacher.ensemble > 1).
 """
 
 from __future__ import annotations
