@@ -326,7 +326,7 @@ def setup(
     dist = ctx.dist
     torch.manual_seed(seed + dist.rank)
     trainer = build_trainer(dist, modules, settings, num_examples, tag, find_unused_parameters)
-    checkpoints = Checkpoints(ctx.out / f"checkpoints-{tag}", settings.keep_checkpoints)
+    checkpoints = Checkpoints(checkpoints_folder(ctx.out, tag), settings.keep_checkpoints)
     progress = Progress()
     latest = checkpoints.latest()
     if latest is not None:
@@ -368,7 +368,7 @@ def fit(
     The best weights by validation accuracy end up in ``ctx.out/best-<tag>.safetensors``.
     """
     trainer, checkpoints, progress = setup(ctx, modules, settings, len(lengths), seed, tag, find_unused_parameters)
-    best_path = ctx.out / f"best-{tag}.safetensors"
+    best_path = best_weights_path(ctx.out, tag)
     train(
         ctx,
         trainer,
@@ -393,11 +393,19 @@ def fit(
     return progress
 
 
+def checkpoints_folder(out: Path, tag: str) -> Path:
+    return out / f"checkpoints-{tag}"
+
+
+def best_weights_path(out: Path, tag: str) -> Path:
+    return out / f"best-{tag}.safetensors"
+
+
 def discard_training_files(out: Path, tag: str) -> None:
     """Delete ``fit``'s checkpoints and best weights for ``tag`` from ``out``, once the model they made is saved
     elsewhere (a teacher ensemble's member: about 2.9 GB for a base-size one)."""
-    shutil.rmtree(out / f"checkpoints-{tag}", ignore_errors=True)
-    (out / f"best-{tag}.safetensors").unlink(missing_ok=True)
+    shutil.rmtree(checkpoints_folder(out, tag), ignore_errors=True)
+    best_weights_path(out, tag).unlink(missing_ok=True)
 
 
 def train(

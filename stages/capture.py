@@ -265,6 +265,7 @@ def fit_budget(
     return keep
 
 
+@torch.no_grad()
 def capture_shard(
     teacher,
     data,
@@ -296,17 +297,14 @@ def capture_shard(
         batch = data.batch(global_ids, pad, dist.device)
         with dist.autocast():
             targets = teacher_targets(teacher, batch, plan)
+            others = [member(**model_inputs(batch)).logits for member in members or []]
         empty = set() if relations is None else set(np.flatnonzero(~relations[global_ids]).tolist())
         batch_records = flatten_targets(
             targets, layout, [int(n) for n in lengths[global_ids]], batch["attention_mask"], empty
         )
         for i, record in zip(global_ids - first, batch_records):
             records[i] = record
-        batch_logits = targets["logits"]
-        if members:
-            with dist.autocast(), torch.no_grad():
-                others = [member(**model_inputs(batch)).logits for member in members]
-            batch_logits = ensemble_logits([batch_logits, *others])
+        batch_logits = ensemble_logits([targets["logits"], *others]) if others else targets["logits"]
         logits[global_ids - first] = batch_logits.float().cpu().numpy()
         if on_batch is not None:
             on_batch(len(global_ids))

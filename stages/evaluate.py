@@ -23,7 +23,7 @@ from pipeline.attention import attention_probs, capture_projections, split_heads
 from pipeline.families import attention_window
 from pipeline.inference import TEACHER_TEST_LOGITS, model_inputs, predict_logits
 from pipeline.metrics import attention_health, classification_report
-from pipeline.models import TEACHER_MEMBERS, count_parameters, load_classifier, load_tokenizer
+from pipeline.models import count_parameters, load_classifier, load_tokenizer
 from pipeline.objective import target_plan
 from pipeline.plots import plot_attention_pair, plot_confusion
 from pipeline.splits import TokenizedSplit, label_names, pad_id
@@ -74,7 +74,7 @@ def run(ctx: Context) -> dict:
     teacher_stage = json.loads((teacher_dir / "metrics.json").read_text())
     if "ensemble_test_accuracy" in teacher_stage:  # teacher.ensemble: the student learned from the members' mean
         metrics["teacher_ensemble"] = {
-            "members": 1 + len(list((teacher_dir / TEACHER_MEMBERS).glob("*/model"))),
+            "members": teacher_stage["ensemble_members"],
             "accuracy": teacher_stage["ensemble_test_accuracy"],
         }
         log.info(

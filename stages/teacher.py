@@ -31,6 +31,7 @@ from pipeline.inference import TEACHER_TEST_LOGITS, accuracy, ensemble_logits, p
 from pipeline.models import (
     TEACHER_MEMBERS,
     build_teacher_for_finetune,
+    count_parameters,
     load_classifier,
     load_tokenizer,
     save_model,
@@ -65,7 +66,7 @@ def run(ctx: Context) -> dict:
         "validation_accuracy": val_acc,
         "test_accuracy": test_acc,
         "best_epoch": best_epoch,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": count_parameters(model),
     }
     if ctx.is_main:
         save_model(model, tokenizer, ctx.out / "model")
@@ -166,6 +167,6 @@ def train_members(ctx: Context, tokenizer, labels, train, validation, test, pad,
             config.teacher.ensemble,
             metrics["ensemble_validation_accuracy"],
             metrics["ensemble_test_accuracy"],
-            ", ".join(f"{accuracy(x, test.labels):.4f}" for x in test_logits),
+            ", ".join(f"{accuracy(x, test.labels):.4f}" for x in test_logits),  # the first's included
         )
     return metrics

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.cache import TeacherCache
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from pipeline.inference import accuracy, ensemble_logits
+from pipeline.models import load_classifier
+from pipeline.splits import TokenizedSplit, TrainingData, pad_id
 from tests.helpers import read_json, run_cli
 
 
@@ -44,8 +47,8 @@ def test_an_ensemble_needs_fine_tuning_and_a_cached_capture():
 
 @pytest.fixture(scope="module")
 def ensemble_run(tiny_run, tmp_path_factory):
-    """The tiny run's prepare, then a teacher ensemble of two, its capture, a student and its evaluation, in fp32 (a tiny random teacher's
-    logits stay near zero: bf16 rounding would hide the second member's share)."""
+    """The tiny run's prepare, then a teacher ensemble of two, its capture, a student and its evaluation, in fp32
+    (a tiny random teacher's logits stay near zero: bf16 rounding would hide the second member's share)."""
     runs_dir = tmp_path_factory.mktemp("ensemble")
     shutil.copytree(tiny_run["run_dir"] / "prepare", runs_dir / "tiny" / "prepare", copy_function=os.link)
     fp32 = ("precision=fp32", "capture.dtype=float32")
@@ -56,17 +59,12 @@ def ensemble_run(tiny_run, tmp_path_factory):
 
 
 def teacher_logits(folder, batch) -> torch.Tensor:
-    from pipeline.models import load_classifier
-
     model = load_classifier(str(folder)).eval()
     with torch.no_grad():
         return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
 
 
 def test_the_cache_holds_the_two_teachers_mean_probabilities(ensemble_run):
-    from pipeline.cache import TeacherCache
-    from pipeline.splits import TokenizedSplit, TrainingData, pad_id
-
     run_dir = ensemble_run[0] / "tiny"
     teacher = run_dir / "teacher"
     assert (teacher / "members" / "1" / "model" / "config.json").is_file()
