@@ -144,6 +144,30 @@ class AugmentConfig(Section):
         return self
 
 
+class UnlabeledSourceConfig(Section):
+    """Unlabelled text from a file of its own (data.unlabeled_source), in place of the data source's own unlabelled
+    rows: a larger in-domain corpus for the teacher to teach (e.g. movie reviews for movie-review sentences)."""
+
+    path: NonEmptyText = Field(
+        description="a local file (csv, jsonl or parquet, by its suffix; .gz / .bz2 csv too) or "
+        "package:<pip package>/<path inside it>"
+    )
+    text_column: NonEmptyText = "text"
+    where: dict[str, str] = Field(
+        default_factory=dict,
+        description="keep only the rows whose column holds this value (compared as text), e.g. {source: imdb}",
+    )
+    sentences: bool = Field(
+        False,
+        description="split each text into sentences (at line breaks, HTML <br>, and . ! ? before a space): one "
+        "unlabelled row each, the length of the labelled sentences",
+    )
+    min_words: int = Field(3, ge=1, description="texts (sentences) with fewer words are dropped")
+    max_texts: int | None = Field(
+        None, ge=1, description="a seeded sample of at most this many texts (after splitting); None: all"
+    )
+
+
 class DataConfig(Section):
     source: Literal["rotten_tomatoes", "csv", "jsonl", "parquet", "hub"] = "rotten_tomatoes"
     path: str | None = Field(None, description="one local file, split here (seeded, grouped)")
@@ -189,6 +213,11 @@ class DataConfig(Section):
         "synopses for rotten_tomatoes; for a file source, the rows data.max_examples leaves out (labels dropped, "
         "no text or group of any split)",
     )
+    unlabeled_source: UnlabeledSourceConfig | None = Field(
+        None,
+        description="with unlabeled_text: take the unlabelled text from this file instead (texts equal to one of "
+        "any split's, ignoring case and punctuation, are dropped)",
+    )
 
     @model_validator(mode="after")
     def _source_needs(self):
@@ -197,6 +226,11 @@ class DataConfig(Section):
             raise ValueError(
                 f"data.{given[0]} is given without data.train; give data.train too (splits not given "
                 "are carved from train)"
+            )
+        if self.unlabeled_source is not None and not self.unlabeled_text:
+            raise ValueError(
+                f"data.unlabeled_source ('{self.unlabeled_source.path}') is set but data.unlabeled_text is false; set "
+                "data.unlabeled_text: true to train on it, or remove data.unlabeled_source"
             )
         if self.split_lines and self.source == "rotten_tomatoes":
             raise ValueError("data.split_lines is for a file or hub source whose texts are documents")

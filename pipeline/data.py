@@ -235,7 +235,9 @@ def load_splits(
         frame, unlabeled = load_frame(cfg, report)
         report["given"] = []
         splits = split_frame(frame, cfg, seed)
-        if cfg.unlabeled_text and unlabeled is None:
+        if cfg.unlabeled_source is not None:
+            unlabeled = unlabeled_from_source(cfg, splits, seed, report)
+        elif cfg.unlabeled_text and unlabeled is None:
             unlabeled = left_out(frame, splits)
         return splits, unlabeled
     given = {s: getattr(cfg, s) for s in SPLITS if getattr(cfg, s)}
@@ -252,6 +254,8 @@ def load_splits(
     report["train_texts_in_other_splits"] = {
         s: int(splits[s]["text"].isin(set(splits["train"]["text"])).sum()) for s in given if s != "train"
     }
+    if cfg.unlabeled_source is not None:
+        return splits, unlabeled_from_source(cfg, splits, seed, report)
     return splits, None
 
 
@@ -263,6 +267,70 @@ def left_out(frame: pd.DataFrame, splits: dict[str, pd.DataFrame]) -> pd.DataFra
     if "group" in frame:
         keep &= ~frame["group"].astype(str).isin(set(pd.concat([s["group"].astype(str) for s in splits.values()])))
     return frame.loc[keep, ["text"]].reset_index(drop=True)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\s*<br\s*/?>\s*|\n+", re.IGNORECASE)
+_NOT_WORD = re.compile(r"[^0-9a-z]+")
+
+
+def normalized_text(text: str) -> str:
+    """``text`` lower-cased with everything but letters and digits removed: equal for two copies of one sentence
+    tokenised or punctuated differently ("it 's a gem ." and "It's a gem.")."""
+    return _NOT_WORD.sub("", text.lower())
+
+
+def unlabeled_from_source(cfg: DataConfig, splits: dict[str, pd.DataFrame], seed: int, report: dict) -> pd.DataFrame:
+    """The unlabelled text of data.unlabeled_source: its file's text column (rows matching ``where``), split into
+    sentences if asked, texts of fewer than ``min_words`` words and repeats dropped, and every text whose
+    normalized form equals one of a split's (a test sentence taught by the teacher would leak into the student's
+    training) dropped; then a seeded sample of ``max_texts``. ``report`` receives ``unlabeled_rows_read``,
+    ``unlabeled_in_splits`` (the texts dropped for being in a split) and ``unlabeled_cut_texts``."""
+    src = cfg.unlabeled_source
+    assert src is not None
+    key = "data.unlabeled_source.path"
+    path = data_file(src.path, key)
+    if not path.is_file():
+        raise DataError(f"{key} '{src.path}' is not a file. Expected a csv, jsonl or parquet file of unlabelled text.")
+    suffixes = [s.lower() for s in path.suffixes]
+    try:
+        if ".jsonl" in suffixes:
+            raw = pd.read_json(path, lines=True, encoding="utf-8-sig", dtype=False)
+        elif ".parquet" in suffixes:
+            raw = pd.read_parquet(path)
+        elif ".csv" in suffixes:
+            raw = pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype=str)
+        else:
+            raise DataError(
+                f"{key} '{src.path}' has the suffix '{''.join(path.suffixes)}'; expected .csv (or .csv.gz / .csv.bz2), "
+                ".jsonl or .parquet."
+            )
+    except (UnicodeDecodeError, ValueError, pd.errors.ParserError) as exc:
+        raise DataError(f"{key} '{src.path}' could not be read: {_shown(str(exc).strip(), 300)}") from exc
+    missing = [c for c in (src.text_column, *src.where) if c not in raw.columns]
+    if missing:
+        raise DataError(
+            f"{key} '{src.path}' has no column {', '.join(repr(c) for c in missing)}; its columns are "
+            f"{_shown_list(raw.columns, most=20)}. Set data.unlabeled_source.text_column / where to match."
+        )
+    report["unlabeled_rows_read"] = len(raw)
+    keep = pd.Series(True, index=raw.index)
+    for column, value in src.where.items():
+        keep &= raw[column].astype(str) == value
+    texts = raw.loc[keep, src.text_column]
+    texts = texts[texts.notna()].astype(str)
+    if src.sentences:
+        texts = texts.map(_SENTENCE_END.split).explode()
+    texts = texts.str.strip()
+    texts = texts[texts.str.split().str.len() >= src.min_words].drop_duplicates()
+    in_splits = set(pd.concat([split["text"] for split in splits.values()]).astype(str).map(normalized_text))
+    inside = texts.map(normalized_text).isin(in_splits)
+    report["unlabeled_in_splits"] = int(inside.sum())
+    texts = texts[~inside]
+    if src.max_texts is not None and len(texts) > src.max_texts:
+        texts = texts.sample(n=src.max_texts, random_state=seed).sort_index(kind="stable")
+    texts, cut = _cut(texts.reset_index(drop=True), max_text_chars(cfg))
+    report["unlabeled_cut_texts"] = cut
+    return pd.DataFrame({"text": texts})
 
 
 def _add_counts(total: dict, counts: dict) -> None:

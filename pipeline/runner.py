@@ -133,6 +133,7 @@ ADDED_KEYS = {
     "data.split_lines": False,
     "export.word_list": None,
     "teacher.ensemble": 1,
+    "data.unlabeled_source": None,
 }
 
 

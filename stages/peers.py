@@ -50,7 +50,7 @@ log = logging.getLogger("pipeline")
 READS = ["seed", "peers", "distill.class_weight"]
 AFTER = ["prepare", "teacher"]
 # prepare also writes data.unlabeled_text's rows, which this stage never reads: runs with and without them share it
-UNAFFECTED_BY = {"data.unlabeled_text": False}
+UNAFFECTED_BY = {"data.unlabeled_text": False, "data.unlabeled_source": None}
 VERSION = 3  # bump when the output changes for the same inputs (history: git log)
 
 

@@ -33,7 +33,10 @@ AFTER: list[str] = []
 VERSION = 2  # bump when the output changes for the same inputs (history: git log)
 # The files written only for data.unlabeled_text: stages that never read them (stages/teacher.py, stages/peers.py:
 # UNAFFECTED_BY) leave them out of what they recorded reading, so turning it on does not rerun them
-OUTPUTS_FOR = {"data.unlabeled_text": ("unlabeled.jsonl", "tokenized/unlabeled/")}
+OUTPUTS_FOR = {
+    "data.unlabeled_text": ("unlabeled.jsonl", "tokenized/unlabeled/"),
+    "data.unlabeled_source": ("unlabeled.jsonl", "tokenized/unlabeled/"),
+}
 PAIR_FORMAT = 2  # 2: token_type_ids stored for teachers with segment embeddings (sentence pairs only)
 
 

@@ -47,7 +47,7 @@ log = logging.getLogger("pipeline")
 READS = ["seed", "precision", "teacher", "evaluate.batch_size"]
 AFTER = ["prepare"]
 # prepare also writes data.unlabeled_text's rows, which this stage never reads: runs with and without them share it
-UNAFFECTED_BY = {"data.unlabeled_text": False}
+UNAFFECTED_BY = {"data.unlabeled_text": False, "data.unlabeled_source": None}
 VERSION = 1
 ENSEMBLE_TEST_LOGITS = "ensemble_test_logits.npy"
 

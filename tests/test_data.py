@@ -146,6 +146,55 @@ def test_unlabeled_text_of_a_file_is_what_max_examples_leaves_out(tmp_path):
     assert none is None  # off by default
 
 
+def test_unlabeled_source_splits_filters_and_never_repeats_a_split_text(tmp_path):
+    """data.unlabeled_source: the file's matching rows, one row per sentence, short ones and repeats dropped, and a
+    sentence equal to a split's text up to case and punctuation dropped (the teacher teaching a test sentence would
+    leak it into the student's training); max_texts is a seeded sample."""
+    path = _write(tmp_path / "all.csv", _rows("all", 40))
+    test_text = "all example number 3"  # in a split: seed 0 puts every row somewhere
+    corpus = _write(
+        tmp_path / "corpus.csv",
+        [
+            {"review": "A fine film indeed. Two words<br /><br />ALL example, number 3!", "site": "imdb"},
+            {"review": "Too short. The plot drags on and on.\nA fine film indeed.", "site": "imdb"},
+            {"review": "Another site's long sentence here.", "site": "other"},
+        ],
+    )
+    source = {"path": corpus, "text_column": "review", "where": {"site": "imdb"}, "sentences": True}
+    cfg = DataConfig(source="csv", path=path, unlabeled_text=True, unlabeled_source=source)
+    report: dict = {}
+    splits, unlabeled = load_splits(cfg, seed=0, report=report)
+    assert test_text in set().union(*(set(s["text"]) for s in splits.values()))
+    assert unlabeled["text"].tolist() == ["A fine film indeed.", "The plot drags on and on."]
+    assert report["unlabeled_in_splits"] == 1 and report["unlabeled_rows_read"] == 3
+    one = DataConfig(source="csv", path=path, unlabeled_text=True, unlabeled_source={**source, "max_texts": 1})
+    picks = {load_splits(one, seed=s)[1]["text"].tolist()[0] for s in range(8)}
+    assert picks == {"A fine film indeed.", "The plot drags on and on."}  # seeded samples, both reachable
+    assert load_splits(one, seed=5)[1]["text"].tolist() == load_splits(one, seed=5)[1]["text"].tolist()
+
+
+def test_unlabeled_source_errors_name_the_key_and_what_is_expected(tmp_path):
+    path = _write(tmp_path / "all.csv", _rows("all", 40))
+    with pytest.raises(ValidationError, match="data.unlabeled_text is false"):
+        DataConfig(source="csv", path=path, unlabeled_source={"path": path})
+    wrong_column = DataConfig(
+        source="csv", path=path, unlabeled_text=True, unlabeled_source={"path": path, "text_column": "body"}
+    )
+    with pytest.raises(DataError, match=r"has no column 'body'; its columns are .*text.*unlabeled_source.text_column"):
+        load_splits(wrong_column, seed=0)
+    missing = DataConfig(
+        source="csv", path=path, unlabeled_text=True, unlabeled_source={"path": str(tmp_path / "no.csv")}
+    )
+    with pytest.raises(DataError, match="data.unlabeled_source.path .* is not a file"):
+        load_splits(missing, seed=0)
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    text_file = DataConfig(
+        source="csv", path=path, unlabeled_text=True, unlabeled_source={"path": str(tmp_path / "corpus.txt")}
+    )
+    with pytest.raises(DataError, match=r"suffix '.txt'; expected .csv"):
+        load_splits(text_file, seed=0)
+
+
 @pytest.mark.parametrize("group_column", [None, "speaker"])
 def test_split_lines_makes_each_line_an_example_and_keeps_a_document_in_one_split(tmp_path, group_column):
     documents = [

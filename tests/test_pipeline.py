@@ -157,6 +157,17 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
     # read it (their UNAFFECTED_BY), so they are shared with the run without it (a base teacher is an hour).
     unlabeled = fingerprints(load_config("tiny", ["data.unlabeled_text=true"]))
     assert [s for s in STAGES if base[s] != unlabeled[s]] == ["prepare", "capture", "distill", "evaluate", "export"]
+    # So is a file of its own (data.unlabeled_source)
+    source = "{path: corpus.csv, sentences: true}"
+    from_file = fingerprints(load_config("tiny", ["data.unlabeled_text=true", f"data.unlabeled_source={source}"]))
+    assert [s for s in STAGES if unlabeled[s] != from_file[s]] == [
+        "prepare",
+        "capture",
+        "distill",
+        "evaluate",
+        "export",
+    ]
+    assert from_file["teacher"] == base["teacher"] and from_file["peers"] == base["peers"]
     # ... and a teacher change still reaches them with it on
     both = fingerprints(load_config("tiny", ["data.unlabeled_text=true", "teacher.lr=0.002"]))
     assert both["teacher"] == teacher_change["teacher"] and both["peers"] == teacher_change["peers"]
