@@ -153,9 +153,12 @@ def run(ctx: Context) -> dict:
         unlabeled.to_json(ctx.out / "unlabeled.jsonl", orient="records", lines=True, force_ascii=False)
         unlabeled_examples = facts["examples"]
         log.info(
-            "[prepare] unlabeled: %d texts, taught by the teacher only (%d cut to data.max_text_chars)",
+            "[prepare] unlabeled: %d texts, taught by the teacher only (%d cut to data.max_text_chars%s)",
             unlabeled_examples,
             cleaning.get("unlabeled_cut_texts", 0),
+            f"; {cleaning['unlabeled_in_splits']} dropped as equal to a split's text, case and punctuation aside"
+            if "unlabeled_in_splits" in cleaning
+            else "",
         )
     else:
         unlabeled_examples = 0
@@ -174,6 +177,8 @@ def run(ctx: Context) -> dict:
     summary["cut_texts"] = cleaning["cut_texts"]
     if unlabeled_examples:
         summary["unlabeled_examples"] = unlabeled_examples
+    if "unlabeled_in_splits" in cleaning:  # data.unlabeled_source: its texts left out as a split's
+        summary["unlabeled_in_splits"] = cleaning["unlabeled_in_splits"]
     ctx.log_metrics({k: v for k, v in summary.items()})
     for split in SPLITS:
         log.info(

@@ -232,12 +232,24 @@ def test_unlabeled_text_reruns_prepare_and_capture_but_never_the_teacher(tiny_ru
     runs_dir = tmp_path / "runs"
     shutil.copytree(tiny_run["run_dir"], runs_dir / "tiny", ignore=shutil.ignore_patterns("export", "evaluate"))
     teacher = json.loads((runs_dir / "tiny" / "teacher" / "manifest.json").read_text())
-    for setting in ("true", "false"):
-        result = run_cli("run", "tiny", f"data.unlabeled_text={setting}", "--to", "capture", runs_dir=runs_dir)
+    corpus = tmp_path / "reviews.csv"  # data.unlabeled_source: a file of its own, cut into sentences
+    corpus.write_text(
+        'text\n"A quiet, moving film. The score lingers long after."\n"Two hours I will never get back."\n'
+    )
+    source = f"data.unlabeled_source={{path: '{corpus}', sentences: true}}"
+    for settings in (["data.unlabeled_text=true"], ["data.unlabeled_text=true", source], ["data.unlabeled_text=false"]):
+        result = run_cli("run", "tiny", *settings, "--to", "capture", runs_dir=runs_dir)
         assert result.returncode == 0, result.stderr[-4000:]
         log = result.stderr
         assert "[prepare] running" in log and "[capture] running" in log, log[-3000:]
         assert "[teacher] up to date" in log and "[peers] up to date" in log, log[-3000:]
         assert json.loads((runs_dir / "tiny" / "teacher" / "manifest.json").read_text()) == teacher
         unlabeled = runs_dir / "tiny" / "prepare" / "unlabeled.jsonl"
-        assert unlabeled.is_file() == (setting == "true")
+        assert unlabeled.is_file() == (settings[0] == "data.unlabeled_text=true")
+        if source in settings:
+            texts = [json.loads(line)["text"] for line in unlabeled.read_text().splitlines()]
+            assert texts == [
+                "A quiet, moving film.",
+                "The score lingers long after.",
+                "Two hours I will never get back.",
+            ]
