@@ -510,6 +510,16 @@ SECTIONS: list[Section] = [
         "AVX512-BF16, alone on it; the best peer one text per call: model2vec's classifier 0.7865.",
     ),
     Section(
+        "static_kd_base_clothing_base.md",
+        "Clothing reviews, base teacher: the static student's KD temperature and CE weight (one seed, stopped)",
+        "data",
+        "`make sweep CONFIG=clothing_base SWEEP=configs/sweeps/clothing_base_static_kd.yaml ARGS='--to evaluate'`, "
+        "stopped after seed 42's first three variants: the class-balanced static student (50,000 bigram buckets, "
+        "sqrtn pooling, lr 2.5e-4) against KD alone (CE 0) and temperature 1; batched PyTorch accuracy on the 1,600 "
+        "test reviews; 2-core AMD EPYC with AVX512-BF16; the peers one text per call: the class-balanced TF-IDF "
+        "0.8931 / macro-F1 0.8235, fastText 0.8875 / 0.8013, model2vec's classifier 0.8856 / 0.7902.",
+    ),
+    Section(
         "kd_base_clothing_base.md",
         "Clothing reviews, base teacher: the default student's KD temperature and CE weight",
         "data",
