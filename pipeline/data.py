@@ -274,7 +274,7 @@ _NOT_WORD = re.compile(r"[^0-9a-z]+")
 
 
 def normalized_text(text: str) -> str:
-    """``text`` lower-cased with everything but letters and digits removed: equal for two copies of one sentence
+    """``text`` lower-cased with everything but a-z and 0-9 removed: equal for two copies of one sentence
     tokenised or punctuated differently ("it 's a gem ." and "It's a gem.")."""
     return _NOT_WORD.sub("", text.lower())
 
@@ -292,18 +292,19 @@ def unlabeled_from_source(cfg: DataConfig, splits: dict[str, pd.DataFrame], seed
     if not path.is_file():
         raise DataError(f"{key} '{src.path}' is not a file. Expected a csv, jsonl or parquet file of unlabelled text.")
     suffixes = [s.lower() for s in path.suffixes]
+    readers = {
+        ".jsonl": lambda: pd.read_json(path, lines=True, encoding="utf-8-sig", dtype=False),
+        ".parquet": lambda: pd.read_parquet(path),
+        ".csv": lambda: pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype=str),  # .csv.gz too
+    }
+    read = next((reader for suffix, reader in readers.items() if suffix in suffixes), None)
+    if read is None:
+        raise DataError(
+            f"{key} '{src.path}' has the suffix '{''.join(path.suffixes)}'; expected .csv (or .csv.gz / .csv.bz2), "
+            ".jsonl or .parquet."
+        )
     try:
-        if ".jsonl" in suffixes:
-            raw = pd.read_json(path, lines=True, encoding="utf-8-sig", dtype=False)
-        elif ".parquet" in suffixes:
-            raw = pd.read_parquet(path)
-        elif ".csv" in suffixes:
-            raw = pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype=str)
-        else:
-            raise DataError(
-                f"{key} '{src.path}' has the suffix '{''.join(path.suffixes)}'; expected .csv (or .csv.gz / .csv.bz2), "
-                ".jsonl or .parquet."
-            )
+        raw = read()
     except (UnicodeDecodeError, ValueError, pd.errors.ParserError) as exc:
         raise DataError(f"{key} '{src.path}' could not be read: {_shown(str(exc).strip(), 300)}") from exc
     missing = [c for c in (src.text_column, *src.where) if c not in raw.columns]
@@ -326,6 +327,12 @@ def unlabeled_from_source(cfg: DataConfig, splits: dict[str, pd.DataFrame], seed
     inside = texts.map(normalized_text).isin(in_splits)
     report["unlabeled_in_splits"] = int(inside.sum())
     texts = texts[~inside]
+    if texts.empty:
+        raise DataError(
+            f"{key} '{src.path}' leaves no unlabelled text: {len(raw)} rows read, {int(keep.sum())} matching "
+            f"data.unlabeled_source.where {src.where or '{}'}, none with a text of at least {src.min_words} words "
+            "that no split holds. Check where, text_column and min_words."
+        )
     if src.max_texts is not None and len(texts) > src.max_texts:
         texts = texts.sample(n=src.max_texts, random_state=seed).sort_index(kind="stable")
     texts, cut = _cut(texts.reset_index(drop=True), max_text_chars(cfg))

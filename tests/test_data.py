@@ -187,6 +187,11 @@ def test_unlabeled_source_errors_name_the_key_and_what_is_expected(tmp_path):
     )
     with pytest.raises(DataError, match="data.unlabeled_source.path .* is not a file"):
         load_splits(missing, seed=0)
+    nothing = DataConfig(
+        source="csv", path=path, unlabeled_text=True, unlabeled_source={"path": path, "where": {"label": "neutral"}}
+    )
+    with pytest.raises(DataError, match=r"leaves no unlabelled text: 40 rows read, 0 matching"):
+        load_splits(nothing, seed=0)
     (tmp_path / "corpus.txt").write_text("some text\n")
     text_file = DataConfig(
         source="csv", path=path, unlabeled_text=True, unlabeled_source={"path": str(tmp_path / "corpus.txt")}
