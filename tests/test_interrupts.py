@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
@@ -24,7 +23,7 @@ def test_a_signal_during_the_block_is_delivered_when_it_ends(sigterm_interrupts)
     done = []
     with pytest.raises(KeyboardInterrupt):
         with interrupts_held():
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
             done.append("the write after the signal")
         done.append("after the block")  # never: the held signal stops the program here
     assert done == ["the write after the signal"]
@@ -38,8 +37,8 @@ def test_a_second_signal_interrupts_at_once(sigterm_interrupts):
     done = []
     with pytest.raises(KeyboardInterrupt):
         with interrupts_held():
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again: the user means it now
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C again: the user means it now
             done.append("never")
     assert done == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -49,7 +48,7 @@ def test_an_ignored_signal_stays_ignored(sigterm_interrupts):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a sweep's variant ignores Ctrl-C: the sweep passes it on
     with interrupts_held():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
@@ -65,7 +64,7 @@ def test_a_sigterm_inside_an_mlflow_write_lets_it_finish_and_the_run_end_killed(
     write = store.log_batch
 
     def signalled_write(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
         return write(*args, **kwargs)
 
     store.log_batch = signalled_write
