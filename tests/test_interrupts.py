@@ -11,9 +11,11 @@ from pipeline.interrupts import WholeCalls, interrupt, interrupts_held
 
 @pytest.fixture
 def sigterm_interrupts():
-    """SIGTERM raises KeyboardInterrupt here, as in the CLI and a sweep's variant; both handlers restored after."""
+    """SIGTERM raises KeyboardInterrupt here, as in the CLI and a sweep's variant, and Ctrl-C as Python's default
+    does (a shell's background job starts with SIGINT ignored: `make test &`); both handlers restored after."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     for signum, handler in previous.items():
         signal.signal(signum, handler)
