@@ -81,10 +81,16 @@ def _read_local(cfg: DataConfig, reference: str) -> pd.DataFrame:
         raise DataError(
             f"Data file '{reference}' is empty. Expected a {cfg.source.upper()} file with columns '{cfg.text_column}' and '{cfg.label_column}'."
         )
+    return _read_table(path, cfg.source, reference)
+
+
+def _read_table(path: Path, kind: str, reference: str) -> pd.DataFrame:
+    """One csv / jsonl / parquet file as a frame (csv cells as text); a clear DataError naming ``reference`` when
+    it is not UTF-8 or cannot be parsed."""
     try:
-        if cfg.source == "csv":
+        if kind == "csv":
             return pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype=str)
-        if cfg.source == "jsonl":
+        if kind == "jsonl":
             return pd.read_json(
                 path, lines=True, encoding="utf-8-sig", dtype=False
             )  # -sig: a leading BOM, as CSV allows
@@ -95,10 +101,10 @@ def _read_local(cfg: DataConfig, reference: str) -> pd.DataFrame:
             "Re-save it as UTF-8 (for example: iconv -f latin1 -t utf-8 IN > OUT)."
         ) from exc
     except (ValueError, pd.errors.ParserError) as exc:
-        line = _bad_jsonl_line(path) if cfg.source == "jsonl" else _line_in(str(exc))
+        line = _bad_jsonl_line(path) if kind == "jsonl" else _line_in(str(exc))
         where = f" at line {line}" if line else ""
         raise DataError(
-            f"Data file '{reference}' could not be parsed as {cfg.source.upper()}{where}: {_shown(str(exc).strip(), 300)}"
+            f"Data file '{reference}' could not be parsed as {kind.upper()}{where}: {_shown(str(exc).strip(), 300)}"
         ) from exc
 
 
@@ -292,21 +298,13 @@ def unlabeled_from_source(cfg: DataConfig, splits: dict[str, pd.DataFrame], seed
     if not path.is_file():
         raise DataError(f"{key} '{src.path}' is not a file. Expected a csv, jsonl or parquet file of unlabelled text.")
     suffixes = [s.lower() for s in path.suffixes]
-    readers = {
-        ".jsonl": lambda: pd.read_json(path, lines=True, encoding="utf-8-sig", dtype=False),
-        ".parquet": lambda: pd.read_parquet(path),
-        ".csv": lambda: pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype=str),  # .csv.gz too
-    }
-    read = next((reader for suffix, reader in readers.items() if suffix in suffixes), None)
-    if read is None:
+    kind = next((k for k in ("jsonl", "parquet", "csv") if f".{k}" in suffixes), None)  # .csv.gz is csv too
+    if kind is None:
         raise DataError(
             f"{key} '{src.path}' has the suffix '{''.join(path.suffixes)}'; expected .csv (or .csv.gz / .csv.bz2), "
             ".jsonl or .parquet."
         )
-    try:
-        raw = read()
-    except (UnicodeDecodeError, ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"{key} '{src.path}' could not be read: {_shown(str(exc).strip(), 300)}") from exc
+    raw = _read_table(path, kind, src.path)
     missing = [c for c in (src.text_column, *src.where) if c not in raw.columns]
     if missing:
         raise DataError(
