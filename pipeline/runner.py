@@ -45,7 +45,15 @@ from typing import Callable, cast
 
 from .config import PipelineConfig, to_yaml
 from .errors import ConfigError, LockedError, PipelineError, disk_full_error
-from .integrity import MANIFEST, DigestCache, damaged_outputs, output_identity, output_listing, path_digest
+from .integrity import (
+    MANIFEST,
+    DigestCache,
+    damaged_outputs,
+    discard_resume_state,
+    output_identity,
+    output_listing,
+    path_digest,
+)
 from .redaction import redact_uri
 from .stage_api import Stage
 from .tracking import Tracker, config_hash, run_status
@@ -822,6 +830,9 @@ def _run_stage(
         duration = time.time() - started
         if dist.is_main:
             tracker.log_metrics({"stage_seconds": duration})
+            freed = discard_resume_state(partial)  # checkpoints only resume a partial stage
+            if freed:
+                log.info("[%s] resume checkpoints deleted (%.1f GB freed)", name, freed / 1e9)
             manifest = {
                 "stage": name,
                 "fingerprint": fp,

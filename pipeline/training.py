@@ -50,6 +50,7 @@ from .config import TrainSettings
 from .data import global_batches, rank_slice
 from .errors import PipelineError, TrainingError
 from .inference import model_inputs
+from .integrity import RESUME_STATE_PREFIX
 
 log = logging.getLogger("pipeline")
 
@@ -394,7 +395,7 @@ def fit(
 
 
 def checkpoints_folder(out: Path, tag: str) -> Path:
-    return out / f"checkpoints-{tag}"
+    return out / f"{RESUME_STATE_PREFIX}{tag}"  # the runner deletes these when the stage completes
 
 
 def best_weights_path(out: Path, tag: str) -> Path:

@@ -3,6 +3,7 @@ the final student is bit-identical to an uninterrupted run (CPU)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -76,3 +77,35 @@ def test_half_written_checkpoint_is_never_loaded(tiny_run, tmp_path):
     (root / "step-00000005-e0b5").mkdir(parents=True)
     (root / "step-00000010-e0b10.tmp").mkdir()
     assert Checkpoints(root, keep=2).latest().name == "step-00000005-e0b5"
+
+
+def test_a_completed_stage_keeps_no_resume_checkpoints(tiny_run):
+    """Checkpoints only resume a partial stage: the runner deletes them on completion and lists none as outputs."""
+    for stage in ("teacher", "distill"):
+        folder = tiny_run["run_dir"] / stage
+        assert (folder / "manifest.json").is_file() and not list(folder.glob("checkpoints-*")), stage
+        outputs = json.loads((folder / "manifest.json").read_text())["outputs"]
+        assert outputs and not [name for name in outputs if name.startswith("checkpoints-")], stage
+
+
+def test_an_older_manifest_listing_checkpoints_is_not_damaged_without_them(tiny_run, tmp_path):
+    """Runs made before completion deleted the checkpoints list them; deleting them by hand (disk space) reruns nothing,
+    while a missing output still does."""
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(tiny_run["run_dir"], runs_dir / "tiny")
+    manifest_path = runs_dir / "tiny" / "distill" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["outputs"]["checkpoints-distill/step-00000004-e1b0/model.safetensors"] = {
+        "bytes": 10,
+        "sha256": "0" * 64,
+        "mtime_ns": 1,
+    }
+    manifest_path.write_text(json.dumps(manifest))
+    up_to_date = run_cli("run", "tiny", "--to", "distill", runs_dir=runs_dir)
+    assert up_to_date.returncode == 0, up_to_date.stderr[-3000:]
+    assert "nothing to do" in up_to_date.stderr and "damaged" not in up_to_date.stderr
+
+    (runs_dir / "tiny" / "distill" / "student" / "model.safetensors").unlink()
+    rerun = run_cli("run", "tiny", "--to", "distill", runs_dir=runs_dir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "[distill] output damaged (distill/student/model.safetensors is missing)" in rerun.stderr

@@ -68,8 +68,10 @@ def test_the_cache_holds_the_two_teachers_mean_probabilities(ensemble_run):
     run_dir = ensemble_run[0] / "tiny"
     teacher = run_dir / "teacher"
     assert (teacher / "members" / "1" / "model" / "config.json").is_file()
-    # the member's checkpoints and best weights are gone once it is saved; the first teacher's stay, as before
-    assert not list(teacher.glob("*member1*")) and (teacher / "checkpoints-teacher").is_dir()
+    # the member's checkpoints and best weights are gone once it is saved; the first teacher's best weights stay (its
+    # checkpoints, resume state, go when the stage completes)
+    assert not list(teacher.glob("*member1*")) and (teacher / "best-teacher.safetensors").is_file()
+    assert not list(teacher.glob("checkpoints-*"))
     assert not (teacher / "members" / "2").exists()
     train = TrainingData(run_dir / "prepare")
     picked = np.arange(len(train))[:40]
