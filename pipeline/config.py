@@ -568,6 +568,14 @@ class ExportConfig(Section):
         True,
         description="ship a vocabulary cut to the tokens train/validation/unlabeled text use (WordPiece, BPE, Unigram; smaller embeddings; unseen words become shorter pieces or [UNK])",
     )
+    trim_unlabeled_min_count: int = Field(
+        1,
+        ge=1,
+        le=1_000_000,
+        description="with trim_vocab, a token that only the unlabelled text uses is kept when that text uses it at "
+        "least this often (1: every one). Raise it when a large unlabelled corpus (data.unlabeled_source) brings "
+        "rare words whose embedding rows would grow the shipped file; the export reports what it costs on test",
+    )
     register_model: bool = True
     word_list: str | None = Field(
         None,

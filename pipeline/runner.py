@@ -142,6 +142,7 @@ ADDED_KEYS = {
     "export.word_list": None,
     "teacher.ensemble": 1,
     "data.unlabeled_source": None,
+    "export.trim_unlabeled_min_count": 1,
 }
 
 

@@ -750,3 +750,28 @@ def test_the_teachers_graph_is_cached_whole_and_keyed_by_what_it_depends_on(tmp_
     assert teacher_graph_key(inputs, 18) == key  # the teacher's metrics are not its graph
     manifest("w2")
     assert teacher_graph_key(inputs, 18) != key
+
+
+def test_trimming_drops_only_the_unlabelled_texts_rare_tokens(tmp_path):
+    """export.trim_unlabeled_min_count: a token only the unlabelled text uses is kept when it occurs there often
+    enough; every token of the labelled text stays, however rare."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, "good": 2, "film": 3, "rare": 4, "often": 5, "once": 6, "labelled": 7}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    prepare = tmp_path / "prepare"
+    prepare.mkdir()
+
+    def write(split, texts):
+        (prepare / f"{split}.jsonl").write_text("".join(json.dumps({"text": t, "label": 0}) + "\n" for t in texts))
+
+    write("train", ["good film", "labelled"])
+    write("validation", ["good"])
+    write("unlabeled", ["often once", "often rare", "often rare"])
+    every = corpus_token_ids(prepare, tmp_path / "tokenizer.json")
+    assert every == {2, 3, 4, 5, 6, 7}
+    twice = corpus_token_ids(prepare, tmp_path / "tokenizer.json", unlabeled_min_count=2)
+    assert twice == {2, 3, 4, 5, 7}  # "once" goes; "labelled" (once, in train) stays
+    assert corpus_token_ids(prepare, tmp_path / "tokenizer.json", unlabeled_min_count=3) == {2, 3, 5, 7}

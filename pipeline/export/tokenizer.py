@@ -3,6 +3,7 @@ it ships, and vocabulary trimming (the student and tokenizer cut to the tokens t
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import re
@@ -240,11 +241,14 @@ class IdSplit:
         return len(self.input_ids)
 
 
-def trimmed_student(student, prepare, records, tokenizer_json, work, test, max_length, full_facts):
-    """The student and tokenizer cut to the tokens train/validation use; test re-tokenized with the cut vocabulary.
+def trimmed_student(
+    student, prepare, records, tokenizer_json, work, test, max_length, full_facts, unlabeled_min_count: int = 1
+):
+    """The student and tokenizer cut to the tokens train/validation use (and the unlabelled text, those it uses at
+    least ``unlabeled_min_count`` times); test re-tokenized with the cut vocabulary.
 
     ``full_facts``: tokenizer_facts of the untrimmed tokenizer (its special-token roles name the trimmed one's)."""
-    keep = corpus_token_ids(prepare, tokenizer_json)
+    keep = corpus_token_ids(prepare, tokenizer_json, unlabeled_min_count=unlabeled_min_count)
     family = FAMILIES.get(getattr(student.config, "model_type", None))
     if family is not None and family.position_offset:  # RoBERTa-style: positions count from pad_token_id, so ids up
         keep |= set(range(full_facts["special_tokens"]["pad"]["id"] + 1))  # to the pad id keep their number
@@ -277,6 +281,7 @@ def trimmed_student(student, prepare, records, tokenizer_json, work, test, max_l
         "kept_tokens": len(kept),
         "original_vocab": original_vocab,
         "source_splits": "train, validation, unlabeled",
+        "unlabeled_min_count": unlabeled_min_count,
         "test_texts_tokenized_differently": sum(differs),
         "test_texts_surviving": len(surviving),
         "pad_id": facts["special_tokens"]["pad"]["id"],
@@ -289,9 +294,14 @@ def trimmed_student(student, prepare, records, tokenizer_json, work, test, max_l
 
 
 def corpus_token_ids(
-    prepare_dir: Path, tokenizer_json: Path, splits: tuple[str, ...] = ("train", "validation", "unlabeled")
+    prepare_dir: Path,
+    tokenizer_json: Path,
+    splits: tuple[str, ...] = ("train", "validation", "unlabeled"),
+    unlabeled_min_count: int = 1,
 ) -> set[int]:
-    """Every token id the training-side text uses, tokenized WITHOUT truncation.
+    """Every token id the training-side text uses, tokenized WITHOUT truncation; of the ids only the unlabelled split
+    uses, those it uses at least ``unlabeled_min_count`` times (a large unlabelled corpus brings thousands of rare
+    words: 768 bytes each in an int8 base-width table).
 
     Untruncated: a word cut by truncation still needs all its pieces, or greedy
     WordPiece turns the whole word into [UNK] (and BPE / Unigram split it otherwise). The test split is left out, so
@@ -301,6 +311,7 @@ def corpus_token_ids(
     tokenizer.no_truncation()
     tokenizer.no_padding()
     ids: set[int] = set()
+    unlabeled: collections.Counter[int] = collections.Counter()
     for split in splits:
         path = Path(prepare_dir) / f"{split}.jsonl"
         if not path.is_file():
@@ -309,8 +320,8 @@ def corpus_token_ids(
             records = [json.loads(line) for line in fh if line.strip()]
         items = [(r["text"], r["text_pair"]) if "text_pair" in r else r["text"] for r in records]
         for encoding in tokenizer.encode_batch(items):
-            ids.update(encoding.ids)
-    return ids
+            (unlabeled.update if split == "unlabeled" else ids.update)(encoding.ids)
+    return ids | {token for token, count in unlabeled.items() if count >= unlabeled_min_count}
 
 
 def trim_vocabulary(tokenizer_json: Path, keep: set[int], target: Path) -> list[int]:

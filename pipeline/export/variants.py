@@ -160,7 +160,15 @@ def student_to_ship(inputs: Inputs, cfg, work: Path) -> Student:
         }
         return untrimmed
     trimmed, test, trimmed_json, trim = trimmed_student(
-        model, inputs.prepare, inputs.test_records, tokenizer_json, work, inputs.test, inputs.max_length, facts
+        model,
+        inputs.prepare,
+        inputs.test_records,
+        tokenizer_json,
+        work,
+        inputs.test,
+        inputs.max_length,
+        facts,
+        unlabeled_min_count=cfg.trim_unlabeled_min_count,
     )
     pad = trim["pad_id"]
     own = torch_logits(trimmed, test, pad)
@@ -197,9 +205,11 @@ def export_student(student: Student, inputs: Inputs, cfg, out: Path, work: Path)
             (student.reference[surviving].argmax(-1) == student.own_logits[surviving].argmax(-1)).mean()
         )
     shipped.trim = {**trim, "before": before, "after": _brief(after)}
+    rare = trim.get("unlabeled_min_count", 1)
     log.info(
-        "[export] vocabulary trimmed to %d tokens: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
+        "[export] vocabulary trimmed to %d tokens%s: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
         trim["kept_tokens"],
+        f" (unlabelled-only tokens used under {rare} times dropped)" if rare > 1 else "",
         before["file_mb"],
         after["file_mb"],
         before["accuracy"],
