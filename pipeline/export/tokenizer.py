@@ -249,7 +249,7 @@ def trimmed_student(
 
     ``full_facts``: tokenizer_facts of the untrimmed tokenizer (its special-token roles name the trimmed one's)."""
     keep = corpus_token_ids(prepare, tokenizer_json, unlabeled_min_count=unlabeled_min_count)
-    family = FAMILIES.get(getattr(student.config, "model_type", None))
+    family = FAMILIES.get(str(getattr(student.config, "model_type", "")))
     if family is not None and family.position_offset:  # RoBERTa-style: positions count from pad_token_id, so ids up
         keep |= set(range(full_facts["special_tokens"]["pad"]["id"] + 1))  # to the pad id keep their number
     trimmed_json = work / "tokenizer.trimmed.json"
