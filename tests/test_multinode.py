@@ -35,9 +35,10 @@ pytestmark = pytest.mark.pipeline
 
 SBATCH = ROOT / "docs" / "cluster" / "distill.sbatch"
 PYTORCHJOB = ROOT / "docs" / "cluster" / "pytorchjob.yaml"
-# Files other ranks write into the shared folder by design: their RNG state in each training checkpoint, and the
-# capture shards they compute (shard i is computed by rank i % world).
-OTHER_RANK_FILES = re.compile(r"rng-rank1\.pt|shard-\d*[13579]\.(bin|json)")
+# Files other ranks write into the shared folder by design and keep there: the capture shards they compute (shard i
+# is computed by rank i % world). Their RNG state in each training checkpoint goes with the checkpoints when the stage
+# completes.
+OTHER_RANK_FILES = re.compile(r"shard-\d*[13579]\.(bin|json)")
 
 
 def stand_ins(folder: Path) -> Path:
@@ -148,10 +149,10 @@ def test_sbatch_two_nodes_match_one_process(tmp_path, one_process_run):
         assert f"--num_machines 2 --num_processes 2 --machine_rank {rank} --main_process_ip 127.0.0.1" in text
     assert "[rank 0]" in node_logs[0] and "[rank 1]" not in "".join(node_logs)  # rank 1 is quiet unless it fails
     check_same_job(one_process_run, tmp_path / "two", evaluated=True)
-    # Only rank 0 writes: the shared folder holds what one process writes, plus the other rank's checkpoint RNG.
+    # Only rank 0 writes: the shared folder holds what one process writes, plus the other rank's capture shards (that
+    # rank 1 trained shows in distill's world_size of 2, checked above: a rank that did not would hang the all-reduce).
     extra = listing(tmp_path / "two") - listing(one_process_run)
     assert all(OTHER_RANK_FILES.fullmatch(Path(p).name) for p in extra), sorted(extra)
-    assert any(p.endswith("rng-rank1.pt") for p in extra), "no RNG state of rank 1: did it train at all?"
     assert listing(one_process_run) - listing(tmp_path / "two") == set()
     # The files both runs have, but written by node 1 (e.g. a stage output it also wrote): caught by their mode.
     by_node1 = private_files(tmp_path / "two") - private_files(one_process_run)
