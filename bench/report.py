@@ -531,6 +531,16 @@ SECTIONS: list[Section] = [
         "100,000 variant ships as `configs/mpnet_base_imdb.yaml`; its export: the next two tables.",
     ),
     Section(
+        "imdb_fast_base_mpnet_base.md",
+        "Sentences, base teacher: the 2-layer fast rung with 100,000 teacher-labelled IMDb sentences",
+        "data",
+        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_imdb_fast.yaml ARGS='--to evaluate'`: the fast rung "
+        "(teacher layers 0 and 11, FFN 768, CE + logit KD, 3 epochs) against the same one epoch over the labelled "
+        "sentences and the 100,000 IMDb sentences of the table above (its capture linked), paired by student seed "
+        "(`--against-first`); batched PyTorch accuracy on the 2,557 test sentences; the teacher 0.9030; 2-core AMD "
+        "EPYC with AVX512-BF16, alone on it.",
+    ),
+    Section(
         "phone_table_imdb_mpnet_base.md",
         "The base student with 100,000 IMDb sentences (`mpnet_base_imdb`), exported: against the int8 base teacher",
         "data",
