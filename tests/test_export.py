@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pipeline.config import load_config
 from pipeline.export import text_model
@@ -755,8 +756,6 @@ def test_the_teachers_graph_is_cached_whole_and_keyed_by_what_it_depends_on(tmp_
 def test_trimming_drops_only_the_unlabelled_texts_rare_tokens(tmp_path):
     """export.trim_unlabeled_min_count: a token only the unlabelled text uses is kept when it occurs there often
     enough; every token of the labelled text stays, however rare."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     vocab = {"[UNK]": 0, "[PAD]": 1, "good": 2, "film": 3, "rare": 4, "often": 5, "once": 6, "labelled": 7}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -205,7 +205,7 @@ def export_student(student: Student, inputs: Inputs, cfg, out: Path, work: Path)
             (student.reference[surviving].argmax(-1) == student.own_logits[surviving].argmax(-1)).mean()
         )
     shipped.trim = {**trim, "before": before, "after": _brief(after)}
-    rare = trim.get("unlabeled_min_count", 1)
+    rare = trim["unlabeled_min_count"]
     log.info(
         "[export] vocabulary trimmed to %d tokens%s: fp32 %.1f -> %.1f MB, test accuracy %.4f -> %.4f",
         trim["kept_tokens"],
