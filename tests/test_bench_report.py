@@ -158,6 +158,32 @@ def test_default_run_report_reads_a_clone_per_stage_and_its_seeds(tiny_run, tmp_
     assert seed_lines[6].endswith(f"{row['shipped_accuracy']:.4f} (0.0000) |")
 
 
+def test_text_latency_measures_shipped_students_on_the_same_texts(tiny_run, tmp_path):
+    """bench/text_latency.py: each run's text-in model gives, one text per call, the accuracy its export recorded
+    (same graph, same texts); one row per run, the first the reference; runs of other test texts are refused."""
+    run = tiny_run["run_dir"]
+    twin = tmp_path / "twin"  # a second run folder: the same bundle and split, so the same accuracy
+    for part in ("prepare", "export"):
+        shutil.copytree(run / part, twin / part, symlinks=True)
+    out = tmp_path / "text_latency.md"
+    result = run_bench("text_latency.py", str(run), str(twin), "--texts", "4", "--rounds", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    export = json.loads((run / "export" / "metrics.json").read_text())
+    shipped = {"fp32": "onnx_fp32", "int8": "onnx_int8", "int8_static": "onnx_int8_static"}[export["recommended"]]
+    recorded = export[shipped]["accuracy"]
+    rows = [
+        line for line in out.read_text().splitlines() if line.startswith(f"| {run}") or line.startswith(f"| {twin}")
+    ]
+    assert len(rows) == 2 and rows[0].endswith("| 1 |") and rows[1].split(" | ")[5] == "+0.00", rows
+    assert all(row.split(" | ")[3] == f"{recorded:.4f}" for row in rows), (recorded, rows)
+
+    test = twin / "prepare" / "test.jsonl"
+    lines = test.read_text().splitlines()
+    test.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")  # the same texts in another order
+    refused = run_bench("text_latency.py", str(run), str(twin), "--texts", "4", "--rounds", "2")
+    assert refused.returncode != 0 and "other test texts" in refused.stderr, refused.stderr[-2000:]
+
+
 def test_capture_levers_times_every_setting_on_a_run(tiny_run, tmp_path):
     """bench/capture_levers.py on the tiny run: one row per setting, each a positive rate, the stage's settings 1.00x,
     and the stage's own figure from its manifest."""
