@@ -842,6 +842,7 @@ def _run_stage(
                 "duration_s": round(duration, 2),
                 "summary": summary,
                 "mlflow_run_id": stage_run_id,
+                "ran_in": ran_in(runs_dir, run_dir),  # a hard-linked copy elsewhere keeps it: who did the work
                 "outputs": output_listing(partial),
                 "upstream": {
                     before: read_identity(name, before, read_manifest(run_dir / before) or {})
@@ -853,6 +854,14 @@ def _run_stage(
             replace_folder(partial, final)
             log.info("[%s] done in %.1f s %s", name, duration, _short(summary))
     dist.barrier()
+
+
+def ran_in(runs_dir: Path, run_dir: Path) -> str:
+    """The run folder a stage ran in, relative to the runs folder (absolute where it lies outside)."""
+    try:
+        return Path(run_dir).resolve().relative_to(Path(runs_dir).resolve()).as_posix()
+    except ValueError:
+        return str(Path(run_dir).resolve())
 
 
 def _short(summary: dict) -> str:

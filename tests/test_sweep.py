@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import json
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ from pipeline.errors import ConfigError, PipelineError
 from pipeline.plots import pareto_front
 from pipeline.runner import STAGES
 from pipeline.sweep import Constraint, choose, load_sweep, parse_pick
-from pipeline.sweep.run import run_variant
+from pipeline.sweep.run import run_variant, stage_seconds
 from tests.helpers import ROOT, read_json, run_cli
 
 pytestmark = pytest.mark.pipeline
@@ -181,6 +182,46 @@ def test_table_and_plot(sweep):
     assert markdown.count("\n| ") >= 5 and "int8 teacher (baseline)" in markdown
     assert "Shared (run once" in markdown and "teacher (" in markdown
     assert (folder / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_stage_linked_from_another_sweep_is_not_this_sweeps_work(tmp_path):
+    """A variant's wall time counts only the stages it ran: its manifest's ``ran_in`` (kept by every hard-linked copy)
+    names the folder that did the work, so a stage linked from the config's run folder or from another sweep's variant
+    is shared under that folder's name and counted for none of this sweep's variants (a 100-minute capture linked from
+    another sweep once made a 20-minute variant read two hours). Manifests without ``ran_in``: the first holder."""
+
+    def manifest(folder, stage, fingerprint, seconds, ran_in=None, completed="2026-12-07T04:04:20"):
+        (folder / stage).mkdir(parents=True, exist_ok=True)
+        fields = {"stage": stage, "fingerprint": fingerprint, "completed_at": completed, "duration_s": seconds}
+        (folder / stage / "manifest.json").write_text(json.dumps({**fields, **({"ran_in": ran_in} if ran_in else {})}))
+
+    base = tmp_path / "runs" / "cfg"
+    manifest(base, "teacher", "t", 850.0, "cfg")
+    folder = base / "sweeps" / "phone"
+    for variant in ("s1", "s2"):
+        manifest(folder / variant, "teacher", "t", 850.0, "cfg")
+        manifest(folder / variant, "capture", "c", 6175.0, "cfg/sweeps/all/big_s42")
+        manifest(folder / variant, "prepare", "p", 16.0, "cfg/sweeps/phone/s1")
+        manifest(folder / variant, "distill", f"d-{variant}", 1000.0 + int(variant[1]), f"cfg/sweeps/phone/{variant}")
+    seconds, shared = stage_seconds(folder, base, ["s1", "s2"])
+    assert seconds == {"s1": 1017.0, "s2": 1002.0}
+    assert shared == {
+        "teacher": ("the config's run folder", 850.0),
+        "prepare": ("s1", 16.0),
+        "capture": ("sweep all, variant big_s42", 6175.0),
+    }
+
+    old = base / "sweeps" / "old"  # manifests from before ran_in: the first variant holding a stage ran it
+    for variant in ("a", "b"):
+        manifest(old / variant, "teacher", "t", 850.0, completed="then")
+        manifest(old / variant, "capture", "c", 300.0)
+        manifest(old / variant, "distill", f"d-{variant}", 100.0, completed=variant)
+    (base / "teacher" / "manifest.json").write_text(
+        json.dumps({"stage": "teacher", "fingerprint": "t", "completed_at": "then", "duration_s": 850.0})
+    )
+    seconds, shared = stage_seconds(old, base, ["a", "b"])
+    assert seconds == {"a": 400.0, "b": 100.0}
+    assert shared == {"teacher": ("the config's run folder", 850.0), "capture": ("a", 300.0)}
 
 
 def test_pick_moves_champion_to_the_fastest_meeting_the_constraint(sweep):

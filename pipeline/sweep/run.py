@@ -218,36 +218,58 @@ def _stop(process, grace_s: float = 60.0) -> None:
         process.join()
 
 
+def stage_seconds(folder: Path, base_dir: Path, variants: list[str]) -> tuple[dict[str, float], dict[str, tuple]]:
+    """Each variant's seconds of stage work, and the stages it shared: stage -> (who ran it, its seconds).
+
+    A manifest names the run folder its stage ran in (``ran_in``, kept by every hard-linked copy): a variant counts
+    the stages it ran, and a stage linked from the config's run folder or from another sweep's variant is shared
+    under that folder's name. Manifests written before ``ran_in``: the first folder holding the stage (the config's
+    run folder, then the variants in order) is taken to have run it.
+    """
+    names = {base_dir.name: "the config's run folder"}
+    names.update({f"{base_dir.name}/sweeps/{folder.name}/{name}": name for name in variants})
+    seen: dict[tuple, str] = {}
+    for stage in STAGES:  # older manifests: stages the base run folder holds were not run by any variant
+        manifest = read_manifest(base_dir / stage) or {}
+        if manifest:
+            seen[(stage, manifest.get("fingerprint"), manifest.get("completed_at"))] = names[base_dir.name]
+    seconds: dict[str, float] = {}
+    shared: dict[str, tuple[str, float]] = {}
+    for name in variants:
+        seconds[name] = 0.0
+        for stage in STAGES:
+            manifest = read_manifest(folder / name / stage) or {}
+            if not manifest:
+                continue
+            if "ran_in" in manifest:
+                who = names.get(manifest["ran_in"])
+                if who is None:  # another sweep's variant, or a folder this sweep does not know
+                    parts = Path(manifest["ran_in"]).parts
+                    mine = len(parts) == 4 and parts[0] == base_dir.name and parts[1] == "sweeps"
+                    who = f"sweep {parts[2]}, variant {parts[3]}" if mine else manifest["ran_in"]
+            else:
+                who = seen.setdefault((stage, manifest.get("fingerprint"), manifest.get("completed_at")), name)
+            if who == name:
+                seconds[name] += manifest.get("duration_s", 0.0)
+            else:
+                shared.setdefault(stage, (who, manifest.get("duration_s", 0.0)))
+    return seconds, shared
+
+
 def results(sweep: Sweep, folder: Path, base_dir: Path, states: dict[str, dict]) -> tuple[list[dict], list[str]]:
-    """Comparison rows; a stage's time counts for the first folder that ran it (the others linked it).
+    """Comparison rows (a variant's wall time: the stages it ran itself, stage_seconds) and the shared stages.
 
     ``states``: variant -> its stages' states after its run (figures only from stages complete and current).
     """
-    seen: dict[tuple, str] = {}
-    for stage in STAGES:  # stages the base run folder holds were not run by any variant
-        manifest = read_manifest(base_dir / stage) or {}
-        if manifest:
-            seen[(stage, manifest.get("fingerprint"), manifest.get("completed_at"))] = "the config's run folder"
+    seconds, shared = stage_seconds(folder, base_dir, list(sweep.variants))
     rows: list[dict] = []
-    shared: dict[str, tuple[str, float]] = {}
     for name in sweep.variants:
         run_dir = folder / name
         done = {stage for stage, state in states[name].items() if state == "done"}
-        seconds = 0.0
-        for stage in STAGES:
-            manifest = read_manifest(run_dir / stage) or {}
-            key = (stage, manifest.get("fingerprint"), manifest.get("completed_at"))
-            if not manifest:
-                continue
-            if key in seen:
-                shared.setdefault(stage, (seen[key], manifest.get("duration_s", 0.0)))
-                continue
-            seen[key] = name
-            seconds += manifest.get("duration_s", 0.0)
         rows.append(
-            variant_row(name, sweep.spec.variants[name].description, sweep.configs[name], run_dir, done, seconds)
+            variant_row(name, sweep.spec.variants[name].description, sweep.configs[name], run_dir, done, seconds[name])
         )
-    counted = [f"{stage} ({seconds:.0f} s, run by {by})" for stage, (by, seconds) in shared.items()]
+    counted = [f"{stage} ({secs:.0f} s, run by {by})" for stage, (by, secs) in shared.items()]
     return rows, counted
 
 
