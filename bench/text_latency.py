@@ -8,8 +8,9 @@ paired against the first run's student (its 95% interval).
 The question it answers: does a student of another teacher fit the first run's latency budget? (Issue 39: a
 student of the base teacher no slower than bert_small's shipped student, and 4 points more accurate.) Each RUN's
 bundle must ship its text-in model (export/bundle/model.text.onnx: the tokenizer operators in front of the shipped
-graph, what the export's own from-raw-text table times; file MB is that shipped graph's). The runs must share the test texts (the same data split);
-the script stops when they do not, since accuracy and time would then be measured on different texts.
+graph, what the export's own from-raw-text table times; file MB is that shipped graph's). The runs must share the
+test texts (the same data split); the script stops when they do not, since accuracy and time would then be measured
+on different texts.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from pipeline.metrics import classification_report
 from pipeline.timing import interleaved
 
 TEXT_MODEL = "model.text.onnx"
-VARIANTS = {"fp32": "onnx_fp32", "int8": "onnx_int8", "int8_static": "onnx_int8_static"}  # export/metrics.json keys
 
 
 def test_records(run: Path) -> list[dict]:
@@ -47,7 +47,7 @@ def bundle_facts(run: Path) -> dict:
             "(a transformer or static student exported on a single-text data set); run its export first."
         )
     metrics = json.loads((run / "export" / "metrics.json").read_text())
-    shipped = metrics[VARIANTS[metrics["recommended"]]]
+    shipped = metrics[f"onnx_{metrics['recommended']}"]  # onnx_fp32, onnx_int8 or onnx_int8_static
     return {"file": shipped["file"], "file_mb": shipped["file_mb"], "recorded_accuracy": shipped["accuracy"]}
 
 

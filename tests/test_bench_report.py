@@ -169,8 +169,7 @@ def test_text_latency_measures_shipped_students_on_the_same_texts(tiny_run, tmp_
     result = run_bench("text_latency.py", str(run), str(twin), "--texts", "4", "--rounds", "2", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     export = json.loads((run / "export" / "metrics.json").read_text())
-    shipped = {"fp32": "onnx_fp32", "int8": "onnx_int8", "int8_static": "onnx_int8_static"}[export["recommended"]]
-    recorded = export[shipped]["accuracy"]
+    recorded = export[f"onnx_{export['recommended']}"]["accuracy"]
     rows = [
         line for line in out.read_text().splitlines() if line.startswith(f"| {run}") or line.startswith(f"| {twin}")
     ]
