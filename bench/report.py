@@ -532,11 +532,12 @@ SECTIONS: list[Section] = [
     ),
     Section(
         "imdb_all_base_mpnet_base.md",
-        "Sentences, base teacher: the default student with every IMDb sentence (two seeds so far)",
+        "Sentences, base teacher: the default student with every IMDb sentence (three seeds)",
         "data",
-        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_imdb_all.yaml ARGS='--to evaluate'`, stopped at the "
-        "start of seed 2 of the 299,671-sentence variant (one epoch over 308,576 rows; seed 42 1,746 s alone, seed 1 "
-        "2,009 s with short test runs beside it): the default and the 100,000 variant linked from the sweep above "
+        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_imdb_all.yaml ARGS='--to evaluate'`, seed 2 of the "
+        "299,671-sentence variant resumed the next morning (one epoch over 308,576 rows; seed 42 1,746 s alone, seed "
+        "1 2,009 s and seed 2 2,040 s with short runs beside them): the default and the 100,000 variant linked from "
+        "the sweep above "
         "(all three seeds), paired by seed (`--against-first`); batched PyTorch accuracy on the 2,557 test "
         "sentences; the teacher 0.9030; 2-core AMD EPYC with AVX512-BF16.",
     ),
@@ -680,6 +681,25 @@ SECTIONS: list[Section] = [
         "PyTorch accuracy; the teacher 0.9030; 2-core AMD EPYC with AVX512-BF16, alone on it but for short test "
         "runs in its first minutes. The two-epoch student exported: 0.8502 one text per call (the one-epoch one "
         "0.8490), 20.44x the int8 teacher on sentences (20.30-20.90), 11.1 MB.",
+    ),
+    Section(
+        "phone_shapes_mpnet_base.md",
+        "Two other phone-sized shapes under the base teacher with every IMDb sentence (one seed)",
+        "data",
+        "`make sweep CONFIG=bert_small SWEEP=configs/sweeps/phone_shapes.yaml ARGS='--to evaluate'` (2 MiniLM-L6 "
+        "layers with their whole FFN; 4 layers with FFN 384; bert_small's recipe), then `make sweep "
+        "CONFIG=mpnet_base SWEEP=configs/sweeps/base_phone_shapes.yaml`: each continued under the MPNet teacher over "
+        "all 308,576 rows, one epoch, seed 1, exported; batched PyTorch accuracy; the teacher 0.9030; 2-core AMD "
+        "EPYC with AVX512-BF16.",
+    ),
+    Section(
+        "phone_shapes_latency_mpnet_base.md",
+        "The other phone-sized shapes beside bert_small's shipped student, from raw text",
+        "data",
+        "bert_small's shipped student, seed 1 of the three-layer phone student above and the two shapes of the "
+        "table above, each bundle's text-in model one text per call on the same 300 test sentences, interleaved on "
+        "one thread, time paired against bert_small's student; accuracy on all 2,557 test sentences. The issue's "
+        "bar at bert_small's latency: 0.8613.",
     ),
     Section(
         "static_base_clothing_base.md",
@@ -936,6 +956,15 @@ SECTIONS: list[Section] = [
         "The probe that picked the shapes to train: randomly initialised students of several depths and "
         "feed-forward sizes, exported and quantized like the shipped one, timed against the int8 teacher.",
         data=("student_shapes.json",),
+    ),
+    Section(
+        "student_shapes_phone.md",
+        "Shapes around bert_small's student: what a phone budget buys (latency only)",
+        "choice",
+        "`bench/student_shapes.py --set phone`: randomly initialised int8 graphs of bert_small's student's shape "
+        "and of deeper, wider and FFN-richer ones, timed interleaved against it one sentence per call (issue 39: "
+        "what a student of the base teacher may spend at bert_small's latency).",
+        data=("student_shapes_phone.json",),
     ),
     Section(
         "sweep_depth_bert_small.md",
