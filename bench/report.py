@@ -684,19 +684,20 @@ SECTIONS: list[Section] = [
     ),
     Section(
         "phone_shapes_mpnet_base.md",
-        "Two other phone-sized shapes under the base teacher with every IMDb sentence (one seed)",
+        "Two other phone-sized shapes under the base teacher with every IMDb sentence",
         "data",
         "`make sweep CONFIG=bert_small SWEEP=configs/sweeps/phone_shapes.yaml ARGS='--to evaluate'` (2 MiniLM-L6 "
         "layers with their whole FFN; 4 layers with FFN 384; bert_small's recipe), then `make sweep "
         "CONFIG=mpnet_base SWEEP=configs/sweeps/base_phone_shapes.yaml`: each continued under the MPNet teacher over "
-        "all 308,576 rows, one epoch, seed 1, exported; batched PyTorch accuracy; the teacher 0.9030; 2-core AMD "
+        "all 308,576 rows, one epoch, seed 1 (the 4-layer one also seeds 2 and 3), exported; batched PyTorch "
+        "accuracy; the teacher 0.9030; 2-core AMD "
         "EPYC with AVX512-BF16.",
     ),
     Section(
         "phone_shapes_latency_mpnet_base.md",
         "The other phone-sized shapes beside bert_small's shipped student, from raw text",
         "data",
-        "bert_small's shipped student, seed 1 of the three-layer phone student above and the two shapes of the "
+        "bert_small's shipped student, seed 1 of the three-layer phone student above and the exports of the "
         "table above, each bundle's text-in model one text per call on the same 300 test sentences, interleaved on "
         "one thread, time paired against bert_small's student; accuracy on all 2,557 test sentences. The issue's "
         "bar at bert_small's latency: 0.8613.",
