@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,50 +34,61 @@ from transformers import BertConfig, BertForSequenceClassification
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import command_line, header_lines
 
 from pipeline.export.latency import latency_inputs
 from pipeline.export.onnx_graph import LogitsOnly, export_onnx, ort_session
 from pipeline.export.quantize import quantize_int8
 
-# name -> (layers, intermediate size, vocabulary[, hidden width, heads]): width 384 and 12 heads when not given
-SHAPES: dict[str, tuple[int, ...]] = {
-    "teacher 6L ffn1536 (int8 baseline)": (6, 1536, 30522),
-    "2L ffn1536 (old default)": (2, 1536, 30522),
-    "2L ffn1536 vocab 12k": (2, 1536, 12000),
-    "3L ffn1536 vocab 12k": (3, 1536, 12000),
-    "3L ffn768 vocab 12k": (3, 768, 12000),
-    "3L ffn512 vocab 12k": (3, 512, 12000),
-    "3L ffn384 vocab 12k": (3, 384, 12000),
-    "3L ffn256 vocab 12k (new default shape)": (3, 256, 12000),
-    "4L ffn512 vocab 12k": (4, 512, 12000),
-    "4L ffn384 vocab 12k": (4, 384, 12000),
-    "4L ffn256 vocab 12k": (4, 256, 12000),
+
+class Shape(NamedTuple):
+    layers: int
+    ffn: int  # intermediate size
+    vocab: int
+    width: int = 384  # the bert_small teacher's
+    heads: int = 12
+
+
+SHAPES: dict[str, Shape] = {
+    "teacher 6L ffn1536 (int8 baseline)": Shape(6, 1536, 30522),
+    "2L ffn1536 (old default)": Shape(2, 1536, 30522),
+    "2L ffn1536 vocab 12k": Shape(2, 1536, 12000),
+    "3L ffn1536 vocab 12k": Shape(3, 1536, 12000),
+    "3L ffn768 vocab 12k": Shape(3, 768, 12000),
+    "3L ffn512 vocab 12k": Shape(3, 512, 12000),
+    "3L ffn384 vocab 12k": Shape(3, 384, 12000),
+    "3L ffn256 vocab 12k (new default shape)": Shape(3, 256, 12000),
+    "4L ffn512 vocab 12k": Shape(4, 512, 12000),
+    "4L ffn384 vocab 12k": Shape(4, 384, 12000),
+    "4L ffn256 vocab 12k": Shape(4, 256, 12000),
 }
 
 # Shapes around bert_small's shipped student (a 14k vocabulary: the MPNet teacher's trimmed to IMDb's and the split's
 # tokens is about that size).
-PHONE_SHAPES: dict[str, tuple[int, ...]] = {
-    "3L ffn256 (bert_small's student)": (3, 256, 14000),
-    "3L ffn384": (3, 384, 14000),
-    "3L ffn512": (3, 512, 14000),
-    "3L ffn768": (3, 768, 14000),
-    "3L ffn256, 6 heads": (3, 256, 14000, 384, 6),
-    "3L width 512 (8 heads) ffn256": (3, 256, 14000, 512, 8),
-    "2L ffn1024": (2, 1024, 14000),
-    "2L ffn1536": (2, 1536, 14000),
-    "4L ffn256": (4, 256, 14000),
-    "4L ffn384": (4, 384, 14000),
+PHONE_SHAPES: dict[str, Shape] = {
+    "3L ffn256 (bert_small's student)": Shape(3, 256, 14000),
+    "3L ffn384": Shape(3, 384, 14000),
+    "3L ffn512": Shape(3, 512, 14000),
+    "3L ffn768": Shape(3, 768, 14000),
+    "3L ffn256, 6 heads": Shape(3, 256, 14000, 384, 6),
+    "3L width 512 (8 heads) ffn256": Shape(3, 256, 14000, 512, 8),
+    "2L ffn1024": Shape(2, 1024, 14000),
+    "2L ffn1536": Shape(2, 1536, 14000),
+    "4L ffn256": Shape(4, 256, 14000),
+    "4L ffn384": Shape(4, 384, 14000),
 }
 SHAPE_SETS = {"default": SHAPES, "phone": PHONE_SHAPES}
 
 
-def build(layers: int, ffn: int, vocab: int, width: int = 384, heads: int = 12) -> torch.nn.Module:
+def build(shape: Shape) -> torch.nn.Module:
     cfg = BertConfig(
-        vocab_size=vocab,
-        hidden_size=width,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=ffn,
+        vocab_size=shape.vocab,
+        hidden_size=shape.width,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        intermediate_size=shape.ffn,
         max_position_embeddings=512,
         num_labels=2,
     )
@@ -132,7 +145,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, shape in shapes.items():
             fp32, int8 = Path(tmp) / f"{len(sessions)}.onnx", Path(tmp) / f"{len(sessions)}.int8.onnx"
-            export_onnx(LogitsOnly(build(*shape)), fp32, 18)
+            export_onnx(LogitsOnly(build(shape)), fp32, 18)
             quantize_int8(
                 fp32,
                 int8,
@@ -166,11 +179,7 @@ def main() -> None:
     base = next(iter(shapes))
     results = {
         name: {
-            "layers": shapes[name][0],
-            "ffn": shapes[name][1],
-            "vocab": shapes[name][2],
-            "width": (shapes[name][3:] or (384,))[0],
-            "heads": (shapes[name][4:] or (12,))[0],
+            **shapes[name]._asdict(),
             "int8_mb": sizes[name],
             "ms_len128": statistics.median(t["len128"]),
             "ms_sentences": statistics.median(t["sentences"]),
@@ -185,10 +194,6 @@ def main() -> None:
         ratios = sorted(a / b for a, b in zip(timings[name]["sentences"], timings[base]["sentences"]))
         row["time_vs_first_sentences"] = statistics.median(ratios)
         row["time_vs_first_sentences_range"] = [ratios[0], ratios[-1]]
-    import platform
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from common import command_line, header_lines
 
     lines = [
         *header_lines(
