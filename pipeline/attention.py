@@ -108,6 +108,39 @@ def capture_projections(
             h.remove()
 
 
+def classifier_output_layer(model: nn.Module) -> nn.Linear:
+    """The classifier's last Linear (out_features = num_labels): BERT's ``classifier``, MPNet's and ModernBERT's head
+    ``classifier.out_proj`` / ``classifier``. Found by shape, so every family's head is covered; the last one
+    registered wins (a head's dense layer comes before its output layer)."""
+    model = unwrap_model(model)
+    num_labels = model.config.num_labels
+    found = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == num_labels]
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no Linear layer with {num_labels} outputs (its classifier)")
+    return found[-1]
+
+
+@contextlib.contextmanager
+def capture_classifier_input(model: nn.Module, enabled: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+    """Capture what the classifier's output layer reads (the penultimate representation, [B, D]: BERT's pooler output,
+    MPNet's ``tanh(dense(<s>))``) in the next forward pass, under ``"input"``; dropout before the layer applies in
+    training mode, as the logits see it. Keeps the autograd graph (capture a teacher under ``torch.no_grad()``).
+    ``enabled=False`` hooks nothing and yields an empty dict."""
+    captured: dict[str, torch.Tensor] = {}
+    if not enabled:
+        yield captured
+        return
+
+    def pre_hook(_module, args):
+        captured["input"] = args[0]
+
+    handle = classifier_output_layer(model).register_forward_pre_hook(pre_hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
 def as_attention_sees_it(x: torch.Tensor, kind: str, family, attention: Any, rotation) -> torch.Tensor:
     """A projection [B, N, width] as the attention kernel multiplies it: queries and keys rotated by their positions
     (RoPE families), keys and values repeated per query head (grouped-query attention) -> [B, N, heads * head_dim]."""
@@ -196,7 +229,9 @@ def attention_probs(
 
 __all__ = [
     "attention_probs",
+    "capture_classifier_input",
     "capture_projections",
+    "classifier_output_layer",
     "relation_scores",
     "projection",
     "self_attention",

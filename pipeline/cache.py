@@ -11,6 +11,7 @@ example's token count n. With the built-in targets:
     attn.<t>  probs         [R, n, n]  or vectors q, k: [n, D] each
     vrel.<t>  probs         [R, n, n]  or vectors v:    [n, D]
     hidden.<t>              [n, D]
+    penultimate             [D]        (one vector per example)
 
 Per relation, ``store: auto`` picks probabilities or vectors, whichever is
 smaller for the data's lengths (probs grow with n^2, vectors with n*D).
@@ -208,7 +209,7 @@ def flatten_targets(
         parts = []
         for name, shape in [] if row in empty_rows else layout.fields(n):
             value = pieces[name][row]
-            value = value[:, :n, :n] if len(shape) == 3 else value[:n]
+            value = value[:, :n, :n] if len(shape) == 3 else value[:n] if len(shape) == 2 else value  # [D]: no tokens
             parts.append(value.reshape(-1).astype(dtype))
         records.append(np.concatenate(parts) if parts else np.zeros(0, dtype))
     return records
@@ -276,12 +277,14 @@ class TeacherCache:
                 value = torch.from_numpy(np.array(data[start : start + size], dtype=np.float32)).view(shape)
                 start += size
                 if name not in fields:
-                    full = (B, shape[0], N, N) if len(shape) == 3 else (B, N, shape[1])
+                    full = {3: (B, shape[0], N, N), 2: (B, N, shape[-1]), 1: (B, shape[0])}[len(shape)]
                     fields[name] = torch.zeros(full)
                 if len(shape) == 3:
                     fields[name][row, :, :n, :n] = value
-                else:
+                elif len(shape) == 2:
                     fields[name][row, :n] = value
+                else:  # one vector per example
+                    fields[name][row] = value
         targets = {"logits": to_device(torch.as_tensor(np.stack(logits), dtype=torch.float32), device)}
         for key, target, _ in self.layout.plan.teacher_keys():
             value = target.unflatten(key, fields, self.layout.stores.get(target.name), "cpu")

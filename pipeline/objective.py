@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .attention import attention_probs, capture_projections
+from .attention import attention_probs, capture_classifier_input, capture_projections
 from .data import to_device
 from .families import attention_window, unwrap_model
 from .inference import model_inputs
@@ -96,6 +96,11 @@ class TargetPlan:
     def hidden_states(self) -> bool:
         return any(t.hidden_states for t in self.targets)
 
+    @property
+    def classifier_input(self) -> bool:
+        """A target reads the input of the classifier's output layer (hooked in teacher and student alike)."""
+        return any(t.classifier_input for t in self.targets)
+
     def teacher_keys(self) -> list[tuple[str, Target, int | None]]:
         """(key, target, teacher layer) of every target: per-example ones, then per layer."""
         keys: list[tuple[str, Target, int | None]] = [(t.key(None), t, None) for t in self.targets if not t.per_layer]
@@ -139,11 +144,15 @@ def target_plan(config, teacher_config=None) -> TargetPlan:
 @torch.no_grad()
 def teacher_targets(teacher, batch: dict, plan: TargetPlan) -> dict:
     """Run the teacher (eval mode) and collect raw targets (relations as vectors)."""
-    with capture_projections(teacher, plan.teacher_layers, plan.projections) as captured:
+    with (
+        capture_projections(teacher, plan.teacher_layers, plan.projections) as captured,
+        capture_classifier_input(teacher, plan.classifier_input) as head,
+    ):
         out = teacher(**model_inputs(batch), output_hidden_states=plan.hidden_states)
+    seen: dict = {**captured, "classifier_input": head.get("input")}  # what Target.read reads besides the output
     targets = {"logits": out.logits.float()}
     for key, target, layer in plan.teacher_keys():
-        targets[key] = target.target(target.read(out, captured, layer))
+        targets[key] = target.target(target.read(out, seen, layer))
     return targets
 
 
@@ -218,9 +227,13 @@ class DistillObjective(torch.nn.Module):
     def forward(self, student, batch: dict, targets: dict) -> tuple[torch.Tensor, dict]:
         """The weighted sum of the active terms, and each term's value (detached, for the logs)."""
         plan = self.plan
-        with capture_projections(student, plan.student_layers, plan.projections) as captured:
+        with (
+            capture_projections(student, plan.student_layers, plan.projections) as captured,
+            capture_classifier_input(student, plan.classifier_input) as head,
+        ):
             out = student(**model_inputs(batch), output_hidden_states=plan.hidden_states)
-        read = functools.cache(lambda name, layer: TARGETS[name].read(out, captured, layer))  # each target once
+        seen: dict = {**captured, "classifier_input": head.get("input")}
+        read = functools.cache(lambda name, layer: TARGETS[name].read(out, seen, layer))  # each target once
         rows = RecordedRows(batch.get("relation_rows"), batch["attention_mask"].device)
         student_config = unwrap_model(student).config
         terms: dict[str, torch.Tensor] = {}

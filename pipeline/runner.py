@@ -143,6 +143,7 @@ ADDED_KEYS = {
     "teacher.ensemble": 1,
     "data.unlabeled_source": None,
     "export.trim_unlabeled_min_count": 1,
+    "distill.loss.penultimate": 0.0,
 }
 
 

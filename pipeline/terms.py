@@ -8,6 +8,7 @@ teacher (the target) and from the student (its prediction):
     vrel.<layer>    (value, value) vectors                 -> value relation (MiniLM)
     hidden.<layer>  output of the layer, [B, N, D]
     embedding       output of the embedding layer, [B, N, D]
+    penultimate     what the classifier's output layer reads, [B, D] (one vector per example)
 
 A *term* is one weighted part of the loss. It declares the weight key under
 ``distill.loss`` (with its default), the targets it needs, whether it learns a
@@ -74,6 +75,7 @@ class Target:
     hidden_states: bool = False  # needs output_hidden_states
     relation: bool = False  # a relation over relation_heads heads; stored as "probs" or "vectors"
     windowed: bool = False  # the model's attention: a sliding-window layer's keys are limited to its window
+    classifier_input: bool = False  # hooks the input of the classifier's output layer (captured["classifier_input"])
 
     def key(self, layer: int | None) -> str:
         return f"{self.name}.{layer}" if self.per_layer else self.name
@@ -181,11 +183,32 @@ class HiddenStateTarget(Target):
         return out.hidden_states[(layer if self.per_layer else 0) + self.offset]
 
 
+class ClassifierInputTarget(Target):
+    """The input of the classifier's output layer, [B, D]: one vector per example, no token axis in the cache."""
+
+    name, per_layer, classifier_input = "penultimate", False, True
+
+    def read(self, out, captured, layer):
+        value = captured["classifier_input"]
+        if value.dim() != 2:
+            raise ValueError(
+                f"distill.loss.penultimate compares one vector per example, the one the classifier's output layer "
+                f"reads, but this model's output layer reads {tuple(value.shape)}: its head classifies every token and "
+                "pools the logits (EuroBERT's classifier_pooling 'late'). Use a head that pools first (EuroBERT: "
+                "classifier_pooling 'bos' or 'mean') or set distill.loss.penultimate to 0."
+            )
+        return value
+
+    def fields(self, key, n, heads, width, store):
+        return [(key, (width,))]
+
+
 register_target(LogitsTarget())
 register_target(RelationTarget("attn", ("query", "key"), windowed=True))
 register_target(RelationTarget("vrel", ("value", "value")))
 register_target(HiddenStateTarget("hidden", offset=1, per_layer=True))  # output of encoder layer l
 register_target(HiddenStateTarget("embedding", offset=0, per_layer=False))  # output of the embedding layer
+register_target(ClassifierInputTarget())
 
 
 # --------------------------------------------------------------------------- terms
@@ -357,9 +380,30 @@ class EmbeddingMSE(Term):
         return losses().hidden_mse(x.student["embedding"].float(), x.teacher["embedding"].float(), x.mask, x.projection)
 
 
+@register_term
+class PenultimateMSE(Term):
+    """Penultimate-representation MSE(W p_s, p_t): what the classifier's output layer reads, through a learned projection.
+
+    Logit KD gives one number per example for a two-class task; the representation the teacher's classifier reads
+    (BERT's pooler output, MPNet's head's tanh(dense(<s>)): D numbers) carries what the logit is a linear function
+    of. Feature KD on the penultimate layer (Romero et al. 2015's hint at the head; Yang et al. 2021, SRRL); the
+    formula of ``losses.hidden_mse`` with one vector per example. Read on every row that carries teacher records
+    (training and unlabelled text; augmented copies carry logits only). In training mode the student's vector is the
+    one its classifier reads, after the head's dropout.
+    """
+
+    name, default, needs, projected = "penultimate", 0.0, ("penultimate",), True
+
+    def compute(self, x):
+        return losses().hidden_mse(
+            x.student["penultimate"].float(), x.teacher["penultimate"].float(), None, x.projection
+        )
+
+
 __all__ = [
     "TARGETS",
     "TERMS",
+    "ClassifierInputTarget",
     "HiddenStateTarget",
     "RelationTarget",
     "Target",

@@ -24,7 +24,13 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline import families as F
-from pipeline.attention import attention_probs, capture_projections, relation_scores
+from pipeline.attention import (
+    attention_probs,
+    capture_classifier_input,
+    capture_projections,
+    classifier_output_layer,
+    relation_scores,
+)
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, ModelError
 from pipeline.export import variants
@@ -38,6 +44,7 @@ from pipeline.models import (
     vocabulary_remap,
 )
 from pipeline.models import layer_map as models_layer_map
+from pipeline.objective import TargetPlan, teacher_targets
 from pipeline.pruning import narrow, task_importance
 from tests.helpers import NODE_DIR, max_diff_valid_rows, padded_batch, read_json
 from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
@@ -118,6 +125,29 @@ def family_batch():
 
 def assert_close_on_valid_rows(probs, reference, mask, atol=1e-6):
     assert max_diff_valid_rows(probs, reference, mask) <= atol
+
+
+@pytest.mark.parametrize("model_type", sorted(F.FAMILIES))
+def test_the_classifier_input_is_what_the_output_layer_turns_into_the_logits(model_type):
+    """distill.loss.penultimate reads the input of the classifier's output layer, found by its shape in every
+    family's head (BERT's classifier after the pooler, MPNet's and RoBERTa's classifier.out_proj, ...). EuroBERT's
+    default head classifies every token, then pools the logits: the term refuses it and names the way out."""
+    if model_type == "eurobert":
+        late = family_model(model_type)
+        assert late.config.classifier_pooling == "late"
+        ids, mask = family_batch()
+        with pytest.raises(ValueError, match="classifier_pooling 'bos' or 'mean'"):
+            teacher_targets(late, {"input_ids": ids, "attention_mask": mask}, TargetPlan([], 4, penultimate=True))
+    model = family_model(model_type, **({"classifier_pooling": "bos"} if model_type == "eurobert" else {}))
+    ids, mask = family_batch()
+    with torch.no_grad(), capture_classifier_input(model) as head:
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    layer = classifier_output_layer(model)
+    assert head["input"].shape == (3, layer.in_features)
+    torch.testing.assert_close(layer(head["input"]), logits)
+    with capture_classifier_input(model, enabled=False) as nothing:
+        model(input_ids=ids, attention_mask=mask)
+    assert nothing == {}
 
 
 # ---------------------------------------------------------------- attention per family

@@ -155,3 +155,78 @@ def test_what_the_stages_ask_of_the_loss_is_answered_by_the_registry():
     assert not some_parameters_may_get_no_gradient(LossWeights(kd=0.5))
     assert uses_model_attention(LossWeights(attention=0.1))
     assert not uses_model_attention(LossWeights(attention=0, value_relation=1))  # values have no window
+
+
+def naive_penultimate_mse(student, teacher, batch, projection=None):
+    """Reference: BERT's classifier reads its pooler output (no dropout in these models); project, squared error
+    averaged over examples and width."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    s = student.bert(input_ids=ids, attention_mask=mask).pooler_output.double()
+    with torch.no_grad():
+        t = teacher.bert(input_ids=ids, attention_mask=mask).pooler_output.double()
+    if projection is not None:
+        s = s @ projection.weight.double().T + projection.bias.double()
+    return ((s - t) ** 2).mean()
+
+
+@pytest.mark.parametrize("student_width", [32, 24])
+def test_penultimate_mse_matches_a_naive_implementation(student_width):
+    teacher, student = bert(32, 4, 2, seed=0), bert(student_width, 4, 1, seed=1)
+    weights = LossWeights(ce=0.0, kd=0.0, attention=0.0, penultimate=1.0)
+    plan = TargetPlan(pairs=[(0, 1)], relation_heads=4, penultimate=True)
+    assert plan.classifier_input and not plan.hidden_states and plan.projections == ()
+    objective = DistillObjective(fake_config(weights), plan, 32, student_width)
+    assert set(objective.projections) == ({"penultimate"} if student_width != 32 else set())
+    batch = batch_of(LENGTHS)
+    targets = teacher_targets(teacher, batch, plan)
+    assert set(targets) == {"logits", "penultimate"} and targets["penultimate"].shape == (4, 32)
+    loss, terms = objective(student, batch, targets)
+    assert set(terms) == {"penultimate"}
+    projection = objective.projections["penultimate"] if student_width != 32 else None
+    expected = naive_penultimate_mse(student, teacher, batch, projection)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-7)
+    loss.backward()
+    assert student.bert.pooler.dense.weight.grad.abs().sum() > 0
+    assert student.classifier.weight.grad is None  # the term reads the classifier's input, not its output
+    assert all(p.grad is None for p in teacher.parameters())
+
+
+def test_penultimate_from_the_cache_one_vector_per_example_and_on_relation_rows_only(tmp_path):
+    teacher, student = bert(32, 4, 2, seed=0), bert(24, 4, 1, seed=1)
+    weights = LossWeights(ce=1.0, kd=1.0, attention=1.0, penultimate=2.0)
+    plan = TargetPlan(pairs=[(0, 1)], relation_heads=4, ce=True, kd=True, attention=True, penultimate=True)
+    layout = CacheLayout(plan, 3, 32, choose_stores(plan, np.array(LENGTHS), 32, "auto"), "float32")
+    assert ("penultimate", (32,)) in layout.fields(7)  # no token axis: the same size for every length
+    assert layout.record_size(9) - layout.record_size(2) == CacheLayout(
+        TargetPlan(pairs=[(0, 1)], relation_heads=4, attention=True), 3, 32, layout.stores, "float32"
+    ).record_size(9) - CacheLayout(
+        TargetPlan(pairs=[(0, 1)], relation_heads=4, attention=True), 3, 32, layout.stores, "float32"
+    ).record_size(2)
+    objective = DistillObjective(fake_config(weights), plan, 32, 24)
+    batch = batch_of(LENGTHS)
+    online = teacher_targets(teacher, batch, plan)
+    write_cache(tmp_path, online, batch, layout)
+    cached = TeacherCache(tmp_path).batch(batch["indices"], batch["input_ids"].shape[1], "cpu")
+    torch.testing.assert_close(cached["penultimate"], online["penultimate"])
+    online_terms, cached_terms = objective(student, batch, online)[1], objective(student, batch, cached)[1]
+    torch.testing.assert_close(online_terms["penultimate"], cached_terms["penultimate"], rtol=1e-5, atol=1e-6)
+
+    # Augmented (logits-only) rows carry no penultimate target: the term sees the other rows only.
+    mixed = dict(batch, relation_rows=torch.tensor([True, False, True, False]))
+    kept = {k: v[[0, 2]] for k, v in batch.items()}
+    expected = naive_penultimate_mse(student, teacher, kept, objective.projections["penultimate"])
+    torch.testing.assert_close(
+        objective(student, mixed, online)[1]["penultimate"].double(), expected, rtol=1e-5, atol=1e-7
+    )
+
+
+def test_the_penultimate_term_leaves_earlier_fingerprints_alone_and_is_refused_for_a_static_student():
+    from pipeline.errors import ConfigError
+    from pipeline.runner import fingerprints
+
+    base = fingerprints(load_config("tiny"))
+    assert fingerprints(load_config("tiny", ["distill.loss.penultimate=0"])) == base  # runs made before it stay current
+    on = fingerprints(load_config("tiny", ["distill.loss.penultimate=1"]))
+    assert on["capture"] != base["capture"] and on["teacher"] == base["teacher"]
+    with pytest.raises(ConfigError, match="penultimate"):
+        load_config("tiny", ["student.kind=static", "distill.loss.penultimate=1"])
