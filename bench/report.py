@@ -716,10 +716,11 @@ SECTIONS: list[Section] = [
         "representation_spectrum_mpnet_base.md",
         "The fine-tuned base teacher's top representations: how many directions they use",
         "data",
-        "`python bench/probes/representation_spectrum.py runs/mpnet_base --out ...`: the teacher of the table above "
-        "over the first 600 test sentences (PyTorch fp32): the share of the variance in the top principal directions "
-        "of the vector its classifier output layer reads (distill.loss.penultimate's target), of the last layer's "
-        "first-token state and of its token mean. 2-core AMD EPYC with AVX512-BF16.",
+        "`python bench/probes/representation_spectrum.py runs/mpnet_base --model package:all-mpnet-base-v2 --out "
+        "...`: the teacher of the table above and the same encoder before fine-tuning, over the first 600 test "
+        "sentences (PyTorch fp32): the share of the variance in the top principal directions of the vector the "
+        "classifier output layer reads (distill.loss.penultimate's target), of the last layer's first-token state, "
+        "of its token mean and of the middle layer's. 2-core AMD EPYC with AVX512-BF16.",
     ),
     Section(
         "static_base_clothing_base.md",
