@@ -386,8 +386,8 @@ class PenultimateMSE(Term):
 
     Logit KD gives one number per example for a two-class task; the representation the teacher's classifier reads
     (BERT's pooler output, MPNet's head's tanh(dense(<s>)): D numbers) carries what the logit is a linear function
-    of. Feature KD on the penultimate layer (Romero et al. 2015's hint at the head; Yang et al. 2021, SRRL); the
-    formula of ``losses.hidden_mse`` with one vector per example. Read on every row that carries teacher records
+    of. Feature KD on the penultimate layer (Yang et al. 2021, SRRL, with a learned connector); the formula of
+    ``losses.hidden_mse`` with one vector per example. Read on every row that carries teacher records
     (training and unlabelled text; augmented copies carry logits only). In training mode the student's vector is the
     one its classifier reads, after the head's dropout.
     """
