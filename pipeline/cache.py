@@ -35,7 +35,7 @@ import torch
 from .data import to_device
 from .errors import CacheError
 from .integrity import sha256_file
-from .objective import TargetPlan, map_tensors
+from .objective import TargetPlan, cache_fields, map_tensors
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -218,7 +218,9 @@ def flatten_targets(
 class TeacherCache:
     """Read side: verified, memory-mapped shards -> padded target tensors for a batch."""
 
-    def __init__(self, folder: Path, verify: bool = True):
+    def __init__(self, folder: Path, verify: bool = True, reader: TargetPlan | None = None):
+        """``reader``: the reading run's target plan; a cache that stores more (capture.extra_terms) is read for those only,
+        and one that lacks any of them is refused."""
         self.folder = Path(folder)
         index = json.loads((self.folder / "index.json").read_text())
         layout = index["layout"]
@@ -234,6 +236,18 @@ class TeacherCache:
             teacher_windows=layout.get("teacher_windows"),
         )
         self.layout = CacheLayout(plan, layout["num_labels"], layout["hidden"], layout["stores"], layout["dtype"])
+        stored = cache_fields(plan, plan.relation_heads, self.layout.hidden, self.layout.stores)
+        self.keys = {key for key, _, _ in plan.teacher_keys()}
+        self.wanted = stored
+        if reader is not None:
+            self.keys = {key for key, _, _ in reader.teacher_keys()}
+            self.wanted = cache_fields(reader, plan.relation_heads, self.layout.hidden, self.layout.stores)
+            if not self.wanted <= stored or not self.keys <= {key for key, _, _ in plan.teacher_keys()}:
+                raise CacheError(
+                    f"Teacher cache {self.folder} does not hold every target this run's terms need (it stores "
+                    f"{', '.join(sorted(stored)) or 'logits only'}; needed: {', '.join(sorted(self.wanted))}). "
+                    "Rerun the same command with --from capture to recompute it."
+                )
         self.shards = []
         firsts = []
         for shard in range(index["num_shards"]):
@@ -274,6 +288,9 @@ class TeacherCache:
                 continue
             for name, shape in self.layout.fields(n):
                 size = int(np.prod(shape))
+                if name not in self.wanted:  # another run's target in a shared cache
+                    start += size
+                    continue
                 value = torch.from_numpy(np.array(data[start : start + size], dtype=np.float32)).view(shape)
                 start += size
                 if name not in fields:
@@ -287,6 +304,8 @@ class TeacherCache:
                     fields[name][row] = value
         targets = {"logits": to_device(torch.as_tensor(np.stack(logits), dtype=torch.float32), device)}
         for key, target, _ in self.layout.plan.teacher_keys():
+            if key not in self.keys:
+                continue
             value = target.unflatten(key, fields, self.layout.stores.get(target.name), "cpu")
             if value is not None:
                 targets[key] = map_tensors(lambda t: to_device(t, device), value)

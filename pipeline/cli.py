@@ -45,6 +45,7 @@ The sweep file lists named variants, each a set of config overrides:
   description: three student depths
   overrides: {export.latency_lengths: [128]}     # optional, for every variant
   pick: retention>=0.98                          # optional default for --pick
+  shared_capture: true                           # optional: one capture for variants whose terms differ
   variants:
     depth1: {description: 1 layer, overrides: {student.teacher_layers: [5]}}
     depth2: {overrides: {student.teacher_layers: [0, 5]}}

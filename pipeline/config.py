@@ -462,6 +462,28 @@ class CaptureConfig(Section):
     batch_size: BatchSize = 64
     dtype: Literal["float16", "float32"] = "float16"
     augment: AugmentConfig = AugmentConfig()
+    # A cache that several runs can read: the teacher targets of these terms are stored too, at these teacher
+    # layers, beside what this run's own terms need (a sweep with shared_capture: true sets them to the union over
+    # its variants, so the teacher runs once). Each run reads only what its terms need.
+    extra_terms: list[str] = Field(
+        default_factory=list, description="terms whose teacher targets the cache also stores (distill.loss names)"
+    )
+    extra_teacher_layers: list[Annotated[int, Field(ge=0, le=1023)]] = Field(
+        default_factory=list, description="the teacher layers at which extra_terms' per-layer targets are stored"
+    )
+
+    @field_validator("extra_terms")
+    @classmethod
+    def _registered_terms(cls, value):
+        unknown = [name for name in value if name not in TERMS]
+        if unknown:
+            raise ValueError(f"{unknown} are not distillation terms; the terms are {', '.join(TERMS)}")
+        return sorted(set(value), key=list(TERMS).index)
+
+    @field_validator("extra_teacher_layers")
+    @classmethod
+    def _sorted_layers(cls, value):
+        return sorted(set(value))
 
 
 class FastTextGrid(Section):
@@ -825,6 +847,16 @@ class PipelineConfig(Section):
                     (
                         ("student.pretrained", "student.init"),
                         "student.init 'pretrained' needs student.pretrained (a model folder or name)",
+                    )
+                )
+            per_layer = [n for n in self.capture.extra_terms if TERMS[n].per_pair]
+            if per_layer and not self.capture.extra_teacher_layers:
+                problems.append(
+                    (
+                        ("capture.extra_terms", "capture.extra_teacher_layers"),
+                        f"capture.extra_terms {per_layer} store a target per teacher layer, and "
+                        "capture.extra_teacher_layers names none: list the teacher layers to store them at, "
+                        "e.g. capture.extra_teacher_layers=[3,7,11]",
                     )
                 )
             if self.capture.augment.copies and self.data.text_pair_column:

@@ -236,6 +236,12 @@ def check_against_models(config: PipelineConfig) -> None:
                 problems.append(
                     f"distill.layer_map: student layer {s} does not exist (student has {student_depth} layers)."
                 )
+    missing = [t for t in config.capture.extra_teacher_layers if not 0 <= t < depth]
+    if missing:
+        problems.append(
+            f"capture.extra_teacher_layers: layer(s) {missing} do not exist; the teacher has {depth} layers "
+            f"(0..{depth - 1})."
+        )
     if positions and config.data.max_length > positions:
         problems.append(
             f"data.max_length: {config.data.max_length} is above the teacher's {positions} position embeddings."

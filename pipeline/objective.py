@@ -141,6 +141,33 @@ def target_plan(config, teacher_config=None) -> TargetPlan:
     return TargetPlan.from_config(config, pairs, heads, windows)
 
 
+def capture_plan(config, teacher_config=None) -> TargetPlan:
+    """What the capture stores: this run's own targets (``target_plan``) and those of ``capture.extra_terms`` at
+    ``capture.extra_teacher_layers`` (a cache shared with other runs). Only teacher layers and targets count for
+    a cache (it is read by teacher layer), so its pairs are (t, t) placeholders."""
+    plan = target_plan(config, teacher_config)
+    extra = config.capture
+    if not extra.extra_terms:
+        return plan
+    if teacher_config is None:
+        from .models import teacher_model_config
+
+        teacher_config = teacher_model_config(config)
+    own = plan.teacher_layers if any(t.per_layer for t in plan.targets) else []  # "last" alone stores no layer
+    pairs = [(t, t) for t in sorted(set(own) | set(extra.extra_teacher_layers))]
+    windows = {t: attention_window(teacher_config, t) for _, t in pairs}
+    return TargetPlan(pairs, plan.relation_heads, terms=(*plan.terms, *extra.extra_terms), teacher_windows=windows)
+
+
+def cache_fields(plan: TargetPlan, heads: int, hidden: int, stores: dict) -> set[str]:
+    """The names of the cache record fields ``plan``'s targets occupy (given the cache's stores)."""
+    return {
+        name
+        for key, target, _ in plan.teacher_keys()
+        for name, _ in target.fields(key, 1, heads, hidden, stores.get(target.name))
+    }
+
+
 @torch.no_grad()
 def teacher_targets(teacher, batch: dict, plan: TargetPlan) -> dict:
     """Run the teacher (eval mode) and collect raw targets (relations as vectors)."""

@@ -51,7 +51,7 @@ from pipeline.cache import (
 from pipeline.errors import CacheError
 from pipeline.inference import ensemble_logits, model_inputs
 from pipeline.models import load_classifier, load_members, load_tokenizer
-from pipeline.objective import target_plan, teacher_targets
+from pipeline.objective import capture_plan, teacher_targets
 from pipeline.splits import RELATION_ROWS, TokenizedSplit, TrainingData, pad_id
 from pipeline.stage_api import Context
 from pipeline.static_model import STATIC_INIT, teacher_token_statistics
@@ -77,10 +77,11 @@ def fingerprint_inputs(config) -> dict:
     """Fingerprint inputs: which teacher targets the configured terms need (TargetPlan.needed: target names,
     their teacher layers, relation heads), not the loss weights' values, not which student layer each is
     matched to, so students of another depth reuse the cache."""
-    # min_relation_fraction only decides whether an over-budget capture stops; a cache it lets through is the same
-    capture = config.capture.model_dump(exclude={"min_relation_fraction"})
+    # min_relation_fraction only decides whether an over-budget capture stops; a cache it lets through is the same.
+    # extra_terms / extra_teacher_layers count through the targets they add (none added: the same cache).
+    capture = config.capture.model_dump(exclude={"min_relation_fraction", "extra_terms", "extra_teacher_layers"})
     return {
-        "targets": target_plan(config).needed(),
+        "targets": capture_plan(config).needed(),
         "capture": capture,
         "precision": config.precision,
         "unlabeled": config.data.unlabeled_text,
@@ -224,7 +225,7 @@ def run(ctx: Context) -> dict:
 
 def cache_layouts(config, teacher_config, train: TrainingData) -> tuple:
     """(target plan, layout of the rows with relation targets, layout of the logits-only rows) for ``train``."""
-    plan = target_plan(config, teacher_config)
+    plan = capture_plan(config, teacher_config)
     stores = choose_stores(plan, train.lengths[: train.relational], teacher_config.hidden_size, config.capture.store)
     layout = CacheLayout(plan, teacher_config.num_labels, teacher_config.hidden_size, stores, config.capture.dtype)
     logits_layout = CacheLayout(

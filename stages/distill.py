@@ -98,7 +98,7 @@ def run(ctx: Context) -> dict:
         config, plan, teacher.config.hidden_size, student.config.hidden_size, class_weights
     ).to(ctx.device)
     online = config.capture.mode == "online"
-    cache = None if online else TeacherCache(capture_dir / "cache")
+    cache = None if online else TeacherCache(capture_dir / "cache", reader=plan)
     if ctx.is_main:
         relational = any(target.relation for target in plan.targets)
         log.info(

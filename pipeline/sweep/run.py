@@ -23,6 +23,7 @@ from ..runner import STAGES, fingerprints, plan, read_manifest, run_lock, run_pi
 from ..tracking import run_status
 from .pick import CHAMPION, Constraint, choose, parse_pick
 from .reuse import StageReuse, reuse_stages
+from .shared_capture import shared_capture_configs
 from .spec import Sweep, override_items
 from .table import csv_text, markdown_table, reference_points, variant_row, write_text
 from .tracker import SweepTracker
@@ -60,6 +61,8 @@ def run_sweep(
     folder = sweep_folder(runs_dir, sweep)
     base_dir = runs_dir / sweep.base.name
     with run_lock(folder):
+        if sweep.spec.shared_capture:
+            sweep.configs = shared_capture_configs(sweep.configs, runs_dir)
         tracker = SweepTracker(sweep, runs_dir, folder)
         tracker.start()
         status, ran, states = "FAILED", {}, {}

@@ -35,6 +35,11 @@ class SweepSpec(_Strict):
     description: str = ""
     overrides: dict[str, object] = Field(default_factory=dict, description="applied to every variant")
     pick: str | None = Field(None, description="the default --pick constraint")
+    shared_capture: bool = Field(
+        False,
+        description="variants that differ only in the teacher targets their terms need share one capture holding "
+        "all of them (the teacher runs once; a larger cache)",
+    )
     variants: dict[str, Variant] = Field(min_length=1)
 
     @field_validator("variants")
