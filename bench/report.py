@@ -713,6 +713,16 @@ SECTIONS: list[Section] = [
         "PyTorch accuracy. 2-core AMD EPYC with AVX512-BF16. The issue's bar at bert_small's latency: 0.8613.",
     ),
     Section(
+        "phone_middle_mpnet_base.md",
+        "The phone-shaped student taught by the teacher's middle layers, 30,000 IMDb sentences (three seeds)",
+        "data",
+        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_phone_middle.yaml ARGS='--to evaluate'`: the "
+        "phone-shaped student and data of the table above, CE + logit KD, then the same with the hidden-state MSE "
+        "(weight 10, learned 384 -> 768 projections) or the attention KL on teacher layers 3, 7 and 11 (TinyBERT's "
+        "uniform map for 3 of 12 layers; `--against-first`: each against CE + logit KD on the same seeds); batched "
+        "PyTorch accuracy. 2-core AMD EPYC with AVX512-BF16. The issue's bar at bert_small's latency: 0.8613.",
+    ),
+    Section(
         "representation_spectrum_mpnet_base.md",
         "The fine-tuned base teacher's top representations: how many directions they use",
         "data",

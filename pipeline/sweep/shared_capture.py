@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import PipelineConfig
-from ..objective import target_plan
+from ..objective import capture_plan
 from ..runner import fingerprints, stage_module
 from ..terms import TERMS
 
@@ -37,7 +37,9 @@ def shared_capture_configs(configs: dict[str, PipelineConfig], runs_dir: Path) -
         groups.setdefault(capture_group(config, runs_dir), []).append(name)
     shared = dict(configs)
     for names in groups.values():
-        plans = {name: target_plan(configs[name]) for name in names}
+        if configs[names[0]].capture.mode == "online":  # nothing is stored: each computes its own targets
+            continue
+        plans = {name: capture_plan(configs[name]) for name in names}  # a variant's own extra targets count too
         if len({json.dumps(plan.needed(), sort_keys=True) for plan in plans.values()}) <= 1:
             continue
         stored = {name for name, term in TERMS.items() if set(term.needs) - {"logits"}}  # logits are always stored
