@@ -106,6 +106,9 @@ def test_bundle_has_every_file_and_checksums_match(bundle):
         model = onnx.load(str(bundle / name), load_external_data=False)
         assert not any(onnx.external_data_helper.uses_external_data(t) for t in model.graph.initializer)
         assert not any(node.metadata_props for node in model.graph.node)  # no build-machine stack traces shipped
+    for name in ("model.onnx", "model.int8.onnx", "model.int8.static.onnx", "model.text.onnx"):
+        domains = [entry.domain or "ai.onnx" for entry in onnx.load(str(bundle / name)).opset_import]
+        assert len(domains) == len(set(domains)), (name, domains)  # each operator set imported once
 
 
 def test_metadata_tells_a_mobile_team_everything(bundle, tiny_run):
