@@ -462,9 +462,10 @@ class CaptureConfig(Section):
     batch_size: BatchSize = 64
     dtype: Literal["float16", "float32"] = "float16"
     augment: AugmentConfig = AugmentConfig()
-    # A cache that several runs can read: the teacher targets of these terms are stored too, at these teacher
-    # layers, beside what this run's own terms need (a sweep with shared_capture: true sets them to the union over
-    # its variants, so the teacher runs once). Each run reads only what its terms need.
+    # A cache that several runs can read: the teacher targets of these terms are stored too. Per-layer targets (this
+    # run's own and the extra ones) are stored at every layer of extra_teacher_layers and of this run's own map: the
+    # grid of targets x layers (a sweep with shared_capture: true sets both to the union over its variants, so the
+    # teacher runs once). Each run reads only what its terms need.
     extra_terms: list[str] = Field(
         default_factory=list, description="terms whose teacher targets the cache also stores (distill.loss names)"
     )
@@ -847,6 +848,14 @@ class PipelineConfig(Section):
                     (
                         ("student.pretrained", "student.init"),
                         "student.init 'pretrained' needs student.pretrained (a model folder or name)",
+                    )
+                )
+            if self.capture.extra_teacher_layers and not self.capture.extra_terms:
+                problems.append(
+                    (
+                        ("capture.extra_teacher_layers", "capture.extra_terms"),
+                        "capture.extra_teacher_layers names the teacher layers of capture.extra_terms, and "
+                        "capture.extra_terms is empty: name the terms whose targets to store, or drop the layers",
                     )
                 )
             per_layer = [n for n in self.capture.extra_terms if TERMS[n].per_pair]

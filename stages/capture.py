@@ -242,6 +242,13 @@ def fit_budget(
     budget = cfg.max_cache_gb * 1e9
     if estimate <= budget:
         return None
+    if cfg.extra_terms:  # a subset chosen for the union would differ from each run's own: not the same students
+        raise CacheError(
+            f"The shared teacher cache (capture.extra_terms {cfg.extra_terms}) would take an estimated "
+            f"{estimate / 1e9:.2f} GB, above capture.max_cache_gb={cfg.max_cache_gb}. A shared cache stores every "
+            "example's targets, so that each run reads what its own cache would hold: raise capture.max_cache_gb, or "
+            "give each run its own capture (in a sweep: shared_capture: false)."
+        )
     logits_rest = estimate_bytes(logits_layout, lengths[relational:])  # augmented rows: logits only either way
     keep = relation_subset(layout, logits_layout, lengths[:relational], budget - logits_rest)
     fraction = float(keep.mean()) if relational else 0.0

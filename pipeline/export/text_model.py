@@ -615,7 +615,7 @@ def build(classifier_onnx: Path, tokenizer_json: Path, facts: dict, max_length: 
         outputs=["logits", "input_ids"],
     )
     # merge_models keeps both models' opset entries (the default domain twice): one entry per domain instead
-    imports = {entry.domain or "": entry.version for entry in merged.opset_import}
+    imports = {"" if entry.domain == "ai.onnx" else entry.domain: entry.version for entry in merged.opset_import}
     del merged.opset_import[:]
     merged.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in imports.items())
     graph = merged.graph
