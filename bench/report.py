@@ -723,6 +723,15 @@ SECTIONS: list[Section] = [
         "PyTorch accuracy. 2-core AMD EPYC with AVX512-BF16. The issue's bar at bert_small's latency: 0.8613.",
     ),
     Section(
+        "phone_lr_mpnet_base.md",
+        "The phone-shaped student's learning rate under the base teacher, 30,000 IMDb sentences (three seeds)",
+        "data",
+        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_phone_lr.yaml ARGS='--to evaluate'`: the "
+        "phone-shaped student and data of the tables above, CE + logit KD for one epoch at lr 1e-4 (the recipe), 5e-5 "
+        "and 2e-4 (`--against-first`: each against lr 1e-4 on the same seeds); batched PyTorch accuracy. 2-core AMD "
+        "EPYC with AVX512-BF16. The issue's bar at bert_small's latency: 0.8613.",
+    ),
+    Section(
         "representation_spectrum_mpnet_base.md",
         "The fine-tuned base teacher's top representations: how many directions they use",
         "data",
