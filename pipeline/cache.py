@@ -237,17 +237,18 @@ class TeacherCache:
         )
         self.layout = CacheLayout(plan, layout["num_labels"], layout["hidden"], layout["stores"], layout["dtype"])
         stored = cache_fields(plan, plan.relation_heads, self.layout.hidden, self.layout.stores)
-        self.keys = {key for key, _, _ in plan.teacher_keys()}
-        self.wanted = stored
-        if reader is not None:
-            self.keys = {key for key, _, _ in reader.teacher_keys()}
-            self.wanted = cache_fields(reader, plan.relation_heads, self.layout.hidden, self.layout.stores)
-            if not self.wanted <= stored or not self.keys <= {key for key, _, _ in plan.teacher_keys()}:
-                raise CacheError(
-                    f"Teacher cache {self.folder} does not hold every target this run's terms need (it stores "
-                    f"{', '.join(sorted(stored)) or 'logits only'}; needed: {', '.join(sorted(self.wanted))}). "
-                    "Rerun the same command with --from capture to recompute it."
-                )
+        # the record fields batch() reads; a target whose fields are not read unflattens to None and is left out
+        self.wanted = (
+            stored
+            if reader is None
+            else cache_fields(reader, plan.relation_heads, self.layout.hidden, self.layout.stores)
+        )
+        if not self.wanted <= stored:
+            raise CacheError(
+                f"Teacher cache {self.folder} does not hold every target this run's terms need (it stores "
+                f"{', '.join(sorted(stored)) or 'logits only'}; needed: {', '.join(sorted(self.wanted))}). "
+                "Rerun the same command with --from capture to recompute it."
+            )
         self.shards = []
         firsts = []
         for shard in range(index["num_shards"]):
@@ -304,8 +305,6 @@ class TeacherCache:
                     fields[name][row] = value
         targets = {"logits": to_device(torch.as_tensor(np.stack(logits), dtype=torch.float32), device)}
         for key, target, _ in self.layout.plan.teacher_keys():
-            if key not in self.keys:
-                continue
             value = target.unflatten(key, fields, self.layout.stores.get(target.name), "cpu")
             if value is not None:
                 targets[key] = map_tensors(lambda t: to_device(t, device), value)

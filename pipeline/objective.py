@@ -33,6 +33,7 @@ from .attention import attention_probs, capture_classifier_input, capture_projec
 from .data import to_device
 from .families import attention_window, unwrap_model
 from .inference import model_inputs
+from .models import layer_map, teacher_model_config
 from .terms import TARGETS, TERMS, Target, TermInputs, active_terms
 
 
@@ -131,8 +132,6 @@ class TargetPlan:
 
 def target_plan(config, teacher_config=None) -> TargetPlan:
     """The plan for a config; reads only the teacher's config.json when not given."""
-    from .models import layer_map, teacher_model_config
-
     teacher_config = teacher_config or teacher_model_config(config)
     # a static student has no layers: its terms read logits only (the config refuses per-layer terms for it)
     pairs = [] if config.student.kind == "static" else layer_map(config, teacher_config.num_hidden_layers)
@@ -145,15 +144,12 @@ def capture_plan(config, teacher_config=None) -> TargetPlan:
     """What the capture stores: this run's own targets (``target_plan``) and those of ``capture.extra_terms`` at
     ``capture.extra_teacher_layers`` (a cache shared with other runs). Only teacher layers and targets count for
     a cache (it is read by teacher layer), so its pairs are (t, t) placeholders."""
-    plan = target_plan(config, teacher_config)
     extra = config.capture
     if not extra.extra_terms:
-        return plan
-    if teacher_config is None:
-        from .models import teacher_model_config
-
-        teacher_config = teacher_model_config(config)
-    own = plan.teacher_layers if any(t.per_layer for t in plan.targets) else []  # "last" alone stores no layer
+        return target_plan(config, teacher_config)
+    teacher_config = teacher_config or teacher_model_config(config)
+    plan = target_plan(config, teacher_config)
+    own = plan.needed()["teacher_layers"]  # [] when no target is per layer ("last" alone stores no layer)
     pairs = [(t, t) for t in sorted(set(own) | set(extra.extra_teacher_layers))]
     windows = {t: attention_window(teacher_config, t) for _, t in pairs}
     return TargetPlan(pairs, plan.relation_heads, terms=(*plan.terms, *extra.extra_terms), teacher_windows=windows)

@@ -17,6 +17,8 @@ from ..terms import TERMS
 
 log = logging.getLogger("pipeline")
 
+STORED = [name for name, term in TERMS.items() if set(term.needs) - {"logits"}]  # terms whose targets fill records
+
 
 def capture_group(config: PipelineConfig, runs_dir: Path) -> str:
     """What a capture depends on besides its targets: the variants with the same key can share one."""
@@ -42,16 +44,8 @@ def shared_capture_configs(configs: dict[str, PipelineConfig], runs_dir: Path) -
         plans = {name: capture_plan(configs[name]) for name in names}  # a variant's own extra targets count too
         if len({json.dumps(plan.needed(), sort_keys=True) for plan in plans.values()}) <= 1:
             continue
-        stored = {name for name, term in TERMS.items() if set(term.needs) - {"logits"}}  # logits are always stored
-        terms = [name for name in TERMS if name in stored and any(plan.uses(name) for plan in plans.values())]
-        layers = sorted(
-            {
-                layer
-                for plan in plans.values()
-                if any(t.per_layer for t in plan.targets)
-                for layer in plan.teacher_layers
-            }
-        )
+        terms = [name for name in STORED if any(plan.uses(name) for plan in plans.values())]
+        layers = sorted({layer for plan in plans.values() for layer in plan.needed()["teacher_layers"]})
         for name in names:
             capture = configs[name].capture.model_copy(update={"extra_terms": terms, "extra_teacher_layers": layers})
             shared[name] = configs[name].model_copy(update={"capture": capture})
