@@ -123,6 +123,10 @@ class TrainSettings(Section):
         "of torch's multi-tensor one: the same update, less memory traffic",
     )
 
+    def parameter_lrs(self) -> dict[str, float]:
+        """{a fragment of parameter names: their own learning rate}, for parameters that must not train at ``lr``."""
+        return {}
+
 
 class AugmentConfig(Section):
     """Teacher-labelled augmentation of the training sentences (pipeline/augment.py), made and labelled by capture."""
@@ -340,6 +344,14 @@ class StudentConfig(Section):
         "importance; the hidden width shrinks with them to heads x head width, its channels chosen by activation "
         "(pipeline/pruning.py); None keeps all",
     )
+    token_pairs: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="hashed buckets for pairs of neighbouring tokens (BERT students): each token's input vector "
+        "gets the vector of its pair with the token before it added (pipeline/pair_model.py), capacity that costs "
+        "a lookup rather than a layer; the table starts at zero. 0: none",
+    )
     ffn_importance_examples: int = Field(
         512, ge=1, le=1_000_000, description="training examples scored for FFN, head and width importance"
     )
@@ -422,6 +434,18 @@ class DistillConfig(TrainSettings):
         "(a smaller gradient and AdamW state; the saved student has the full table, the other rows as "
         "they started)",
     )
+    token_pairs_lr: float | None = Field(
+        None,
+        gt=0,
+        le=1.0,
+        description="learning rate of the student's token-pair table (student.token_pairs): it starts at zero, and at "
+        "the rate of a trained student's fine-tuning its vectors stay about 40 times shorter than the token "
+        "vectors. None: distill.lr",
+    )
+
+    def parameter_lrs(self) -> dict[str, float]:
+        # the pair table's parameter name in pipeline/pair_model.py (TokenPairEmbedding.pairs)
+        return {"word_embeddings.pairs.": self.token_pairs_lr} if self.token_pairs_lr is not None else {}
 
     @field_validator("layer_map", mode="before")
     @classmethod
@@ -714,6 +738,12 @@ NO_MEANING: dict[str, dict[str, tuple[str, Any]]] = {
             "static student's token table is trained whole",
             ...,
         ),
+        "student.token_pairs": (
+            "adds token-pair vectors at a transformer student's input; a static student's pairs are "
+            "student.static.bigram_buckets",
+            0,
+        ),
+        "distill.token_pairs_lr": ("is the rate of a transformer student's token-pair table", None),
     },
     "transformer": {
         "student.static": ("shapes a static student (student.kind: static); this student is a transformer", ...),
@@ -915,6 +945,15 @@ class PipelineConfig(Section):
         if self.teacher.model == "random" and self.teacher.random is None:
             problems.append(
                 (("teacher.random", "teacher.model"), "teacher.model 'random' needs a teacher.random section")
+            )
+        if self.distill.token_pairs_lr is not None and not s.token_pairs and s.kind == "transformer":
+            problems.append(
+                (
+                    ("distill.token_pairs_lr", "student.token_pairs"),
+                    f"distill.token_pairs_lr {self.distill.token_pairs_lr} sets the rate of the student's token-pair "
+                    "table, and student.token_pairs is 0 (no table): set student.token_pairs (e.g. 50000) or remove "
+                    "distill.token_pairs_lr",
+                )
             )
         if problems:
             raise ConfigProblems(problems)

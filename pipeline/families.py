@@ -137,6 +137,15 @@ FAMILIES: dict[str, Family] = {
             token_type_ids=True,
             tokenizer_kind="WordPiece",
         ),
+        Family(  # a BERT student with hashed token-pair vectors at its input (pipeline/pair_model.py)
+            "BERT with token pairs",
+            "bert-pairs",
+            **_BERT_LIKE,
+            hidden_sized=(),
+            position_offset=False,
+            token_type_ids=True,
+            tokenizer_kind="WordPiece",
+        ),
         Family(
             "RoBERTa",
             "roberta",

@@ -43,6 +43,8 @@ from .families import (
     zero_attention_dropout,
 )
 from .model_packages import SPLIT_PACKAGES, split_package_folder
+from .pair_model import MODEL_TYPE as PAIR_MODEL_TYPE
+from .pair_model import with_token_pairs  # importing it registers the token-pair student with the Auto classes
 from .pruning import kept_heads, narrow, narrowing_unsupported, prune_ffn, top_neurons
 from .static_model import (
     MODEL_TYPE as STATIC_MODEL_TYPE,
@@ -479,6 +481,22 @@ def build_student(
         model = type(teacher)(
             random_student_config(teacher.config, student.random, student_layer_types(config, teacher.config))
         )
+    if student.token_pairs:
+        if family_of(model, "student").model_type not in ("bert", PAIR_MODEL_TYPE):
+            raise ModelError(
+                f"student.token_pairs {student.token_pairs}: token-pair vectors are built for BERT students only, "
+                f"and this student is a {family_of(model, 'student').name} model. Use a BERT student "
+                "(a BERT teacher's layers or a BERT student.pretrained) or set student.token_pairs: 0"
+            )
+        if family_of(model, "student").model_type == "bert":
+            model = with_token_pairs(model, student.token_pairs)
+        elif model.config.token_pairs != student.token_pairs:
+            raise ModelError(
+                f"student.token_pairs {student.token_pairs}: the student already has a table of "
+                f"{model.config.token_pairs} token pairs (a pretrained or copied token-pair model), and resizing it "
+                f"would move every pair to another bucket. Set student.token_pairs: {model.config.token_pairs} "
+                "(or 0 to keep its table as it is)"
+            )
     # Attention dropout 0 in the student: eager attention returns weights after
     # dropout (rows stop summing to 1) and the KL target must be a distribution.
     zero_attention_dropout(model)

@@ -144,6 +144,8 @@ ADDED_KEYS = {
     "data.unlabeled_source": None,
     "export.trim_unlabeled_min_count": 1,
     "distill.loss.penultimate": 0.0,
+    "student.token_pairs": 0,
+    "distill.token_pairs_lr": None,
 }
 
 

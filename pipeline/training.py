@@ -230,7 +230,13 @@ def configure_optimizer(modules: dict[str, torch.nn.Module], settings: TrainSett
     """
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     named = [(n, p) for m in modules.values() for n, p in m.named_parameters() if p.requires_grad]
+    own_lr = settings.parameter_lrs()
     groups: list[dict[str, Any]] = [
+        {"params": [p for n, p in named if fragment in n], "weight_decay": settings.weight_decay, "lr": lr}
+        for fragment, lr in own_lr.items()
+    ]
+    named = [(n, p) for n, p in named if not any(fragment in n for fragment in own_lr)]
+    groups += [
         {"params": [p for n, p in named if not n.endswith(NO_DECAY)], "weight_decay": settings.weight_decay},
         {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
     ]

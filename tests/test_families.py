@@ -51,6 +51,7 @@ from tests.test_tokenizer_kinds import KINDS, check_bundle_for_tokenizer_kind
 
 TOKENIZER_KIND = {
     "bert": "wordpiece",
+    "bert-pairs": "wordpiece",  # a BERT student with hashed token-pair vectors at its input (pipeline/pair_model.py)
     "roberta": "byte_level_bpe",
     "xlm-roberta": "unigram_metaspace",
     "electra": "wordpiece",
@@ -67,10 +68,21 @@ def test_the_table_covers_the_families_and_tokenizer_kinds_tested_here():
     assert (
         set(F.FAMILIES)
         == set(TOKENIZER_KIND)
-        == {"bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2", "modernbert", "eurobert", "mpnet"}
+        == {
+            "bert",
+            "bert-pairs",
+            "roberta",
+            "xlm-roberta",
+            "electra",
+            "distilbert",
+            "deberta-v2",
+            "modernbert",
+            "eurobert",
+            "mpnet",
+        }
     )
     assert not F.FAMILIES["deberta-v2"].attention_is_exact and not F.FAMILIES["mpnet"].attention_is_exact
-    assert len(EXACT) == 7
+    assert len(EXACT) == 8
 
 
 # ModernBERT's and EuroBERT's configs default to their real tokenizers' special ids (50k-128k): inside the tiny vocabulary
@@ -105,6 +117,7 @@ def family_config(model_type: str, vocab_size: int = 120, pad: int = 0, **extra)
         # layer 0 global, layer 1 sliding with keys |i - j| <= 2: the window binds on the test's 10-token batch
         "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, **SPECIAL_IDS),
         "eurobert": dict(num_key_value_heads=2, **SPECIAL_IDS),  # grouped-query attention: 2 key/value heads for 4
+        "bert-pairs": dict(token_pairs=17),  # its table as transformers initialises it: not zero, so it shows
     }.get(model_type, {})
     return AutoConfig.for_model(
         model_type, **{"vocab_size": vocab_size, "num_labels": 2, "pad_token_id": pad, **shape, **family_extra, **extra}
@@ -749,7 +762,9 @@ def test_label_mismatch_is_caught_where_the_teacher_loads_and_at_config_check(tm
 # or a pretrained student of another family with a different depth, width and head count.
 PRUNED = ["student.teacher_layers=[1]", "student.ffn_size=32"]
 RUNS = {  # the slowest first: two worker processes share them
-    "bert": PRUNED,
+    # the BERT run's student has hashed token-pair vectors at its input (pipeline/pair_model.py), trimmed: the pairs
+    # keep hashing the original ids in every shipped graph (a plain BERT student is the shared tiny run's)
+    "bert": [*PRUNED, "student.token_pairs=64", "distill.token_pairs_lr=0.01", "export.trim_vocab=true"],
     "deberta-v2": [*PRUNED, "export.trim_vocab=true"],
     "electra": [
         "student.init=pretrained",
@@ -897,7 +912,7 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
     run_dir = folder / "runs" / "tiny"
 
     shipped = AutoConfig.from_pretrained(run_dir / "distill" / "student")
-    assert shipped.model_type == ("distilbert" if model_type == "electra" else model_type)
+    assert shipped.model_type == {"electra": "distilbert", "bert": "bert-pairs"}.get(run, model_type)
     if model_type == "electra":  # the pretrained student's rows were remapped to the teacher's ids, then trained
         teacher_tokenizer = AutoTokenizer.from_pretrained(folder / "teacher")
         assert shipped.vocab_size == len(teacher_tokenizer) and shipped.pad_token_id == teacher_tokenizer.pad_token_id
@@ -920,6 +935,12 @@ def test_whole_pipeline_per_family(model_type, family_runs, tokenizer_folders):
         trim = read_json(run_dir / "export" / "bundle" / "metadata.json")["vocab_trim"]
         assert trim["applied"] and trim["tokenizer_model"] == "BPE" and trim["kept_tokens"] < trim["original_vocab"]
         assert trim["test_texts_surviving"] > 0 and trim["surviving_prediction_agreement"] == 1.0
+    if run == "bert":  # the pair table trained at its own rate; the shipped graphs are trimmed
+        assert shipped.token_pairs == 64
+        student = load_classifier(str(run_dir / "distill" / "student"))
+        assert student.bert.embeddings.word_embeddings.pairs.weight.abs().max() > 1e-3
+        trim = read_json(run_dir / "export" / "bundle" / "metadata.json")["vocab_trim"]
+        assert trim["applied"] and trim["kept_tokens"] < trim["original_vocab"]  # predict.py below reads that graph
     if run == "modernbert":  # the kinds of teacher layers 0 and 1, recorded in config.json and the log
         assert shipped.layer_types == ["full_attention", "sliding_attention"]
         assert "student layer kinds ['full_attention', 'sliding_attention']" in outcome["log"]
