@@ -732,6 +732,17 @@ SECTIONS: list[Section] = [
         "EPYC with AVX512-BF16. The issue's bar at bert_small's latency: 0.8613.",
     ),
     Section(
+        "phone_pairs_mpnet_base.md",
+        "The phone-shaped student with hashed token-pair vectors at its input, 30,000 IMDb sentences (three seeds)",
+        "data",
+        "`make sweep CONFIG=mpnet_base SWEEP=configs/sweeps/base_phone_pairs.yaml ARGS='--to evaluate'`: the "
+        "phone-shaped student and data of the tables above, CE + logit KD, then the same with 50,000 hashed "
+        "token-pair vectors added at its input (`student.token_pairs`, a zero table at the start), their table "
+        "at the student's rate (1e-4) or at its own 2e-3 (`--against-first`: each against CE + logit KD on the same "
+        "seeds); batched PyTorch accuracy. 2-core AMD EPYC with AVX512-BF16. The issue's bar at bert_small's "
+        "latency: 0.8613.",
+    ),
+    Section(
         "representation_spectrum_mpnet_base.md",
         "The fine-tuned base teacher's top representations: how many directions they use",
         "data",

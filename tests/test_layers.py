@@ -21,6 +21,7 @@ LAYERS = [  # lowest first: a module imports from its own layer or the ones belo
             "plots",
             "augment",
             "static_model",
+            "pair_model",
             "fasttext_worker",
             "parent_death",
             "interrupts",
