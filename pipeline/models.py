@@ -43,8 +43,10 @@ from .families import (
     zero_attention_dropout,
 )
 from .model_packages import SPLIT_PACKAGES, split_package_folder
-from .pair_model import MODEL_TYPE as PAIR_MODEL_TYPE
-from .pair_model import with_token_pairs  # importing it registers the token-pair student with the Auto classes
+from .pair_model import (  # importing it registers the token-pair student with the Auto classes
+    MODEL_TYPE as PAIR_MODEL_TYPE,
+)
+from .pair_model import BertPairsForSequenceClassification, with_token_pairs
 from .pruning import kept_heads, narrow, narrowing_unsupported, prune_ffn, top_neurons
 from .static_model import (
     MODEL_TYPE as STATIC_MODEL_TYPE,
@@ -482,13 +484,14 @@ def build_student(
             random_student_config(teacher.config, student.random, student_layer_types(config, teacher.config))
         )
     if student.token_pairs:
-        if family_of(model, "student").model_type not in ("bert", PAIR_MODEL_TYPE):
+        built = family_of(model, "student")
+        if built.model_type not in ("bert", PAIR_MODEL_TYPE):
             raise ModelError(
                 f"student.token_pairs {student.token_pairs}: token-pair vectors are built for BERT students only, "
-                f"and this student is a {family_of(model, 'student').name} model. Use a BERT student "
+                f"and this student is a {built.name} model. Use a BERT student "
                 "(a BERT teacher's layers or a BERT student.pretrained) or set student.token_pairs: 0"
             )
-        if family_of(model, "student").model_type == "bert":
+        if built.model_type == "bert":
             model = with_token_pairs(model, student.token_pairs)
         elif model.config.token_pairs != student.token_pairs:
             raise ModelError(
@@ -638,6 +641,9 @@ def remap_embeddings(model, rows: list[int], pad_token_id: int | None) -> None:
     with torch.no_grad():
         table.weight.copy_(old.weight[torch.tensor(rows)])
     model.set_input_embeddings(table.to(old.weight.device))
+    if isinstance(model, BertPairsForSequenceClassification):  # its pairs keep hashing the ids they were trained on
+        embedding = model.bert.embeddings.word_embeddings
+        embedding.hash_ids = embedding.hash_ids[torch.tensor(rows, device=embedding.hash_ids.device)]
     model.config.vocab_size = len(rows)
     model.config.pad_token_id = pad_token_id
 

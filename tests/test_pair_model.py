@@ -12,7 +12,7 @@ from pipeline.config import load_config
 from pipeline.errors import ModelError
 from pipeline.export.onnx_graph import OUTPUT_NAMES, LogitsOnly, export_onnx, ort_session
 from pipeline.export.tokenizer import trim_embeddings
-from pipeline.models import build_student, load_classifier
+from pipeline.models import build_student, load_classifier, remap_embeddings
 from pipeline.pair_model import BertPairsForSequenceClassification, with_token_pairs
 from pipeline.static_model import BIGRAM_PRIME
 from pipeline.training import configure_optimizer, configure_scheduler
@@ -91,6 +91,21 @@ def test_trimming_keeps_the_pairs_buckets_and_the_predictions():
     remapped = torch.tensor([[kept.index(int(t)) for t in row] for row in ids])
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=remapped, attention_mask=mask).logits, before)
+
+
+def test_a_remapped_vocabulary_keeps_the_pairs_buckets():
+    """A pretrained token-pair student whose pieces sit at other ids (vocabulary_remap) reads the teacher's ids with
+    the same logits: its pairs hash the ids they were trained on."""
+    model = trained_pairs()
+    student_ids = torch.tensor([[1, 7, 7, 12, 30, 2], [1, 9, 44, 5, 2, 0]])
+    mask = (student_ids > 0).long()
+    with torch.no_grad():
+        before = model(input_ids=student_ids, attention_mask=mask).logits
+    rows = [0, *range(59, 0, -1)]  # teacher id i is the student's row rows[i] (padding stays 0)
+    remap_embeddings(model, rows, pad_token_id=0)
+    teacher_ids = torch.tensor([[rows.index(int(t)) for t in row] for row in student_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=teacher_ids, attention_mask=mask).logits, before)
 
 
 def test_onnx_and_torch_export_give_the_same_logits(tmp_path):
