@@ -221,6 +221,25 @@ def check_against_models(config: PipelineConfig) -> None:
             mismatch = student_tokenizer_problem(config)
             if mismatch:
                 problems.append(f"student.pretrained: {mismatch}")
+    if student.kind == "transformer" and student.token_pairs:
+        source = pretrained_cfg if student.init == "pretrained" else teacher_cfg
+        own = getattr(source, "token_pairs", 0)
+        if source is not None and source.model_type not in ("bert", PAIR_MODEL_TYPE):
+            made = (
+                "student.pretrained is"
+                if student.init == "pretrained"
+                else "the student would be (the teacher's family)"
+            )
+            problems.append(
+                f"student.token_pairs: token-pair vectors are built for BERT students only, and the {made} a "
+                f"'{source.model_type}' model; use a BERT student or set student.token_pairs: 0."
+            )
+        elif own and own != student.token_pairs and student.init != "random":
+            problems.append(
+                f"student.token_pairs: {student.token_pairs}, but the student starts from a table of {own} token pairs "
+                f"(a token-pair model), and resizing it would move every pair to another bucket; set "
+                f"student.token_pairs: {own} (or 0 to keep its table as it is)."
+            )
     if pretrained_cfg is not None:
         student_depth = pretrained_cfg.num_hidden_layers
         # layer_map 'last' / 'uniform' are resolved at run time with the teacher's depth for a pretrained student.
@@ -480,9 +499,13 @@ def build_student(
                 log.info("student embedding rows remapped to the teacher's token ids (%s)", how)
     else:  # random weights, the teacher's family, student.random's shape
         assert student.random is not None  # validation refuses student.init 'random' without a student.random section
-        model = type(teacher)(
-            random_student_config(teacher.config, student.random, student_layer_types(config, teacher.config))
-        )
+        shape = random_student_config(teacher.config, student.random, student_layer_types(config, teacher.config))
+        if getattr(shape, "token_pairs", 0) and student.token_pairs:  # a token-pair teacher: the table's size is ours
+            shape.token_pairs = student.token_pairs
+        model = type(teacher)(shape)
+        if isinstance(model, BertPairsForSequenceClassification):  # a new pair table adds nothing until it learns
+            with torch.no_grad():
+                model.bert.embeddings.word_embeddings.pairs.weight.zero_()
     if student.token_pairs:
         built = family_of(model, "student")
         if built.model_type not in ("bert", PAIR_MODEL_TYPE):
@@ -493,7 +516,7 @@ def build_student(
             )
         if built.model_type == "bert":
             model = with_token_pairs(model, student.token_pairs)
-        elif model.config.token_pairs != student.token_pairs:
+        elif model.config.token_pairs != student.token_pairs:  # check_against_models said so before any work
             raise ModelError(
                 f"student.token_pairs {student.token_pairs}: the student already has a table of "
                 f"{model.config.token_pairs} token pairs (a pretrained or copied token-pair model), and resizing it "

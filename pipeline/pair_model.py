@@ -57,6 +57,8 @@ class BertPairsForSequenceClassification(BertForSequenceClassification):
     config_class = BertPairsConfig
 
     def __init__(self, config: BertPairsConfig):
+        if config.token_pairs < 1:
+            raise ValueError(f"a bert-pairs model needs token_pairs >= 1 buckets (config says {config.token_pairs})")
         super().__init__(config)
         self.bert.embeddings.word_embeddings = TokenPairEmbedding(
             config.vocab_size, config.hidden_size, config.token_pairs, config.pad_token_id

@@ -9,11 +9,12 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from pipeline.config import load_config
-from pipeline.errors import ModelError
+from pipeline.errors import ConfigError, ModelError
+from pipeline.export import executorch_program
 from pipeline.export.onnx_graph import OUTPUT_NAMES, LogitsOnly, export_onnx, ort_session
 from pipeline.export.tokenizer import trim_embeddings
-from pipeline.models import build_student, load_classifier, remap_embeddings
-from pipeline.pair_model import BertPairsForSequenceClassification, with_token_pairs
+from pipeline.models import build_student, check_against_models, load_classifier, remap_embeddings
+from pipeline.pair_model import BertPairsConfig, BertPairsForSequenceClassification, with_token_pairs
 from pipeline.static_model import BIGRAM_PRIME
 from pipeline.training import configure_optimizer, configure_scheduler
 from tests.helpers import padded_batch
@@ -69,13 +70,19 @@ def test_a_converted_student_starts_with_the_same_logits_and_saves_and_loads(tmp
             converted(input_ids=ids, attention_mask=mask).logits, bert(input_ids=ids, attention_mask=mask).logits
         )
     model = trained_pairs()
+    kept = [0, *range(59, 0, -2)]  # trimmed first, so the ids the pairs hash are no longer the row numbers
+    trim_embeddings(model, kept)
     model.save_pretrained(tmp_path / "student")
     loaded = load_classifier(str(tmp_path / "student")).eval()
     assert type(loaded) is BertPairsForSequenceClassification
+    assert torch.equal(loaded.bert.embeddings.word_embeddings.hash_ids, torch.tensor(kept))
+    ids = ids % len(kept)
     with torch.no_grad():
         torch.testing.assert_close(
             loaded(input_ids=ids, attention_mask=mask).logits, model(input_ids=ids, attention_mask=mask).logits
         )
+    with pytest.raises(ValueError, match="token_pairs >= 1"):
+        BertPairsForSequenceClassification(BertPairsConfig(vocab_size=10, hidden_size=8, num_attention_heads=2))
 
 
 def test_trimming_keeps_the_pairs_buckets_and_the_predictions():
@@ -153,6 +160,21 @@ def test_build_student_converts_a_bert_student_and_refuses_what_it_cannot_do():
     assert kept.bert.embeddings.word_embeddings.pairs.weight.any()
     with pytest.raises(ModelError, match="BERT students only"):
         build_student(tiny("student.teacher_layers=[0]", "student.token_pairs=7"), family_model("roberta"))
+    # a random student of a token-pair teacher: a zero table of its own size
+    shape = "student.random={num_layers: 1, hidden_size: 16, num_heads: 4, intermediate_size: 32, max_position_embeddings: 32}"
+    fresh = build_student(tiny("student.init=random", shape, "student.token_pairs=7"), trained_pairs())
+    assert fresh.config.token_pairs == 7 and not fresh.bert.embeddings.word_embeddings.pairs.weight.any()
+
+
+def test_what_a_token_pair_student_cannot_be_is_refused_before_any_work(tmp_path):
+    """check_against_models (before the teacher is trained): another family, or a table of another size."""
+    family_model("roberta").config.save_pretrained(tmp_path / "roberta")
+    with pytest.raises(ConfigError, match="BERT students only"):
+        check_against_models(tiny(f"teacher.model={tmp_path / 'roberta'}", "student.token_pairs=8"))
+    trained_pairs().config.save_pretrained(tmp_path / "pairs")
+    with pytest.raises(ConfigError, match=f"student.token_pairs: {BUCKETS}"):
+        check_against_models(tiny(f"teacher.model={tmp_path / 'pairs'}", "student.token_pairs=8"))
+    check_against_models(tiny(f"teacher.model={tmp_path / 'pairs'}", f"student.token_pairs={BUCKETS}"))
 
 
 def test_the_pair_table_trains_at_its_own_rate_and_the_schedule_scales_both():
@@ -173,3 +195,17 @@ def test_the_pair_table_trains_at_its_own_rate_and_the_schedule_scales_both():
     # without the setting, one rate for all
     plain, _ = configure_optimizer({"model": model}, tiny(f"student.token_pairs={BUCKETS}").distill)
     assert {group["lr"] for group in plain.param_groups} == {tiny().distill.lr}
+
+
+@pytest.mark.process  # ExecuTorch's serializer runs a tool of its own
+def test_the_executorch_program_gives_the_same_logits(tmp_path):
+    """The bundle's .pte: the pairs (a rotation of the ids, one Gather) lower to XNNPACK with the rest."""
+    model = trained_pairs()
+    done = executorch_program.export_pte(model, tmp_path / "pairs.pte", max_length=32)
+    assert done["delegate_calls"] >= 1
+    run = executorch_program.runner(tmp_path / "pairs.pte")
+    for ids in ([1, 7, 7, 12, 30, 2], [1, 44, 2]):
+        feeds = {"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
+        with torch.no_grad():
+            expected = model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        np.testing.assert_allclose(run(feeds), expected.logits.numpy(), rtol=1e-4, atol=1e-5)

@@ -48,8 +48,10 @@ def _partitions(info) -> dict:
     }
 
 
-def usability(model_path: Path, vocab_size: int | None = None) -> dict:
-    """The mobile usability checker's findings for ``model_path`` (an ONNX file), per execution provider."""
+def usability(model_path: Path, vocab_size: int | None = None, pair_rows: int = 0) -> dict:
+    """The mobile usability checker's findings for ``model_path`` (an ONNX file), per execution provider;
+    ``pair_rows``: the rows of a token-pair table beside the word embeddings (student.token_pairs), which
+    vocabulary trimming does not shrink."""
     quiet = logging.getLogger("pipeline.mobile_usability")
     quiet.setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +88,7 @@ def usability(model_path: Path, vocab_size: int | None = None) -> dict:
         result["coreml_dimension_limit"] = {
             "limit": COREML_MAX_DIMENSION,
             "embedding_rows": vocab_size,
-            "exceeded": vocab_size > COREML_MAX_DIMENSION,
+            "exceeded": max(vocab_size, pair_rows) > COREML_MAX_DIMENSION,
             "note": (
                 f"CoreML refuses tensors with a dimension above {COREML_MAX_DIMENSION}: the {vocab_size}-row word-"
                 "embedding table keeps its Gather on the CPU; a trimmed vocabulary (export.trim_vocab) can get under it"
@@ -94,6 +96,16 @@ def usability(model_path: Path, vocab_size: int | None = None) -> dict:
                 else f"the {vocab_size}-row word-embedding table is within CoreML's {COREML_MAX_DIMENSION} dimension limit"
             ),
         }
+        if pair_rows:
+            result["coreml_dimension_limit"]["pair_rows"] = pair_rows
+            result["coreml_dimension_limit"]["note"] += (
+                f"; the {pair_rows}-row token-pair table (student.token_pairs) "
+                + (
+                    "keeps its Gather on the CPU too, and trimming does not shrink it"
+                    if pair_rows > COREML_MAX_DIMENSION
+                    else "is within it"
+                )
+            )
     return result
 
 
@@ -152,7 +164,8 @@ def usability_of_graphs(shipped: Shipped, int8: Int8 | None, static: Int8 | None
         "int8": int8.path if int8 else None,
         "int8_static": static.path if static else None,
     }
-    return {name: usability(path, shipped.facts["vocab_size"]) for name, path in graphs.items() if path}
+    pair_rows = getattr(shipped.model.config, "token_pairs", 0)
+    return {name: usability(path, shipped.facts["vocab_size"], pair_rows) for name, path in graphs.items() if path}
 
 
 def check_bundle(found: dict[str, dict], recommended: str) -> dict:
