@@ -221,25 +221,10 @@ def check_against_models(config: PipelineConfig) -> None:
             mismatch = student_tokenizer_problem(config)
             if mismatch:
                 problems.append(f"student.pretrained: {mismatch}")
-    if student.kind == "transformer" and student.token_pairs:
+    if student.kind == "transformer":
         source = pretrained_cfg if student.init == "pretrained" else teacher_cfg
-        own = getattr(source, "token_pairs", 0)
-        if source is not None and source.model_type not in ("bert", PAIR_MODEL_TYPE):
-            made = (
-                "student.pretrained is"
-                if student.init == "pretrained"
-                else "the student would be (the teacher's family)"
-            )
-            problems.append(
-                f"student.token_pairs: token-pair vectors are built for BERT students only, and the {made} a "
-                f"'{source.model_type}' model; use a BERT student or set student.token_pairs: 0."
-            )
-        elif own and own != student.token_pairs and student.init != "random":
-            problems.append(
-                f"student.token_pairs: {student.token_pairs}, but the student starts from a table of {own} token pairs "
-                f"(a token-pair model), and resizing it would move every pair to another bucket; set "
-                f"student.token_pairs: {own} (or 0 to keep its table as it is)."
-            )
+        if (problem := token_pairs_problem(source, student)) is not None:
+            problems.append(problem)
     if pretrained_cfg is not None:
         student_depth = pretrained_cfg.num_hidden_layers
         # layer_map 'last' / 'uniform' are resolved at run time with the teacher's depth for a pretrained student.
@@ -506,28 +491,37 @@ def build_student(
         if isinstance(model, BertPairsForSequenceClassification):  # a new pair table adds nothing until it learns
             with torch.no_grad():
                 model.bert.embeddings.word_embeddings.pairs.weight.zero_()
-    if student.token_pairs:
-        built = family_of(model, "student")
-        if built.model_type not in ("bert", PAIR_MODEL_TYPE):
-            raise ModelError(
-                f"student.token_pairs {student.token_pairs}: token-pair vectors are built for BERT students only, "
-                f"and this student is a {built.name} model. Use a BERT student "
-                "(a BERT teacher's layers or a BERT student.pretrained) or set student.token_pairs: 0"
-            )
-        if built.model_type == "bert":
+    if student.token_pairs:  # check_against_models refused what cannot be built before any work
+        if (problem := token_pairs_problem(model.config, student)) is not None:
+            raise ModelError(problem)
+        if model.config.model_type == "bert":
             model = with_token_pairs(model, student.token_pairs)
-        elif model.config.token_pairs != student.token_pairs:  # check_against_models said so before any work
-            raise ModelError(
-                f"student.token_pairs {student.token_pairs}: the student already has a table of "
-                f"{model.config.token_pairs} token pairs (a pretrained or copied token-pair model), and resizing it "
-                f"would move every pair to another bucket. Set student.token_pairs: {model.config.token_pairs} "
-                "(or 0 to keep its table as it is)"
-            )
     # Attention dropout 0 in the student: eager attention returns weights after
     # dropout (rows stop summing to 1) and the KL target must be a distribution.
     zero_attention_dropout(model)
     model.set_attn_implementation(attn_implementation(model.config, student.attn_implementation))
     return model
+
+
+def token_pairs_problem(source, student) -> str | None:
+    """Why ``student.token_pairs`` cannot be built on ``source`` (the config the student starts from: the teacher's
+    or student.pretrained's), or None."""
+    if not student.token_pairs or source is None:
+        return None
+    if source.model_type not in ("bert", PAIR_MODEL_TYPE):
+        return (
+            f"student.token_pairs: token-pair vectors are built for BERT students only, and the student would be a "
+            f"'{source.model_type}' model; use a BERT student (a BERT teacher's layers or a BERT student.pretrained) "
+            "or set student.token_pairs: 0."
+        )
+    own = getattr(source, "token_pairs", 0)
+    if own and own != student.token_pairs and student.init != "random":
+        return (
+            f"student.token_pairs: {student.token_pairs}, but the student starts from a table of {own} token pairs "
+            f"(a token-pair model), and resizing it would move every pair to another bucket; set "
+            f"student.token_pairs: {own} (or 0 to keep its table as it is)."
+        )
+    return None
 
 
 def student_layer_types(config: PipelineConfig, teacher_config) -> list[str] | None:

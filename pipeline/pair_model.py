@@ -5,7 +5,7 @@ of bert_small's layers costs 32%: bench/results/phone_shapes_latency_mpnet_base.
 Gather. Each token's input vector becomes its word embedding plus the vector of its pair with the token before it,
 hashed into ``token_pairs`` buckets as the static student's bigrams are (``BIGRAM_PRIME``, on the token ids the
 model was built with, so vocabulary trimming keeps every pair in its bucket). The pair table starts at zero, so a
-student converted from a trained one starts with its logits. Fastext's word bigrams and the hashed n-gram input
+student converted from a trained one starts with its logits. fastText's word bigrams and the hashed n-gram input
 embeddings of over-tokenized transformers (Huang et al. 2025) are the same idea.
 
 The model is a transformers ``PreTrainedModel`` registered with the Auto classes under its own ``model_type``, so it
