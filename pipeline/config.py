@@ -557,6 +557,24 @@ class ExportTargets(Section):
     max_size_ratio: float = Field(0.5, gt=0, description="student file / int8 teacher file")
 
 
+class WordCorpusConfig(Section):
+    """Texts whose words join a static student's word model table (export.word_corpus): the words of the data's own
+    domain (its names and rare words), so fewer texts take the slower subword route. A cache: the logits do not
+    change. Texts equal to a test text (ignoring case and punctuation) are left out, so the test texts are timed as
+    an app's new texts would be."""
+
+    path: NonEmptyText = Field(
+        description="a local file (csv, jsonl or parquet, by its suffix; .gz / .bz2 csv too) or "
+        "package:<pip package>/<path inside it>"
+    )
+    text_column: NonEmptyText = "text"
+    where: dict[str, str] = Field(
+        default_factory=dict,
+        description="keep only the rows whose column holds this value (compared as text), e.g. {source: imdb}",
+    )
+    min_count: int = Field(1, ge=1, description="a word joins the table when the texts hold it at least this often")
+
+
 class ExportConfig(Section):
     opset: int = Field(18, description=f"ONNX opset of the shipped graphs, {OPSETS[0]}..{OPSETS[-1]}")
     parity_tolerance: float = Field(1e-3, gt=0)
@@ -630,6 +648,12 @@ class ExportConfig(Section):
         "file, or package:<pip package>/<path inside it>, one word per line (its first column), most frequent first. "
         "The table is a cache (the logits do not change): a word outside it takes the slower subword route. The "
         "list ships inside the app, so its licence travels with it",
+    )
+    word_corpus: WordCorpusConfig | None = Field(
+        None,
+        description="a static student's word model (model.words.onnx) also holds the words of these texts (e.g. "
+        "unlabelled reviews of the data's domain): {path, text_column, where, min_count}. A cache, like word_list: "
+        "the logits do not change; the texts ship nowhere, their words do (in the table)",
     )
 
     @field_validator("word_list")

@@ -285,6 +285,38 @@ def normalized_text(text: str) -> str:
     return _NOT_WORD.sub("", text.lower())
 
 
+def texts_of_file(
+    reference: str, key: str, text_column: str, where: dict[str, str], what: str
+) -> tuple[pd.Series, int]:
+    """The texts of ``text_column`` (missing cells dropped) in the file ``reference`` (csv, jsonl or parquet by its
+    suffix; ``key``: the setting that names it, for errors) on the rows whose columns hold ``where``'s values
+    (compared as text), and the number of rows read. For data.unlabeled_source and export.word_corpus; ``what`` says
+    what the file should hold."""
+    path = data_file(reference, key)
+    if not path.is_file():
+        raise DataError(f"{key} '{reference}' is not a file. Expected a csv, jsonl or parquet file of {what}.")
+    suffixes = [s.lower() for s in path.suffixes]
+    kind = next((k for k in ("jsonl", "parquet", "csv") if f".{k}" in suffixes), None)  # .csv.gz is csv too
+    if kind is None:
+        raise DataError(
+            f"{key} '{reference}' has the suffix '{''.join(path.suffixes)}'; expected .csv (or .csv.gz / .csv.bz2), "
+            ".jsonl or .parquet."
+        )
+    raw = _read_table(path, kind, reference)
+    missing = [c for c in (text_column, *where) if c not in raw.columns]
+    if missing:
+        section = key.rsplit(".", 1)[0]
+        raise DataError(
+            f"{key} '{reference}' has no column {', '.join(repr(c) for c in missing)}; its columns are "
+            f"{_shown_list(raw.columns, most=20)}. Set {section}.text_column / where to match."
+        )
+    keep = pd.Series(True, index=raw.index)
+    for column, value in where.items():
+        keep &= raw[column].astype(str) == value
+    texts = raw.loc[keep, text_column]
+    return texts[texts.notna()].astype(str), len(raw)
+
+
 def unlabeled_from_source(cfg: DataConfig, splits: dict[str, pd.DataFrame], seed: int, report: dict) -> pd.DataFrame:
     """The unlabelled text of data.unlabeled_source: its file's text column (rows matching ``where``), split into
     sentences if asked, texts of fewer than ``min_words`` words and repeats dropped, and every text whose
@@ -294,29 +326,9 @@ def unlabeled_from_source(cfg: DataConfig, splits: dict[str, pd.DataFrame], seed
     src = cfg.unlabeled_source
     assert src is not None
     key = "data.unlabeled_source.path"
-    path = data_file(src.path, key)
-    if not path.is_file():
-        raise DataError(f"{key} '{src.path}' is not a file. Expected a csv, jsonl or parquet file of unlabelled text.")
-    suffixes = [s.lower() for s in path.suffixes]
-    kind = next((k for k in ("jsonl", "parquet", "csv") if f".{k}" in suffixes), None)  # .csv.gz is csv too
-    if kind is None:
-        raise DataError(
-            f"{key} '{src.path}' has the suffix '{''.join(path.suffixes)}'; expected .csv (or .csv.gz / .csv.bz2), "
-            ".jsonl or .parquet."
-        )
-    raw = _read_table(path, kind, src.path)
-    missing = [c for c in (src.text_column, *src.where) if c not in raw.columns]
-    if missing:
-        raise DataError(
-            f"{key} '{src.path}' has no column {', '.join(repr(c) for c in missing)}; its columns are "
-            f"{_shown_list(raw.columns, most=20)}. Set data.unlabeled_source.text_column / where to match."
-        )
-    report["unlabeled_rows_read"] = len(raw)
-    keep = pd.Series(True, index=raw.index)
-    for column, value in src.where.items():
-        keep &= raw[column].astype(str) == value
-    texts = raw.loc[keep, src.text_column]
-    texts = texts[texts.notna()].astype(str)
+    texts, rows_read = texts_of_file(src.path, key, src.text_column, src.where, "unlabelled text")
+    report["unlabeled_rows_read"] = rows_read
+    matching = len(texts)
     if src.sentences:
         texts = texts.map(_SENTENCE_END.split).explode()
     texts = texts.str.strip()
@@ -327,7 +339,7 @@ def unlabeled_from_source(cfg: DataConfig, splits: dict[str, pd.DataFrame], seed
     texts = texts[~inside]
     if texts.empty:
         raise DataError(
-            f"{key} '{src.path}' leaves no unlabelled text: {len(raw)} rows read, {int(keep.sum())} matching "
+            f"{key} '{src.path}' leaves no unlabelled text: {rows_read} rows read, {matching} matching "
             f"data.unlabeled_source.where {src.where or '{}'}, none with a text of at least {src.min_words} words "
             "that no split holds. Check where, text_column and min_words."
         )

@@ -116,6 +116,9 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
         "export.word_list": lambda: (
             data_file(config.export.word_list, "export.word_list") if config.export.word_list else None
         ),
+        "export.word_corpus": lambda: (
+            data_file(config.export.word_corpus.path, "export.word_corpus.path") if config.export.word_corpus else None
+        ),
     }
     found = {}
     for key, locate in candidates.items():
@@ -146,6 +149,7 @@ ADDED_KEYS = {
     "distill.loss.penultimate": 0.0,
     "student.token_pairs": 0,
     "distill.token_pairs_lr": None,
+    "export.word_corpus": None,
 }
 
 

@@ -46,7 +46,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline.data import data_file
+from pipeline.config import WordCorpusConfig
+from pipeline.data import data_file, normalized_text, texts_of_file
 from pipeline.errors import DataError, PipelineError
 from pipeline.export import executorch_program, from_text, mobile, ort_format, text_model, word_model
 from pipeline.export.files import copy_predict_script, file_table, register_onnx, render_template, write_demo
@@ -97,6 +98,7 @@ def run(ctx: Context) -> dict:
     inputs = read_inputs(ctx)
     static = json.loads((inputs.student / "config.json").read_text()).get("model_type") == "static-embedding"
     word_list = word_list_file(cfg.word_list) if static and cfg.word_list else None  # checked before the work
+    corpus = word_corpus_texts(cfg.word_corpus, inputs.test_records) if static and cfg.word_corpus else None
     out = fresh_folder(ctx.out / "bundle")
     work = fresh_folder(ctx.out / "work")  # teacher graph and rejected int8 attempts; removed before the rename
     # model.pte, model.int8.pte (ExecuTorch, XNNPACK): lowered in a child process on one core while the ONNX steps
@@ -148,11 +150,24 @@ def run(ctx: Context) -> dict:
         facts = tokenizer_facts(untrimmed)
         more = word_model.vocabulary_words(untrimmed, facts)
         listed = word_model.list_words(word_list, untrimmed, facts) if word_list else []
+        corpus_words = (
+            word_model.training_words(corpus, untrimmed, facts, cfg.word_corpus.min_count)
+            if corpus and cfg.word_corpus
+            else []
+        )
         words, word_labels = word_model.ship(
-            shipped, inputs.test_records, word_texts, inputs.max_length, out, more + listed
+            shipped, inputs.test_records, word_texts, inputs.max_length, out, more + listed + corpus_words
         )
         if listed and words.get("shipped"):  # more words on the fast route (a cache: the same logits); its licence
             words["word_list"] = {"source": cfg.word_list, "words": len(listed)}  # travels with the app
+        if corpus and cfg.word_corpus and words.get("shipped"):
+            words["word_corpus"] = {
+                "source": cfg.word_corpus.path,
+                "where": cfg.word_corpus.where,
+                "min_count": cfg.word_corpus.min_count,
+                "texts": len(corpus),
+                "words": len(corpus_words),
+            }
         ort = ort_format.convert_and_check_words(
             ort, words, word_labels, inputs.test_records, cfg.ort_target_platform, out
         )
@@ -239,6 +254,23 @@ def word_list_file(reference: str) -> Path:
             "(the word model's table then holds the words of the training text and the vocabulary's whole words)."
         )
     return path
+
+
+def word_corpus_texts(corpus: WordCorpusConfig, test_records: list[dict]) -> list[str]:
+    """export.word_corpus's texts, read before any graph is built; those equal to a test text (ignoring case and
+    punctuation) are left out, so that the test texts are timed as an app's new texts would be."""
+    key = "export.word_corpus.path"
+    texts, rows_read = texts_of_file(corpus.path, key, corpus.text_column, corpus.where, "texts")
+    test = {normalized_text(record["text"]) for record in test_records}
+    kept = [text for text in texts if text.strip() and normalized_text(text) not in test]
+    if not kept:
+        raise DataError(
+            f"{key} '{corpus.path}' leaves no text: {rows_read} rows read, {len(texts)} matching "
+            f"export.word_corpus.where {corpus.where or '{}'}, none with a text that no test example holds. Check "
+            "where and text_column, or leave export.word_corpus unset (the word model's table then holds the words "
+            "of the training text and the vocabulary's whole words)."
+        )
+    return kept
 
 
 def fresh_folder(folder: Path) -> Path:

@@ -63,10 +63,19 @@ STATIC_TINY = [
 ]
 
 
+# Two words twice (they join the table), one once (left out at min_count 2), one of another source (left out)
+STATIC_WORD_CORPUS = (
+    "text,source\nKurosawa and Mifune: xylophonic,imdb\nKurosawa without Mifune,imdb\nZanzibarian Zanzibarian,other\n"
+)
+
+
 @pytest.fixture(scope="session")
 def static_tiny_run(tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("static_runs")
-    result = run_cli("run", "tiny", *STATIC_TINY, runs_dir=runs_dir)
+    corpus = runs_dir.parent / "static_word_corpus.csv"  # words for the word model's table (export.word_corpus)
+    corpus.write_text(STATIC_WORD_CORPUS, encoding="utf-8")
+    words = f"export.word_corpus={{path: {corpus}, where: {{source: imdb}}, min_count: 2}}"
+    result = run_cli("run", "tiny", *STATIC_TINY, words, runs_dir=runs_dir)
     assert result.returncode == 0, result.stderr[-4000:]
     return {"runs_dir": runs_dir, "run_dir": runs_dir / "tiny", "first": result, "stdout": result.stdout}
 

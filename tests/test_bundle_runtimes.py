@@ -90,7 +90,13 @@ def test_the_static_bundle_ships_its_word_model_with_the_fp32_graphs_predictions
         words["file_mb"], abs=1e-3
     )
     assert metadata["from_text"]["versus_peers"]["student_row"] == "student_words"
-    assert "model.words.onnx" in (bundle / "README.md").read_text()
+    readme = (bundle / "README.md").read_text()
+    assert "model.words.onnx" in readme
+    # export.word_corpus (tests/conftest.py STATIC_WORD_CORPUS): the words it holds twice joined the table
+    corpus = words["word_corpus"]
+    assert corpus["texts"] == 2 and corpus["min_count"] == 2 and corpus["where"] == {"source": "imdb"}
+    assert corpus["words"] == 2  # kurosawa, mifune
+    assert f"the {corpus['words']} words found at least 2 times in 2 texts of `" in readme
 
 
 def test_text_model_reproduces_predict_py_ids_and_predictions(bundle, predict, test_texts):

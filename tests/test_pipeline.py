@@ -174,6 +174,10 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
     # A word list for the static student's word model changes the export alone
     listed = fingerprints(load_config("tiny", [*static_keys, "student.static.dim=16", "export.word_list=words.txt"]))
     assert [s for s in STAGES if static[s] != listed[s]] == ["export"]
+    # ... and so do a corpus's words for its table
+    corpus = "export.word_corpus={path: reviews.csv, min_count: 2}"
+    from_corpus = fingerprints(load_config("tiny", [*static_keys, "student.static.dim=16", corpus]))
+    assert [s for s in STAGES if static[s] != from_corpus[s]] == ["export"]
 
 
 def test_status_lists_every_stage(tiny_run):

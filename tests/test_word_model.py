@@ -14,13 +14,14 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from pipeline.config import WordCorpusConfig
 from pipeline.errors import DataError
 from pipeline.export import text_model, word_model
 from pipeline.export.onnx_graph import LogitsOnly, export_onnx, onnx_logits
 from pipeline.export.tokenizer import IdSplit, tokenize_texts, tokenizer_facts, trim_vocabulary
 from pipeline.models import package_folder
 from pipeline.static_model import StaticEmbeddingConfig, StaticEmbeddingForSequenceClassification
-from stages.export import word_list_file
+from stages.export import word_corpus_texts, word_list_file
 
 TRAIN = [
     "A gripping, beautifully shot film about grief.",
@@ -184,3 +185,44 @@ def test_a_missing_or_empty_word_list_is_one_clear_error(tmp_path):
     ):
         word_list_file("package:no-such-package/x.txt")
     assert word_list_file("package:symspellpy/frequency_dictionary_en_82_765.txt").stat().st_size > 1_000_000
+
+
+def test_a_word_corpus_gives_its_frequent_words_and_never_a_test_texts(tmp_path, minilm_tokenizer):
+    """export.word_corpus: the texts of the rows its where selects, less those equal to a test text (ignoring case and
+    punctuation: the test texts are timed as new texts), split as the operators split text; min_count drops rare words."""
+    corpus = tmp_path / "reviews.csv"
+    rows = [
+        ("Kurosawa's xylophonic score!", "imdb"),
+        ("kurosawa again", "imdb"),
+        ("The fabric is soft and the film is beautifully shot", "imdb"),  # a test text, unpunctuated
+        ("Zanzibarian words from another source", "other"),
+        ("", "imdb"),
+    ]
+    corpus.write_text("text,source\n" + "".join(f'"{t}",{s}\n' for t, s in rows), encoding="utf-8")
+    config = WordCorpusConfig(path=str(corpus), where={"source": "imdb"})
+    texts = word_corpus_texts(config, [{"text": t} for t in TEST])
+    assert texts == ["Kurosawa's xylophonic score!", "kurosawa again"]
+    facts = tokenizer_facts(minilm_tokenizer)
+    assert word_model.training_words(texts, minilm_tokenizer, facts) == [
+        "kurosawa",
+        "'",
+        "s",
+        "xylophonic",
+        "score",
+        "!",
+        "again",
+    ]
+    assert word_model.training_words(texts, minilm_tokenizer, facts, min_count=2) == ["kurosawa"]
+
+
+def test_a_bad_word_corpus_is_one_clear_error(tmp_path):
+    corpus = tmp_path / "reviews.csv"
+    corpus.write_text("review,source\nA fine film,imdb\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"export.word_corpus.path '.*nowhere.csv' is not a file"):
+        word_corpus_texts(WordCorpusConfig(path=str(tmp_path / "nowhere.csv")), [])
+    with pytest.raises(DataError, match=r"has no column 'text'; its columns are .*Set export.word_corpus.text_column"):
+        word_corpus_texts(WordCorpusConfig(path=str(corpus)), [])
+    with pytest.raises(DataError, match=r"leaves no text: 1 rows read, 0 matching export.word_corpus.where"):
+        word_corpus_texts(WordCorpusConfig(path=str(corpus), text_column="review", where={"source": "rt"}), [])
+    with pytest.raises(DataError, match=r"leaves no text: 1 rows read, 1 matching"):  # the one text is a test text
+        word_corpus_texts(WordCorpusConfig(path=str(corpus), text_column="review"), [{"text": "a FINE film."}])

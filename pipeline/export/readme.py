@@ -344,12 +344,17 @@ def words_paragraph(metadata: dict) -> str:
             f"{rows['student']['median_ms']:.3f} ms for `{metadata['text_model']['file']}`."
         )
     check = words["check"]
-    listed = words.get("word_list")
+    listed, corpus = words.get("word_list"), words.get("word_corpus")
     source = (
         f", and {listed['words']} words of the word list `{listed['source']}`: its licence applies to the app"
         if listed
         else ""
     )
+    if corpus:
+        source += (
+            f", and the {corpus['words']} words found at least {corpus['min_count']} times in "
+            f"{corpus['texts']} texts of `{corpus['source']}` (the words ship in the table, the texts do not)"
+        )
     return (
         f"**Fastest for this static student: `{words['file']}`** (ORT format: `{words.get('ort_file', '-')}`), the "
         "same input `text` and outputs `probabilities` and `label` (no `input_ids`), one text per call (shape [1]; "

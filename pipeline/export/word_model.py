@@ -16,8 +16,9 @@ bookkeeping), the padding and the classifier's own graph, where the text-in mode
 
 The logits are the fp32 ids-in graph's for every text, up to float summation order: the export checks the
 predictions on the whole test split before shipping it. The table holds the words of the training, validation and
-unlabeled texts (never the test split's), the vocabulary's whole words and those of export.word_list if set; it is a
-cache, not a vocabulary (any word list gives the same logits; a word outside it costs the subword route).
+unlabeled texts (never the test split's), the vocabulary's whole words and those of export.word_list and
+export.word_corpus if set; it is a cache, not a vocabulary (any word list gives the same logits; a word outside it
+costs the subword route).
 
     text           string  [1]       one text per call, as an app calls it (a batch: model.text.onnx)
     probabilities  float32 [1, labels]
@@ -58,12 +59,13 @@ def _split_lines(texts: list[str], tokenizer_json: Path, facts: dict) -> list[st
     return text_model._basic_tokenizer_words(texts, lowercase, strip, fixes)
 
 
-def training_words(texts: list[str], tokenizer_json: Path, facts: dict) -> list[str]:
-    """The words the text-in operators split ``texts`` into (normalization fixes included), most frequent first."""
+def training_words(texts: list[str], tokenizer_json: Path, facts: dict, min_count: int = 1) -> list[str]:
+    """The words the text-in operators split ``texts`` into (normalization fixes included) that the texts hold at least
+    ``min_count`` times, most frequent first."""
     counts: Counter = Counter()
     for line in _split_lines(texts, tokenizer_json, facts):
         counts.update(word for word in line.split(" ") if word)
-    return [word for word, _ in counts.most_common()]
+    return [word for word, count in counts.most_common() if count >= min_count]
 
 
 def vocabulary_words(tokenizer_json: Path, facts: dict) -> list[str]:
