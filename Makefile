@@ -83,14 +83,14 @@ endif
 sweep: $(STAMP)
 	$(PY) -m pipeline sweep $(CONFIG) $(SWEEP) $(ARGS) $(if $(PICK),--pick "$(PICK)") --runs-dir $(RUNS_DIR)
 
-# Lint first, then the unit tier (seconds to fail), then the tiers that run pipelines, processes and outside tools,
-# reliability cases included, on two pytest-xdist workers (one torch thread each, tests/conftest.py; a file's tests on
-# one worker, so a module's fixture is built once, and the modules that read the session's tiny runs on the same
-# worker, so each is built once: tests/tiers.py).
+# Lint first, then the unit tier (about a minute to fail; its files split between two pytest-xdist workers), then the
+# tiers that run pipelines, processes and outside tools, reliability cases included, on two workers too (one torch
+# thread each, tests/conftest.py; a file's tests on one worker, so a module's fixture is built once, and the modules
+# that read the session's tiny runs on the same worker, so each is built once: tests/tiers.py).
 # The slow tiers list their slowest tests (where the suite's time goes, in every CI log). With PYTEST_ARGS selecting
 # tests, one serial run per tier, and a tier that finds none (pytest exit 5) is not an error.
 test: lint
-	$(PY) -m pytest -q -m unit $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
+	$(PY) -m pytest -q -m unit $(if $(PYTEST_ARGS),,-n 2 --dist loadfile) $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 	$(PY) -m pytest -q -m "not unit" $(if $(PYTEST_ARGS),,-n 2 --dist loadgroup) --durations=25 $(PYTEST_ARGS) $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 
 test-reliability: $(STAMP)
