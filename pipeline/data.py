@@ -276,6 +276,13 @@ def left_out(frame: pd.DataFrame, splits: dict[str, pd.DataFrame]) -> pd.DataFra
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\s*<br\s*/?>\s*|\n+", re.IGNORECASE)
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` cut at line breaks, HTML <br> and . ! ? before a space (pieces not stripped; some may be empty)."""
+    return _SENTENCE_END.split(text)
+
+
 _NOT_WORD = re.compile(r"[^0-9a-z]+")
 
 
@@ -330,7 +337,7 @@ def unlabeled_from_source(cfg: DataConfig, splits: dict[str, pd.DataFrame], seed
     report["unlabeled_rows_read"] = rows_read
     matching = len(texts)
     if src.sentences:
-        texts = texts.map(_SENTENCE_END.split).explode()
+        texts = texts.map(split_sentences).explode()
     texts = texts.str.strip()
     texts = texts[texts.str.split().str.len() >= src.min_words].drop_duplicates()
     in_splits = set(pd.concat([split["text"] for split in splits.values()]).astype(str).map(normalized_text))

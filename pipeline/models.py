@@ -30,7 +30,8 @@ from transformers import (
 )
 
 from .config import PACKAGED_TEACHER, PipelineConfig, RandomBert
-from .errors import ConfigError, ModelError
+from .data import data_file
+from .errors import ConfigError, ModelError, PipelineError
 from .families import (
     attn_implementation,
     check_layer_windows,
@@ -300,10 +301,33 @@ def check_against_models(config: PipelineConfig) -> None:
         for who, width in (("teacher", hidden), ("student", s_hidden)):
             if width % r:
                 problems.append(f"distill.relation_heads: {r} does not divide the {who} width {width}.")
+    if student.kind == "static":  # the word model's files, read at the end of the export: missing ones fail here
+        problems += word_model_file_problems(config)
     if problems:
         raise ConfigError(
             f"Config '{config.name}' does not fit the models:\n" + "\n".join(f"  - {p}" for p in problems)
         )
+
+
+def word_model_file_problems(config: PipelineConfig) -> list[str]:
+    """export.word_list's and export.word_corpus's files that cannot be found (a package not installed, a path
+    that is not a file)."""
+    corpus = config.export.word_corpus
+    problems = []
+    for key, reference in (
+        ("export.word_list", config.export.word_list),
+        ("export.word_corpus.path", corpus.path if corpus else None),
+    ):
+        if not reference:
+            continue
+        try:
+            path = data_file(reference, key)
+        except PipelineError as exc:
+            problems.append(str(exc))
+            continue
+        if not path.is_file():
+            problems.append(f"{key}: '{reference}' is not a file ({path}); give a file or leave it unset.")
+    return problems
 
 
 def label_maps(label_names: list[str]) -> tuple[dict[int, str], dict[str, int]]:

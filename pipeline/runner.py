@@ -107,17 +107,21 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
         return resolved if resolved.exists() else None
 
     student = config.student
+    static = student.kind == "static"
     candidates: dict[str, Callable[[], Path | None]] = {
         "data.path": data_path,
         **{f"data.{split}": functools.partial(data_path, split) for split in ("train", "validation", "test")},
         "teacher.model": lambda: model_folder(config.teacher.model),
         "teacher.tokenizer": lambda: model_folder(config.teacher.tokenizer, tokenizer_only=True),
         "student.pretrained": lambda: model_folder(student.pretrained) if student.init == "pretrained" else None,
+        # a static student's word model reads these two (stages/export.py fingerprint_inputs)
         "export.word_list": lambda: (
-            data_file(config.export.word_list, "export.word_list") if config.export.word_list else None
+            data_file(config.export.word_list, "export.word_list") if static and config.export.word_list else None
         ),
         "export.word_corpus": lambda: (
-            data_file(config.export.word_corpus.path, "export.word_corpus.path") if config.export.word_corpus else None
+            data_file(config.export.word_corpus.path, "export.word_corpus.path")
+            if static and config.export.word_corpus
+            else None
         ),
     }
     found = {}

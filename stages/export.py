@@ -47,7 +47,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.config import WordCorpusConfig
-from pipeline.data import data_file, normalized_text, texts_of_file
+from pipeline.data import data_file, normalized_text, split_sentences, texts_of_file
 from pipeline.errors import DataError, PipelineError
 from pipeline.export import executorch_program, from_text, mobile, ort_format, text_model, word_model
 from pipeline.export.files import copy_predict_script, file_table, register_onnx, render_template, write_demo
@@ -87,6 +87,17 @@ log = logging.getLogger("pipeline")
 READS = ["export"]
 AFTER = ["prepare", "teacher", "peers", "distill"]
 VERSION = 13  # bump when the output changes for the same inputs (history: git log)
+WORD_MODEL_KEYS = ("word_list", "word_corpus")  # read by a static student's word model only
+
+
+def fingerprint_inputs(config) -> dict:
+    """READS, less the word model's settings for a student that has none (a transformer): a config that sets them
+    for its static variants leaves its transformer runs current."""
+    export = config.section("export")
+    if config.student.kind != "static":
+        for key in WORD_MODEL_KEYS:
+            export.pop(key, None)
+    return {"export": export}
 
 
 def run(ctx: Context) -> dict:
@@ -98,7 +109,9 @@ def run(ctx: Context) -> dict:
     inputs = read_inputs(ctx)
     static = json.loads((inputs.student / "config.json").read_text()).get("model_type") == "static-embedding"
     word_list = word_list_file(cfg.word_list) if static and cfg.word_list else None  # checked before the work
-    corpus = word_corpus_texts(cfg.word_corpus, inputs.test_records) if static and cfg.word_corpus else None
+    corpus, corpus_facts = (
+        word_corpus_texts(cfg.word_corpus, inputs.test_records) if static and cfg.word_corpus else (None, {})
+    )
     out = fresh_folder(ctx.out / "bundle")
     work = fresh_folder(ctx.out / "work")  # teacher graph and rejected int8 attempts; removed before the rename
     # model.pte, model.int8.pte (ExecuTorch, XNNPACK): lowered in a child process on one core while the ONNX steps
@@ -165,7 +178,7 @@ def run(ctx: Context) -> dict:
                 "source": cfg.word_corpus.path,
                 "where": cfg.word_corpus.where,
                 "min_count": cfg.word_corpus.min_count,
-                "texts": len(corpus),
+                **corpus_facts,
                 "words": len(corpus_words),
             }
         ort = ort_format.convert_and_check_words(
@@ -256,21 +269,24 @@ def word_list_file(reference: str) -> Path:
     return path
 
 
-def word_corpus_texts(corpus: WordCorpusConfig, test_records: list[dict]) -> list[str]:
-    """export.word_corpus's texts, read before any graph is built; those equal to a test text (ignoring case and
-    punctuation) are left out, so that the test texts are timed as an app's new texts would be."""
+def word_corpus_texts(corpus: WordCorpusConfig, test_records: list[dict]) -> tuple[list[str], dict]:
+    """export.word_corpus's sentences (its texts split as data.unlabeled_source splits them), read before any graph
+    is built, less those equal to a test text ignoring case and punctuation (a corpus quoting the test sentences
+    would flatter the timing of the test texts); and what metadata.json records: the texts read and the sentences
+    left out."""
     key = "export.word_corpus.path"
     texts, rows_read = texts_of_file(corpus.path, key, corpus.text_column, corpus.where, "texts")
     test = {normalized_text(record["text"]) for record in test_records}
-    kept = [text for text in texts if text.strip() and normalized_text(text) not in test]
+    sentences = [sentence for text in texts for sentence in map(str.strip, split_sentences(text)) if sentence]
+    kept = [sentence for sentence in sentences if normalized_text(sentence) not in test]
     if not kept:
         raise DataError(
             f"{key} '{corpus.path}' leaves no text: {rows_read} rows read, {len(texts)} matching "
-            f"export.word_corpus.where {corpus.where or '{}'}, none with a text that no test example holds. Check "
+            f"export.word_corpus.where {corpus.where or '{}'}, none with a sentence that no test example holds. Check "
             "where and text_column, or leave export.word_corpus unset (the word model's table then holds the words "
             "of the training text and the vocabulary's whole words)."
         )
-    return kept
+    return kept, {"texts": len(texts), "test_sentences_left_out": len(sentences) - len(kept)}
 
 
 def fresh_folder(folder: Path) -> Path:

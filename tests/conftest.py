@@ -63,9 +63,10 @@ STATIC_TINY = [
 ]
 
 
-# Two words twice (they join the table), one once (left out at min_count 2), one of another source (left out)
+# Made-up words: two twice (they join the table), one once (left out at min_count 2), one of another source (left out)
 STATIC_WORD_CORPUS = (
-    "text,source\nKurosawa and Mifune: xylophonic,imdb\nKurosawa without Mifune,imdb\nZanzibarian Zanzibarian,other\n"
+    "text,source\nQuorblax and Vintheral: frumiously,imdb\nQuorblax without Vintheral,imdb\n"
+    "Zanzibarian Zanzibarian,other\n"
 )
 
 

@@ -92,11 +92,15 @@ def test_the_static_bundle_ships_its_word_model_with_the_fp32_graphs_predictions
     assert metadata["from_text"]["versus_peers"]["student_row"] == "student_words"
     readme = (bundle / "README.md").read_text()
     assert "model.words.onnx" in readme
-    # export.word_corpus (tests/conftest.py STATIC_WORD_CORPUS): the words it holds twice joined the table
+    # export.word_corpus (tests/conftest.py STATIC_WORD_CORPUS): the words it holds twice are in the graph's table
     corpus = words["word_corpus"]
     assert corpus["texts"] == 2 and corpus["min_count"] == 2 and corpus["where"] == {"source": "imdb"}
-    assert corpus["words"] == 2  # kurosawa, mifune
-    assert f"the {corpus['words']} words found at least 2 times in 2 texts of `" in readme
+    assert corpus["words"] == 2 and corpus["test_sentences_left_out"] == 0
+    assert "the words found at least 2 times (2) in 2 texts of `" in readme
+    lookup = next(n for n in onnx.load(str(bundle / "model.words.onnx")).graph.node if n.op_type == "LabelEncoder")
+    table = {key.decode() for a in lookup.attribute if a.name == "keys_strings" for key in a.strings}
+    assert len(table) == words["words_in_table"]
+    assert {"quorblax", "vintheral"} <= table and not {"frumiously", "zanzibarian"} & table
 
 
 def test_text_model_reproduces_predict_py_ids_and_predictions(bundle, predict, test_texts):

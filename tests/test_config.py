@@ -58,6 +58,20 @@ def test_a_renamed_key_says_its_new_name(tmp_path):
     assert load_config("new", configs_dir=tmp_path).peers.train == ["tfidf"]
 
 
+def test_a_static_students_word_model_files_are_checked_before_any_work(tmp_path):
+    """export.word_list and export.word_corpus are read at the end of the export: a missing file or package fails at
+    the start, for a static student; a transformer student (no word model) does not read them."""
+    settings = ["export.word_list=package:no-such-package/words.txt", f"export.word_corpus={{path: {tmp_path}}}"]
+    static = ["student.kind=static", "distill.loss.attention=0", "distill.loss.value_relation=0"]
+    config = load_config("tiny", [*static, *settings])
+    with pytest.raises(ConfigError) as err:
+        check_against_models(config)
+    message = str(err.value)
+    assert "package 'no-such-package' is not installed" in message
+    assert f"export.word_corpus.path: '{tmp_path}' is not a file" in message
+    check_against_models(load_config("tiny", settings))  # the transformer student
+
+
 def test_out_of_range_and_impossible_values():
     with pytest.raises(ConfigError, match="distill.temperature"):
         load_config("tiny", ["distill.temperature=0"])

@@ -105,7 +105,7 @@ def test_a_key_added_later_leaves_finished_runs_current_while_unset(monkeypatch)
     assert [s for s in STAGES if narrowed[s] != full_width[s]] == ["distill", "evaluate", "export"]
 
 
-def test_changing_a_key_reruns_only_downstream_fingerprints():
+def test_changing_a_key_reruns_only_downstream_fingerprints(tmp_path):
     base = fingerprints(load_config("tiny"))
     changed = fingerprints(load_config("tiny", ["distill.epochs=1"]))
     assert [s for s in STAGES if base[s] != changed[s]] == ["distill", "evaluate", "export"]
@@ -174,10 +174,18 @@ def test_changing_a_key_reruns_only_downstream_fingerprints():
     # A word list for the static student's word model changes the export alone
     listed = fingerprints(load_config("tiny", [*static_keys, "student.static.dim=16", "export.word_list=words.txt"]))
     assert [s for s in STAGES if static[s] != listed[s]] == ["export"]
-    # ... and so do a corpus's words for its table
-    corpus = "export.word_corpus={path: reviews.csv, min_count: 2}"
+    # ... and so do a corpus's words for its table, and the corpus file's contents
+    reviews = tmp_path / "reviews.csv"
+    reviews.write_text("text\nA fine film\n", encoding="utf-8")
+    corpus = f"export.word_corpus={{path: {reviews}, min_count: 2}}"
     from_corpus = fingerprints(load_config("tiny", [*static_keys, "student.static.dim=16", corpus]))
     assert [s for s in STAGES if static[s] != from_corpus[s]] == ["export"]
+    reviews.write_text("text\nA fine film\nAnother one\n", encoding="utf-8")
+    edited = fingerprints(load_config("tiny", [*static_keys, "student.static.dim=16", corpus]))
+    assert [s for s in STAGES if edited[s] != from_corpus[s]] == ["export"]
+    # a transformer student has no word model: both settings leave its run current
+    for setting in (corpus, "export.word_list=words.txt"):
+        assert fingerprints(load_config("tiny", [setting])) == base, setting
 
 
 def test_status_lists_every_stage(tiny_run):

@@ -187,23 +187,27 @@ def test_a_missing_or_empty_word_list_is_one_clear_error(tmp_path):
     assert word_list_file("package:symspellpy/frequency_dictionary_en_82_765.txt").stat().st_size > 1_000_000
 
 
-def test_a_word_corpus_gives_its_frequent_words_and_never_a_test_texts(tmp_path, minilm_tokenizer):
-    """export.word_corpus: the texts of the rows its where selects, less those equal to a test text (ignoring case and
-    punctuation: the test texts are timed as new texts), split as the operators split text; min_count drops rare words."""
+def test_a_word_corpus_gives_its_frequent_words_and_never_a_test_sentence(tmp_path, minilm_tokenizer):
+    """export.word_corpus: the sentences of the rows its where selects (blank ones dropped), less those equal to a test
+    text ignoring case and punctuation (a review quoting a test sentence would flatter that text's timing), split into
+    words as the operators split text; min_count drops rare words."""
     corpus = tmp_path / "reviews.csv"
     rows = [
-        ("Kurosawa's xylophonic score!", "imdb"),
-        ("kurosawa again", "imdb"),
-        ("The fabric is soft and the film is beautifully shot", "imdb"),  # a test text, unpunctuated
+        (
+            "Kurosawa's xylophonic score! The fabric is soft and the film is beautifully shot",
+            "imdb",
+        ),  # 2nd: a test text
+        ("kurosawa again<br />   ", "imdb"),
         ("Zanzibarian words from another source", "other"),
-        ("", "imdb"),
+        ("   ", "imdb"),
     ]
     corpus.write_text("text,source\n" + "".join(f'"{t}",{s}\n' for t, s in rows), encoding="utf-8")
     config = WordCorpusConfig(path=str(corpus), where={"source": "imdb"})
-    texts = word_corpus_texts(config, [{"text": t} for t in TEST])
+    texts, facts = word_corpus_texts(config, [{"text": t} for t in TEST])
     assert texts == ["Kurosawa's xylophonic score!", "kurosawa again"]
-    facts = tokenizer_facts(minilm_tokenizer)
-    assert word_model.training_words(texts, minilm_tokenizer, facts) == [
+    assert facts == {"texts": 3, "test_sentences_left_out": 1}
+    operator_facts = tokenizer_facts(minilm_tokenizer)
+    assert word_model.training_words(texts, minilm_tokenizer, operator_facts) == [
         "kurosawa",
         "'",
         "s",
@@ -212,7 +216,7 @@ def test_a_word_corpus_gives_its_frequent_words_and_never_a_test_texts(tmp_path,
         "!",
         "again",
     ]
-    assert word_model.training_words(texts, minilm_tokenizer, facts, min_count=2) == ["kurosawa"]
+    assert word_model.training_words(texts, minilm_tokenizer, operator_facts, min_count=2) == ["kurosawa"]
 
 
 def test_a_bad_word_corpus_is_one_clear_error(tmp_path):

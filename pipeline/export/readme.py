@@ -351,9 +351,10 @@ def words_paragraph(metadata: dict) -> str:
         else ""
     )
     if corpus:
+        found = "every word" if corpus["min_count"] == 1 else f"the words found at least {corpus['min_count']} times"
         source += (
-            f", and the {corpus['words']} words found at least {corpus['min_count']} times in "
-            f"{corpus['texts']} texts of `{corpus['source']}` (the words ship in the table, the texts do not)"
+            f", and {found} ({corpus['words']}) in {corpus['texts']} texts of `{corpus['source']}`: the words ship in "
+            "the table, the texts do not; whether the corpus's licence asks for a notice in the app is the app's to check"
         )
     return (
         f"**Fastest for this static student: `{words['file']}`** (ORT format: `{words.get('ort_file', '-')}`), the "
