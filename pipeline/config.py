@@ -560,8 +560,8 @@ class ExportTargets(Section):
 class WordCorpusConfig(Section):
     """Texts whose words join a static student's word model table (export.word_corpus): the words of the data's own
     domain (its names and rare words), so fewer texts take the slower subword route. A cache: the logits do not
-    change. Texts equal to a test text (ignoring case and punctuation) are left out, so the test texts are timed as
-    an app's new texts would be."""
+    change. The texts are cut into sentences and those equal to a test text (ignoring case and punctuation) left out,
+    so that the corpus does not flatter the timing of the test texts."""
 
     path: NonEmptyText = Field(
         description="a local file (csv, jsonl or parquet, by its suffix; .gz / .bz2 csv too) or "
