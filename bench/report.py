@@ -933,6 +933,15 @@ SECTIONS: list[Section] = [
         "padding (those run without an attention mask) and how much padding is left. A count: no timing.",
     ),
     Section(
+        "default_run_bert_small_2c9d0d4.md",
+        "The default run on a fresh clone again (bert_small, 2026-12-07 night)",
+        "parts",
+        "`python bench/default_run.py 2c9d0d4` then `--report`: `make distill CONFIG=bert_small` on a fresh clone of "
+        "that commit (the word model's corpus setting and the unit tier on two workers new), alone on the machine. The "
+        "teacher and shipped accuracy are the 2026-12-02 clone's to the example; the stages' seconds are that "
+        "evening's machine (the teacher stage, whose code did not change, took 372 s against 221 s on 2026-12-02).",
+    ),
+    Section(
         "default_run_bert_small.md",
         "Time to first result: the default run on a fresh clone (bert_small)",
         "parts",

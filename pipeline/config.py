@@ -148,9 +148,8 @@ class AugmentConfig(Section):
         return self
 
 
-class UnlabeledSourceConfig(Section):
-    """Unlabelled text from a file of its own (data.unlabeled_source), in place of the data source's own unlabelled
-    rows: a larger in-domain corpus for the teacher to teach (e.g. movie reviews for movie-review sentences)."""
+class TextFileConfig(Section):
+    """A column of texts in a file (data.texts_of_file reads it): data.unlabeled_source, export.word_corpus."""
 
     path: NonEmptyText = Field(
         description="a local file (csv, jsonl or parquet, by its suffix; .gz / .bz2 csv too) or "
@@ -161,6 +160,12 @@ class UnlabeledSourceConfig(Section):
         default_factory=dict,
         description="keep only the rows whose column holds this value (compared as text), e.g. {source: imdb}",
     )
+
+
+class UnlabeledSourceConfig(TextFileConfig):
+    """Unlabelled text from a file of its own (data.unlabeled_source), in place of the data source's own unlabelled
+    rows: a larger in-domain corpus for the teacher to teach (e.g. movie reviews for movie-review sentences)."""
+
     sentences: bool = Field(
         False,
         description="split each text into sentences (at line breaks, HTML <br>, and . ! ? before a space): one "
@@ -557,21 +562,12 @@ class ExportTargets(Section):
     max_size_ratio: float = Field(0.5, gt=0, description="student file / int8 teacher file")
 
 
-class WordCorpusConfig(Section):
+class WordCorpusConfig(TextFileConfig):
     """Texts whose words join a static student's word model table (export.word_corpus): the words of the data's own
     domain (its names and rare words), so fewer texts take the slower subword route. A cache: the logits do not
     change. The texts are cut into sentences and those equal to a test text (ignoring case and punctuation) left out,
     so that the corpus does not flatter the timing of the test texts."""
 
-    path: NonEmptyText = Field(
-        description="a local file (csv, jsonl or parquet, by its suffix; .gz / .bz2 csv too) or "
-        "package:<pip package>/<path inside it>"
-    )
-    text_column: NonEmptyText = "text"
-    where: dict[str, str] = Field(
-        default_factory=dict,
-        description="keep only the rows whose column holds this value (compared as text), e.g. {source: imdb}",
-    )
     min_count: int = Field(1, ge=1, description="a word joins the table when the texts hold it at least this often")
 
 
