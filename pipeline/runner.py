@@ -107,21 +107,17 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
         return resolved if resolved.exists() else None
 
     student = config.student
-    static = student.kind == "static"
     candidates: dict[str, Callable[[], Path | None]] = {
         "data.path": data_path,
         **{f"data.{split}": functools.partial(data_path, split) for split in ("train", "validation", "test")},
         "teacher.model": lambda: model_folder(config.teacher.model),
         "teacher.tokenizer": lambda: model_folder(config.teacher.tokenizer, tokenizer_only=True),
         "student.pretrained": lambda: model_folder(student.pretrained) if student.init == "pretrained" else None,
-        # a static student's word model reads these two (stages/export.py fingerprint_inputs)
         "export.word_list": lambda: (
-            data_file(config.export.word_list, "export.word_list") if static and config.export.word_list else None
+            data_file(config.export.word_list, "export.word_list") if config.export.word_list else None
         ),
         "export.word_corpus": lambda: (
-            data_file(config.export.word_corpus.path, "export.word_corpus.path")
-            if static and config.export.word_corpus
-            else None
+            data_file(config.export.word_corpus.path, "export.word_corpus.path") if config.export.word_corpus else None
         ),
     }
     found = {}
@@ -178,19 +174,40 @@ def _without_unused_added_keys(reads: dict) -> dict:
     return reads
 
 
+def _holds(reads: dict, key: str) -> bool:
+    """Whether a fingerprint's ``reads`` hold the dotted ``key``: as a key of its own or inside a section it reads."""
+    for read, value in reads.items():
+        if key == read:
+            return True
+        if key.startswith(read + "."):
+            for part in key[len(read) + 1 :].split("."):
+                if not isinstance(value, dict) or part not in value:
+                    return False
+                value = value[part]
+            return True
+    return False
+
+
 def fingerprint(config: PipelineConfig, name: str, upstream: dict[str, str], cache: DigestCache | None = None) -> str:
     module = stage_module(name)
+    reads = (
+        _without_unused_added_keys(module.fingerprint_inputs(config))
+        if hasattr(module, "fingerprint_inputs")
+        else _reads(config, module.READS)
+    )
     payload = {
         "stage": name,
         "version": module.VERSION,
-        "reads": (
-            _without_unused_added_keys(module.fingerprint_inputs(config))
-            if hasattr(module, "fingerprint_inputs")
-            else _reads(config, module.READS)
-        ),
+        "reads": reads,
         "after": {dep: upstream[dep] for dep in module.AFTER},
     }
-    files = local_inputs(config, getattr(module, "FILE_READS", module.READS))
+    # a file counts where its setting does: a key a stage's fingerprint_inputs leaves out (the export's word-model
+    # files for a transformer student) brings no file digest either
+    files = {
+        key: path
+        for key, path in local_inputs(config, getattr(module, "FILE_READS", module.READS)).items()
+        if _holds(reads, key)
+    }
     if files:
         cache = cache or DigestCache()
         payload["files"] = {key: path_digest(path, cache) for key, path in files.items()}

@@ -163,24 +163,14 @@ def run(ctx: Context) -> dict:
         facts = tokenizer_facts(untrimmed)
         more = word_model.vocabulary_words(untrimmed, facts)
         listed = word_model.list_words(word_list, untrimmed, facts) if word_list else []
-        corpus_words = (
-            word_model.training_words(corpus, untrimmed, facts, cfg.word_corpus.min_count)
-            if corpus and cfg.word_corpus
-            else []
-        )
+        corpus_words = word_model.training_words(corpus, untrimmed, facts, corpus_facts["min_count"]) if corpus else []
         words, word_labels = word_model.ship(
             shipped, inputs.test_records, word_texts, inputs.max_length, out, more + listed + corpus_words
         )
         if listed and words.get("shipped"):  # more words on the fast route (a cache: the same logits); its licence
             words["word_list"] = {"source": cfg.word_list, "words": len(listed)}  # travels with the app
-        if corpus and cfg.word_corpus and words.get("shipped"):
-            words["word_corpus"] = {
-                "source": cfg.word_corpus.path,
-                "where": cfg.word_corpus.where,
-                "min_count": cfg.word_corpus.min_count,
-                **corpus_facts,
-                "words": len(corpus_words),
-            }
+        if corpus and words.get("shipped"):
+            words["word_corpus"] = {**corpus_facts, "words": len(corpus_words)}
         ort = ort_format.convert_and_check_words(
             ort, words, word_labels, inputs.test_records, cfg.ort_target_platform, out
         )
@@ -272,8 +262,8 @@ def word_list_file(reference: str) -> Path:
 def word_corpus_texts(corpus: WordCorpusConfig, test_records: list[dict]) -> tuple[list[str], dict]:
     """export.word_corpus's sentences (its texts split as data.unlabeled_source splits them), read before any graph
     is built, less those equal to a test text ignoring case and punctuation (a corpus quoting the test sentences
-    would flatter the timing of the test texts); and what metadata.json records: the texts read and the sentences
-    left out."""
+    would flatter the timing of the test texts); and what metadata.json records of it: the setting, the texts read
+    and the sentences left out."""
     key = "export.word_corpus.path"
     texts, rows_read = texts_of_file(corpus.path, key, corpus.text_column, corpus.where, "texts")
     test = {normalized_text(record["text"]) for record in test_records}
@@ -286,7 +276,8 @@ def word_corpus_texts(corpus: WordCorpusConfig, test_records: list[dict]) -> tup
             "where and text_column, or leave export.word_corpus unset (the word model's table then holds the words "
             "of the training text and the vocabulary's whole words)."
         )
-    return kept, {"texts": len(texts), "test_sentences_left_out": len(sentences) - len(kept)}
+    setting = {"source": corpus.path, "where": corpus.where, "min_count": corpus.min_count}
+    return kept, {**setting, "texts": len(texts), "test_sentences_left_out": len(sentences) - len(kept)}
 
 
 def fresh_folder(folder: Path) -> Path:

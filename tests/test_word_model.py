@@ -192,11 +192,9 @@ def test_a_word_corpus_gives_its_frequent_words_and_never_a_test_sentence(tmp_pa
     text ignoring case and punctuation (a review quoting a test sentence would flatter that text's timing), split into
     words as the operators split text; min_count drops rare words."""
     corpus = tmp_path / "reviews.csv"
+    quoting = "Kurosawa's xylophonic score! The fabric is soft and the film is beautifully shot"  # 2nd: TEST[0]
     rows = [
-        (
-            "Kurosawa's xylophonic score! The fabric is soft and the film is beautifully shot",
-            "imdb",
-        ),  # 2nd: a test text
+        (quoting, "imdb"),
         ("kurosawa again<br />   ", "imdb"),
         ("Zanzibarian words from another source", "other"),
         ("   ", "imdb"),
@@ -205,7 +203,13 @@ def test_a_word_corpus_gives_its_frequent_words_and_never_a_test_sentence(tmp_pa
     config = WordCorpusConfig(path=str(corpus), where={"source": "imdb"})
     texts, facts = word_corpus_texts(config, [{"text": t} for t in TEST])
     assert texts == ["Kurosawa's xylophonic score!", "kurosawa again"]
-    assert facts == {"texts": 3, "test_sentences_left_out": 1}
+    assert facts == {
+        "source": str(corpus),
+        "where": {"source": "imdb"},
+        "min_count": 1,
+        "texts": 3,
+        "test_sentences_left_out": 1,
+    }
     operator_facts = tokenizer_facts(minilm_tokenizer)
     assert word_model.training_words(texts, minilm_tokenizer, operator_facts) == [
         "kurosawa",
