@@ -293,7 +293,7 @@ class TeacherConfig(TrainSettings):
 
 
 class StaticStudent(Section):
-    """The static student (student.kind: static): token vectors, weighted mean, linear head (pipeline/static_model.py)."""
+    """The static student (student.kind: static): token vectors, weighted mean, a head (pipeline/static_model.py)."""
 
     dim: int = Field(256, ge=2, le=4096, description="width of the token vectors (PCA of the teacher's outputs)")
     context: bool = Field(
@@ -315,6 +315,15 @@ class StaticStudent(Section):
         "the weighted sum over the root of the sum of the squared weights (TensorFlow's 'sqrtn' combiner; as "
         "TF-IDF's L2 normalisation, evidence adds up over a long text instead of being averaged away). The "
         "bigram vectors are pooled the same way",
+    )
+    hidden: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="0: a linear head on the pooled vector (a linear model of the text's bag of tokens, as TF-IDF + "
+        "logistic regression is); n: a ReLU layer of n units before it (a deep averaging network, Iyyer et al. "
+        "2015), so the head can read interactions between a text's words. The export folds the first layer into "
+        "the tables either way: a token's row then holds n numbers instead of one per label",
     )
 
 

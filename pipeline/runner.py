@@ -140,6 +140,7 @@ ADDED_KEYS = {
     "student.attention_heads": None,
     "student.static.bigram_buckets": 0,
     "student.static.pooling": "mean",
+    "student.static.hidden": 0,
     "distill.class_weight": "none",
     "data.split_lines": False,
     "export.word_list": None,

@@ -1,4 +1,4 @@
-"""The static student: one vector per token, a weighted mean, a linear head.
+"""The static student: one vector per token, a weighted mean, a linear head (or one hidden layer before it).
 
 The fastest class of text classifier a phone runs (model2vec, fastText): no
 attention, no layers, a table lookup and one small matrix product per text. Here
@@ -44,6 +44,7 @@ class StaticEmbeddingConfig(PretrainedConfig):
         max_position_embeddings: int = 512,
         bigram_buckets: int = 0,
         pooling: str = "mean",
+        head_hidden: int = 0,
         **kwargs,
     ):
         super().__init__(pad_token_id=pad_token_id, **kwargs)
@@ -51,6 +52,7 @@ class StaticEmbeddingConfig(PretrainedConfig):
         self.hidden_size = hidden_size
         self.bigram_buckets = bigram_buckets
         self.pooling = pooling  # "mean" or "sqrtn" (StaticStudent.pooling in pipeline/config.py)
+        self.head_hidden = head_hidden  # 0: a linear head; else a ReLU layer this wide first (StaticStudent.hidden)
         # No layers and no position table: these keep the code that reads them from every student working
         # (the export's int8 ladder, the latency inputs' longest length).
         self.num_hidden_layers = 0
@@ -88,7 +90,15 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
             # renumbers the rows) leaves every pair in its bucket.
             self.register_buffer("hash_ids", torch.arange(config.vocab_size))
         assert config.num_labels is not None  # a config has id2label (2 labels unless given)
-        self.classifier = torch.nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier: torch.nn.Module = (
+            torch.nn.Sequential(
+                torch.nn.Linear(config.hidden_size, config.head_hidden),
+                torch.nn.ReLU(),
+                torch.nn.Linear(config.head_hidden, config.num_labels),
+            )
+            if getattr(config, "head_hidden", 0)
+            else torch.nn.Linear(config.hidden_size, config.num_labels)
+        )
         self.post_init()
 
     def _init_weights(self, module):
@@ -97,7 +107,10 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
             if module is getattr(self, "token_weights", None) or module is getattr(self, "bigrams", None):
                 torch.nn.init.zeros_(module.weight)
         elif isinstance(module, torch.nn.Linear):
-            torch.nn.init.normal_(module.weight, std=0.02)
+            # the hidden layer (head_hidden) at He scale: at 0.02 its ReLU outputs, and so every gradient through the
+            # output layer, start near zero
+            hidden = isinstance(self.classifier, torch.nn.Sequential) and module is self.classifier[0]
+            torch.nn.init.normal_(module.weight, std=(2.0 / module.in_features) ** 0.5 if hidden else 0.02)
             torch.nn.init.zeros_(module.bias)
 
     def get_input_embeddings(self):
@@ -119,22 +132,31 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
             self.hash_ids = self.hash_ids[index]
         self.config.vocab_size = len(kept)
 
+    def first_linear(self) -> torch.nn.Module:
+        """The head's first layer, the one read right after the pooling (the whole head without head_hidden)."""
+        return self.classifier[0] if isinstance(self.classifier, torch.nn.Sequential) else self.classifier
+
     @torch.no_grad()
     def fold_classifier(self) -> None:
-        """Move the linear head into the tables, for export: the logits are W (weighted mean of v_t) + W (mean of
-        the pairs' b_p) + c, and W is linear, so each row becomes its logit contribution (W v_t, W b_p) and the
-        head only adds c. The same logits up to float rounding from tables of num_labels columns instead of
-        hidden_size (256 -> 2 for two labels: the clothing student's graph 82.9 -> 1.06 MB) and a graph with no
-        matrix product (bench/static_fold.py). The model is for export only afterwards: training reads the
-        pooled vector (hidden_states), which is then in logit space."""
-        weight = self.classifier.weight  # [labels, hidden]
+        """Move the head's first linear layer into the tables, for export: its output is W (weighted mean of v_t) +
+        W (mean of the pairs' b_p) + c, and W is linear, so each row becomes its contribution (W v_t, W b_p) and the
+        layer only adds c. The same logits up to float rounding from tables of num_labels columns (head_hidden
+        columns with a hidden layer, whose ReLU and output layer stay) instead of hidden_size (256 -> 2 for two
+        labels: the clothing student's graph 82.9 -> 1.06 MB) and, with a linear head, a graph with no matrix
+        product (bench/static_fold.py). The model is for export only afterwards: training reads the pooled vector
+        (hidden_states), which is then in the first layer's output space."""
+        first = self.first_linear()
+        weight = first.weight  # [labels or head_hidden, hidden]
         for name in ("embeddings", "bigrams"):
             table = getattr(self, name, None)
             if table is not None:
                 folded = torch.nn.Embedding(table.num_embeddings, weight.shape[0], dtype=table.weight.dtype)
                 folded.weight.copy_(table.weight @ weight.T)
                 setattr(self, name, folded)
-        self.classifier = AddBias(self.classifier.bias)
+        if isinstance(self.classifier, torch.nn.Sequential):
+            self.classifier[0] = AddBias(first.bias)
+        else:
+            self.classifier = AddBias(first.bias)
 
     def pooled(self, input_ids, attention_mask=None) -> torch.Tensor:
         """The weighted mean of the tokens' vectors (padding weighs 0), plus the mean of the vectors of the
@@ -309,9 +331,10 @@ def build_static_student(
     max_positions: int = 512,
     bigram_buckets: int = 0,
     pooling: str = "mean",
+    head_hidden: int = 0,
 ) -> StaticEmbeddingForSequenceClassification:
     """A static student with the teacher's labels and vocabulary, its tables set from ``static_table`` (and a
-    zero table of ``bigram_buckets`` hashed token pairs)."""
+    zero table of ``bigram_buckets`` hashed token pairs; a ReLU layer of ``head_hidden`` units before its head)."""
     cfg = StaticEmbeddingConfig(
         vocab_size=vectors.shape[0],
         hidden_size=dim,
@@ -319,6 +342,7 @@ def build_static_student(
         max_position_embeddings=max_positions,
         bigram_buckets=bigram_buckets,
         pooling=pooling,
+        head_hidden=head_hidden,
         num_labels=teacher_config.num_labels,
         id2label=dict(teacher_config.id2label),
         label2id=dict(teacher_config.label2id),

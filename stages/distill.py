@@ -158,12 +158,15 @@ def static_student(config, teacher_config, capture_dir):
         seen = len(statistics["seen_ids"]) if "seen_ids" in statistics else 0
     log.info(
         "[distill] static student: %d token vectors of width %d (%d of them from the teacher in context over the "
-        "training texts; capture/%s), SIF pooling weights, %d hashed bigram buckets",
+        "training texts; capture/%s), SIF pooling weights, %d hashed bigram buckets, %s",
         len(vectors),
         config.student.static.dim,
         seen,
         STATIC_INIT,
         config.student.static.bigram_buckets,
+        f"a hidden layer of {config.student.static.hidden} before the head"
+        if config.student.static.hidden
+        else "a linear head",
     )
     return build_static_student(
         teacher_config,
@@ -173,6 +176,7 @@ def static_student(config, teacher_config, capture_dir):
         max_positions=getattr(teacher_config, "max_position_embeddings", 512),
         bigram_buckets=config.student.static.bigram_buckets,
         pooling=config.student.static.pooling,
+        head_hidden=config.student.static.hidden,
     )
 
 

@@ -100,6 +100,9 @@ def test_a_key_added_later_leaves_finished_runs_current_while_unset(monkeypatch)
     tokens_only = fingerprints(load_config("tiny", static))
     with_pairs = fingerprints(load_config("tiny", [*static, "student.static.bigram_buckets=64"]))
     assert [s for s in STAGES if with_pairs[s] != tokens_only[s]] == ["distill", "evaluate", "export"]
+    with_hidden = fingerprints(load_config("tiny", [*static, "student.static.hidden=32"]))
+    assert [s for s in STAGES if with_hidden[s] != tokens_only[s]] == ["distill", "evaluate", "export"]
+    assert "hidden" not in runner._reads(load_config("tiny", static), ["student"])["student"]["static"]
     narrowed = fingerprints(load_config("tiny", ["student.attention_heads=2", "distill.relation_heads=2"]))
     full_width = fingerprints(load_config("tiny", ["distill.relation_heads=2"]))
     assert [s for s in STAGES if narrowed[s] != full_width[s]] == ["distill", "evaluate", "export"]

@@ -27,11 +27,16 @@ from pipeline.static_model import (
 )
 
 
-def random_static(vocab=50, dim=8, labels=3, seed=0, bigram_buckets=0, pooling="mean"):
+def random_static(vocab=50, dim=8, labels=3, seed=0, bigram_buckets=0, pooling="mean", head_hidden=0):
     torch.manual_seed(seed)
     model = StaticEmbeddingForSequenceClassification(
         StaticEmbeddingConfig(
-            vocab_size=vocab, hidden_size=dim, num_labels=labels, bigram_buckets=bigram_buckets, pooling=pooling
+            vocab_size=vocab,
+            hidden_size=dim,
+            num_labels=labels,
+            bigram_buckets=bigram_buckets,
+            pooling=pooling,
+            head_hidden=head_hidden,
         )
     )
     with torch.no_grad():
@@ -76,6 +81,40 @@ def test_bigrams_add_the_mean_vector_of_the_hashed_neighbouring_pairs(pooling):
             pooled = pooled + sum(pairs) / norm([1.0] * len(pairs), pooling)
         expected = pooled @ model.classifier.weight.detach().T + model.classifier.bias.detach()
         torch.testing.assert_close(logits[row], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_hidden_layer_reads_the_pooled_vector_through_a_relu():
+    model = random_static(dim=8, labels=3, bigram_buckets=13, pooling="sqrtn", head_hidden=5)
+    ids = torch.tensor([[3, 7, 7, 12, 0, 0], [5, 9, 1, 2, 44, 8]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    E, w, B = model.embeddings.weight.detach(), model.token_weights.weight.detach()[:, 0].exp(), model.bigrams.weight
+    first, last = model.classifier[0], model.classifier[2]
+    assert first.weight.shape == (5, 8) and last.weight.shape == (3, 5)
+    for row in range(2):
+        tokens = [int(t) for t, m in zip(ids[row], mask[row]) if m]
+        pooled = sum(w[t] * E[t] for t in tokens) / norm([w[t] for t in tokens], "sqrtn")
+        pooled = pooled + sum(B[(a * BIGRAM_PRIME + b) % 13].detach() for a, b in zip(tokens, tokens[1:])) / norm(
+            [1.0] * (len(tokens) - 1), "sqrtn"
+        )
+        hidden = torch.clamp(pooled @ first.weight.detach().T + first.bias.detach(), min=0)
+        expected = hidden @ last.weight.detach().T + last.bias.detach()
+        torch.testing.assert_close(logits[row], expected, rtol=1e-5, atol=1e-6)
+    # He-scaled hidden layer: its ReLU outputs are not ~0 at the start (they would be at the output layer's 0.02)
+    assert 0.3 < float(first.weight.detach().std()) * 8**0.5 < 3
+
+
+@pytest.mark.parametrize("head_hidden", [0, 6])
+def test_folding_the_first_layer_keeps_the_logits(head_hidden):
+    model = random_static(dim=8, labels=3, bigram_buckets=13, head_hidden=head_hidden)
+    with torch.no_grad():
+        model.classifier.apply(lambda m: m.bias.normal_(0, 1) if isinstance(m, torch.nn.Linear) else None)
+    ids = torch.tensor([[3, 7, 7, 12, 0, 0], [5, 9, 1, 2, 44, 8]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    before = model(input_ids=ids, attention_mask=mask).logits
+    model.fold_classifier()
+    assert model.embeddings.embedding_dim == (head_hidden or 3) and model.bigrams.embedding_dim == (head_hidden or 3)
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, before, rtol=1e-5, atol=1e-5)
 
 
 def test_a_new_bigram_table_is_zero_so_the_model_starts_as_the_unigram_one():

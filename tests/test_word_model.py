@@ -45,16 +45,19 @@ MAX_LENGTH = 32
 
 
 def random_static(
-    vocab: int, buckets: int, seed: int = 0, pooling: str = "mean"
+    vocab: int, buckets: int, seed: int = 0, pooling: str = "mean", head_hidden: int = 0
 ) -> StaticEmbeddingForSequenceClassification:
     torch.manual_seed(seed)
     config = StaticEmbeddingConfig(
-        vocab_size=vocab, hidden_size=16, num_labels=3, bigram_buckets=buckets, pooling=pooling
+        vocab_size=vocab, hidden_size=16, num_labels=3, bigram_buckets=buckets, pooling=pooling, head_hidden=head_hidden
     )
     model = StaticEmbeddingForSequenceClassification(config).eval()
     with torch.no_grad():  # logits of order one (the initial tables would give 1e-3: every text alike)
         model.embeddings.weight.normal_(0, 1)
-        model.classifier.weight.normal_(0, 0.5)
+        output = model.classifier[2] if head_hidden else model.classifier
+        output.weight.normal_(0, 0.5)
+        if head_hidden:  # a bias on the hidden units too, so the ReLU cuts some of them and not others
+            model.classifier[0].bias.normal_(0, 0.3)
         model.token_weights.weight.normal_(0, 1)  # uneven pooling weights, or the sums could hide a weighting error
         if buckets:
             model.bigrams.weight.normal_(0, 1)
@@ -72,15 +75,22 @@ def common_words(minilm_tokenizer) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "buckets, trimmed, pooling",
-    [(0, False, "mean"), (0, True, "mean"), (97, False, "mean"), (97, True, "mean"), (97, True, "sqrtn")],
+    "buckets, trimmed, pooling, head_hidden",
+    [
+        (0, False, "mean", 0),
+        (0, True, "mean", 0),
+        (97, False, "mean", 0),
+        (97, True, "mean", 0),
+        (97, True, "sqrtn", 0),
+        (97, True, "sqrtn", 7),
+    ],
 )
 def test_word_model_gives_the_ids_in_logits_on_every_route(
-    tmp_path, minilm_tokenizer, common_words, buckets, trimmed, pooling
+    tmp_path, minilm_tokenizer, common_words, buckets, trimmed, pooling, head_hidden
 ):
     tokenizer_json = minilm_tokenizer
     vocab = len(text_model.vocabulary(tokenizer_json))
-    model = random_static(vocab, buckets, pooling=pooling)
+    model = random_static(vocab, buckets, pooling=pooling, head_hidden=head_hidden)
     if trimmed:  # the training words' tokens only (as export.trim_vocab keeps them): other words meet [UNK] pieces
         keep = set(range(104)) | {i for ids in tokenize_texts(tokenizer_json, TRAIN, 512) for i in ids}
         tokenizer_json = tmp_path / "tokenizer.json"

@@ -90,34 +90,38 @@ def list_words(path: Path, tokenizer_json: Path, facts: dict) -> list[str]:
 
 def word_tables(model, tokenizer_json: Path, words: list[str]) -> dict[str, np.ndarray]:
     """The graph's tables from the folded static student ``model`` (fold_classifier), in its own (maybe trimmed)
-    vocabulary. A row is [weighted token rows (labels), weight, pieces(, pair rows (labels) with bigram buckets)]:
+    vocabulary. A row is [weighted token rows (width: the labels, or head_hidden with a hidden layer), weight, pieces(,
+    pair rows (width) with bigram buckets)]:
     ``word_rows`` per word, summed over its pieces in float64, plus a last row for a word outside the table (its piece
     count OUTSIDE, so one sum tells whether a text is all table words and fits), ``token_rows`` per token. With
     bigrams, the pairs across words read ``word_left`` (the last piece's hashed id times the prime, modulo the
     buckets) and ``word_right`` (the first piece's hashed id)."""
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     with torch.no_grad():
-        rows = model.embeddings.weight.double().numpy()  # [vocab, labels]: W v_t
+        rows = model.embeddings.weight.double().numpy()  # [vocab, width]: W v_t, W the head's first layer
         weights = model.token_weights.weight.double().squeeze(-1).exp().numpy()
         buckets = model.config.bigram_buckets
         pairs = model.bigrams.weight.double().numpy() if buckets else None
         hashes = model.hash_ids.numpy().astype(np.int64) if buckets else np.zeros(len(weights), np.int64)
-        bias = model.classifier.bias.double().numpy()
-    labels = rows.shape[1]
+        bias = model.first_linear().bias.double().numpy()
+        # with a hidden layer (head_hidden) its ReLU and the output layer run after the pooling
+        tail = model.classifier[2] if isinstance(model.classifier, torch.nn.Sequential) else None
+        output = {"out_weight": tail.weight.double().numpy().T, "out_bias": tail.bias.double().numpy()} if tail else {}
+    width = rows.shape[1]
     # the weight column sums to what the pooled sum is divided by: the weights, or their squares (sqrtn pooling,
     # whose root the graph takes)
     divisor = weights**2 if model.config.pooling == "sqrtn" else weights
     token_rows = np.concatenate([weights[:, None] * rows, divisor[:, None], np.ones((len(weights), 1))], 1)
-    word_rows = np.zeros((len(words) + 1, labels + 2 + (labels if buckets else 0)))
-    word_rows[-1, labels + 1] = OUTSIDE
+    word_rows = np.zeros((len(words) + 1, width + 2 + (width if buckets else 0)))
+    word_rows[-1, width + 1] = OUTSIDE
     ends = np.zeros((len(words) + 1, 2), dtype=np.int64)
     for index, word in enumerate(words):
         ids = np.array([token.id for token in tokenizer.model.tokenize(word)], dtype=np.int64)
-        word_rows[index, : labels + 2] = token_rows[ids].sum(0)
+        word_rows[index, : width + 2] = token_rows[ids].sum(0)
         if pairs is not None and len(ids) > 1:
-            word_rows[index, labels + 2 :] = pairs[(hashes[ids[:-1]] * BIGRAM_PRIME + hashes[ids[1:]]) % buckets].sum(0)
+            word_rows[index, width + 2 :] = pairs[(hashes[ids[:-1]] * BIGRAM_PRIME + hashes[ids[1:]]) % buckets].sum(0)
         ends[index] = hashes[ids[0]], hashes[ids[-1]]
-    tables = {"word_rows": word_rows, "token_rows": token_rows, "bias": bias}
+    tables = {"word_rows": word_rows, "token_rows": token_rows, "bias": bias, **output}
     if buckets:
         tables.update(
             word_left=ends[:, 1] * BIGRAM_PRIME % buckets,
@@ -131,9 +135,10 @@ def word_tables(model, tokenizer_json: Path, words: list[str]) -> dict[str, np.n
 def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list[str]) -> onnx.ModelProto:
     """The word model of the folded static student ``model`` (see the module's docstring)."""
     tables = word_tables(model, tokenizer_json, words)
-    labels = len(tables["bias"])
+    width = len(tables["bias"])
+    num_labels = int(model.config.num_labels)
     buckets = int(model.config.bigram_buckets)
-    columns = labels + 2 + (labels if buckets else 0)
+    columns = width + 2 + (width if buckets else 0)
     special = facts["special_tokens"]
     cls, sep, unk = (special[role]["id"] for role in ("cls", "sep", "unk"))
     vocab = text_model.vocabulary(tokenizer_json)
@@ -148,13 +153,14 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
 
     def one_piece_row(token: int) -> np.ndarray:  # a token as a word of one piece (no pairs inside)
         row = np.zeros(columns, np.float32)
-        row[: labels + 2] = tables["token_rows"][token]
+        row[: width + 2] = tables["token_rows"][token]
         return row
 
     initializers = {
         "w_word_rows": tables["word_rows"],
         "w_token_rows": tables["token_rows"],
         "w_bias": tables["bias"],
+        **({"w_out_weight": tables["out_weight"], "w_out_bias": tables["out_bias"]} if "out_weight" in tables else {}),
         "w_specials": one_piece_row(cls) + one_piece_row(sep),  # [CLS] and [SEP] are in every text's bag
         "w_unk_row": one_piece_row(unk),  # a word with an unknown piece is one [UNK], as tokenizers makes it
     }
@@ -166,7 +172,7 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         const("w_axis0", np.array([0], np.int64)),
         const("w_axis1", np.array([1], np.int64)),
         const("w_zero_1d", np.array([0], np.int64)),
-        const("w_pieces_column", np.int64(labels + 1)),
+        const("w_pieces_column", np.int64(width + 1)),
         const("w_unk_id", np.int64(unk)),
         const("w_content_max", np.float32(max_length - 2)),
     ]
@@ -218,7 +224,7 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
 
     def pair_rows(left: str, right: str, out: str, summed: bool = True) -> list:
         """``out``: the rows of the pairs whose bucket is (left + right) % buckets (left already holds the first id
-        times the prime, modulo the buckets), [pairs, labels], or their sum [labels] when ``summed``."""
+        times the prime, modulo the buckets), [pairs, width], or their sum [width] when ``summed``."""
         rows = f"{out}_rows" if summed else out
         return [
             node("Add", [left, right], [f"{out}_key"]),
@@ -405,7 +411,7 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             else_branch=branch(general, general_outputs, "outside_the_table_or_too_long"),
         ),
         # logits = weighted rows / weight (+ pair rows / pairs) + bias; with sqrtn pooling, over the roots
-        const("w_split_stats", np.array([labels, 1, 1] + ([labels] if buckets else []), np.int64)),
+        const("w_split_stats", np.array([width, 1, 1] + ([width] if buckets else []), np.int64)),
         node(
             "Split",
             ["w_stats", "w_split_stats"],
@@ -427,10 +433,17 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
             *([node("Sqrt", ["w_pairs"], ["w_pairs_root"])] if sqrtn else []),
             node("Div", ["w_pair_total", "w_pairs_root" if sqrtn else "w_pairs"], ["w_pair_mean"]),
             node("Add", ["w_mean", "w_pair_mean"], ["w_pooled"]),
-            node("Add", ["w_pooled", "w_bias"], ["w_logits"]),
+        ]
+    pooled = "w_pooled" if buckets else "w_mean"
+    if "out_weight" in tables:  # the hidden layer's ReLU, then the output layer
+        body += [
+            node("Add", [pooled, "w_bias"], ["w_hidden_in"]),
+            node("Relu", ["w_hidden_in"], ["w_hidden"]),
+            node("MatMul", ["w_hidden", "w_out_weight"], ["w_hidden_out"]),
+            node("Add", ["w_hidden_out", "w_out_bias"], ["w_logits"]),
         ]
     else:
-        body.append(node("Add", ["w_mean", "w_bias"], ["w_logits"]))
+        body.append(node("Add", [pooled, "w_bias"], ["w_logits"]))
     # One text per call, as an app calls it: no Scan over a batch (nor an If choosing between one text and a Scan), each
     # a cost on every call; batches go to the text-in model
     main = helper.make_graph(
@@ -445,7 +458,7 @@ def graph(model, tokenizer_json: Path, facts: dict, max_length: int, words: list
         "static_student_by_words",
         [helper.make_tensor_value_info(text_model.TEXT_INPUT, TensorProto.STRING, [1])],
         [
-            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [1, labels]),
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [1, num_labels]),
             helper.make_tensor_value_info("label", TensorProto.INT64, [1]),
         ],
         initializer=[numpy_helper.from_array(array, name) for name, array in initializers.items()],
