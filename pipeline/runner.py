@@ -119,6 +119,11 @@ def local_inputs(config: PipelineConfig, reads: list[str]) -> dict[str, Path]:
         "export.word_corpus": lambda: (
             data_file(config.export.word_corpus.path, "export.word_corpus.path") if config.export.word_corpus else None
         ),
+        "data.unlabeled_source": lambda: (
+            data_file(config.data.unlabeled_source.path, "data.unlabeled_source.path")
+            if config.data.unlabeled_source
+            else None
+        ),
     }
     found = {}
     for key, locate in candidates.items():

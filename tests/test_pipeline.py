@@ -161,7 +161,9 @@ def test_changing_a_key_reruns_only_downstream_fingerprints(tmp_path):
     unlabeled = fingerprints(load_config("tiny", ["data.unlabeled_text=true"]))
     assert [s for s in STAGES if base[s] != unlabeled[s]] == ["prepare", "capture", "distill", "evaluate", "export"]
     # So is a file of its own (data.unlabeled_source)
-    source = "{path: corpus.csv, sentences: true}"
+    corpus_file = tmp_path / "corpus.csv"
+    corpus_file.write_text("text\nAn unlabelled sentence.\n", encoding="utf-8")
+    source = f"{{path: {corpus_file}, sentences: true}}"
     from_file = fingerprints(load_config("tiny", ["data.unlabeled_text=true", f"data.unlabeled_source={source}"]))
     assert [s for s in STAGES if unlabeled[s] != from_file[s]] == [
         "prepare",
@@ -171,6 +173,16 @@ def test_changing_a_key_reruns_only_downstream_fingerprints(tmp_path):
         "export",
     ]
     assert from_file["teacher"] == base["teacher"] and from_file["peers"] == base["peers"]
+    # ... and the file's contents count: an edited file is prepared again
+    corpus_file.write_text("text\nAn unlabelled sentence.\nAnd another one.\n", encoding="utf-8")
+    edited_source = fingerprints(load_config("tiny", ["data.unlabeled_text=true", f"data.unlabeled_source={source}"]))
+    assert [s for s in STAGES if edited_source[s] != from_file[s]] == [
+        "prepare",
+        "capture",
+        "distill",
+        "evaluate",
+        "export",
+    ]
     # ... and a teacher change still reaches them with it on
     both = fingerprints(load_config("tiny", ["data.unlabeled_text=true", "teacher.lr=0.002"]))
     assert both["teacher"] == teacher_change["teacher"] and both["peers"] == teacher_change["peers"]
