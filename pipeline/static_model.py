@@ -96,7 +96,7 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
                 torch.nn.ReLU(),
                 torch.nn.Linear(config.head_hidden, config.num_labels),
             )
-            if getattr(config, "head_hidden", 0)
+            if config.head_hidden
             else torch.nn.Linear(config.hidden_size, config.num_labels)
         )
         self.post_init()
