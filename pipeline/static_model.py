@@ -136,6 +136,10 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
         """The head's first layer, the one read right after the pooling (the whole head without head_hidden)."""
         return self.classifier[0] if isinstance(self.classifier, torch.nn.Sequential) else self.classifier
 
+    def output_layer(self) -> torch.nn.Linear | None:
+        """The layer after the ReLU with head_hidden; None for a linear head."""
+        return self.classifier[2] if isinstance(self.classifier, torch.nn.Sequential) else None
+
     @torch.no_grad()
     def fold_classifier(self) -> None:
         """Move the head's first linear layer into the tables, for export: its output is W (weighted mean of v_t) +
@@ -153,7 +157,7 @@ class StaticEmbeddingForSequenceClassification(PreTrainedModel):
                 folded = torch.nn.Embedding(table.num_embeddings, weight.shape[0], dtype=table.weight.dtype)
                 folded.weight.copy_(table.weight @ weight.T)
                 setattr(self, name, folded)
-        if isinstance(self.classifier, torch.nn.Sequential):
+        if self.output_layer() is not None:
             self.classifier[0] = AddBias(first.bias)
         else:
             self.classifier = AddBias(first.bias)

@@ -105,7 +105,7 @@ def word_tables(model, tokenizer_json: Path, words: list[str]) -> dict[str, np.n
         hashes = model.hash_ids.numpy().astype(np.int64) if buckets else np.zeros(len(weights), np.int64)
         bias = model.first_linear().bias.double().numpy()
         # with a hidden layer (head_hidden) its ReLU and the output layer run after the pooling
-        tail = model.classifier[2] if isinstance(model.classifier, torch.nn.Sequential) else None
+        tail = model.output_layer()
         output = {"out_weight": tail.weight.double().numpy().T, "out_bias": tail.bias.double().numpy()} if tail else {}
     width = rows.shape[1]
     # the weight column sums to what the pooled sum is divided by: the weights, or their squares (sqrtn pooling,
